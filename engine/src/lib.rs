@@ -1,0 +1,15 @@
+//! ringfeed: one loader per machine feeds every training process through a
+//! lock-free shared-memory ring of fixed-size batch slots.
+//!
+//! The data path, top to bottom (see docs/ and DESIGN.md):
+//! `manifest` (which samples exist) → `sampler` (which samples form rank r's
+//! batch at step s) → `reader` (bytes land in slot memory) → `ring` (hand the
+//! slot to the trainer without a copy).
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+pub mod manifest;
+pub mod reader;
+pub mod ring;
+pub mod sampler;
+pub mod sync;
