@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod cli;
 pub mod manifest;
 pub mod reader;
 pub mod ring;

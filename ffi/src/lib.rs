@@ -1,1 +1,311 @@
+//! The C ABI of ringfeed (`libringfeed.so`, `libringfeed.a`), described by the
+//! generated header `include/ringfeed.h`.
+//!
+//! A thin layer: every function converts arguments, calls the engine's
+//! consumer, and turns errors into a negative code plus a thread-local message
+//! (`rf_last_error`). No logic lives here. Panics never cross the boundary.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![allow(non_camel_case_types)]
 
+use std::cell::RefCell;
+use std::ffi::{c_char, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use engine::ring::{AttachError, AttachOptions, Consumer, Next, NextError, ReleaseError, SampleEntry};
+
+/// Success.
+pub const RF_OK: i32 = 0;
+/// The run is over: every batch of this rank was delivered.
+pub const RF_END: i32 = 1;
+/// Nothing happened within the timeout (rf_next), or no loader appeared (rf_attach).
+pub const RF_TIMEOUT: i32 = 2;
+/// A bad argument: NULL pointer, invalid name, negative rank.
+pub const RF_E_INVALID: i32 = -1;
+/// The segment is corrupt, truncated, or not a ringfeed segment.
+pub const RF_E_CORRUPT: i32 = -2;
+/// The segment was made by another ABI version of ringfeed.
+pub const RF_E_VERSION: i32 = -3;
+/// The rank is not below the loader's world size.
+pub const RF_E_RANK: i32 = -4;
+/// Another live process is attached to this rank.
+pub const RF_E_BUSY: i32 = -5;
+/// The loader died.
+pub const RF_E_LOADER_GONE: i32 = -6;
+/// The loader stopped early (signal or error).
+pub const RF_E_ABORTED: i32 = -7;
+/// A release of a batch that is not (or no longer) held.
+pub const RF_E_STALE: i32 = -8;
+/// An operating-system call failed.
+pub const RF_E_IO: i32 = -9;
+/// A bug inside ringfeed (a panic was caught); the message says where.
+pub const RF_E_INTERNAL: i32 = -10;
+
+/// One sample of a batch. Its bytes are `batch.data + offset .. + len`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct rf_sample {
+    /// Offset of the sample's first byte from `rf_batch.data`.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Index of the sample in the dataset's manifest.
+    pub index: u64,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<rf_sample>() == std::mem::size_of::<SampleEntry>());
+    assert!(std::mem::offset_of!(rf_sample, len) == std::mem::offset_of!(SampleEntry, len));
+    assert!(std::mem::offset_of!(rf_sample, index) == std::mem::offset_of!(SampleEntry, index));
+};
+
+/// A batch taken by `rf_next`: zero-copy views into the ring, valid until
+/// `rf_release` (or `rf_detach`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct rf_batch {
+    /// Start of the slot payload (page-aligned).
+    pub data: *const u8,
+    /// `n_samples` checked entries; every one lies inside `data_len`.
+    pub samples: *const rf_sample,
+    /// Number of samples.
+    pub n_samples: u32,
+    /// Slot index (for rf_release).
+    pub slot: u32,
+    /// Epoch of the batch.
+    pub epoch: u64,
+    /// Step of the batch within its epoch.
+    pub step: u64,
+    /// Generation of the slot (for rf_release).
+    pub generation: u64,
+    /// Bytes of `data` in use.
+    pub data_len: u64,
+}
+
+/// Shape of the ring a feed is attached to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct rf_info {
+    /// Number of ranks the loader serves.
+    pub world_size: u32,
+    /// This feed's rank.
+    pub rank: u32,
+    /// Slots per rank.
+    pub slots_per_rank: u32,
+    /// Most samples in one batch.
+    pub max_samples_per_slot: u32,
+    /// Payload bytes of one slot (a multiple of 4096).
+    pub slot_payload_bytes: u64,
+    /// Start of the payload region of all slots: pin it once with
+    /// cudaHostRegister to copy batches to the GPU by DMA.
+    pub payload_region: *const u8,
+    /// Length of that region.
+    pub payload_region_bytes: u64,
+    /// Batches this rank gets in the whole run, or UINT64_MAX if unknown.
+    pub batches_expected: u64,
+}
+
+/// An attached trainer (opaque).
+pub struct rf_feed {
+    consumer: Consumer,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(message: impl std::fmt::Display) {
+    let text = message.to_string().replace('\0', " ");
+    let c = CString::new(text).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+fn fail(code: i32, message: impl std::fmt::Display) -> i32 {
+    set_error(message);
+    code
+}
+
+/// Runs `f`, turning a panic into RF_E_INTERNAL.
+fn guard(f: impl FnOnce() -> i32) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(rc) => rc,
+        Err(p) => {
+            let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
+            fail(RF_E_INTERNAL, format!("internal error in ringfeed (please report): {what}"))
+        }
+    }
+}
+
+fn timeout_of(ms: i64) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+fn attach_code(e: &AttachError) -> i32 {
+    match e {
+        AttachError::Name(_) => RF_E_INVALID,
+        AttachError::Timeout { .. } => RF_TIMEOUT,
+        AttachError::Corrupt { .. } => RF_E_CORRUPT,
+        AttachError::AbiMismatch { .. } => RF_E_VERSION,
+        AttachError::RankOutOfRange { .. } => RF_E_RANK,
+        AttachError::RankBusy { .. } => RF_E_BUSY,
+        AttachError::LoaderGone { .. } => RF_E_LOADER_GONE,
+        AttachError::Io { .. } => RF_E_IO,
+    }
+}
+
+fn next_code(e: &NextError) -> i32 {
+    match e {
+        NextError::LoaderGone { .. } => RF_E_LOADER_GONE,
+        NextError::Aborted { .. } => RF_E_ABORTED,
+        NextError::Corrupt { .. } => RF_E_CORRUPT,
+    }
+}
+
+/// Attaches to rank `rank` of the loader `name`, waiting up to `timeout_ms`
+/// for it to appear (-1: forever, 0: no wait). On RF_OK, `*out` is the feed.
+/// Returns RF_TIMEOUT if no loader appeared, or a negative RF_E_* code.
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn rf_attach(name: *const c_char, rank: i32, timeout_ms: i64, out: *mut *mut rf_feed) -> i32 {
+    guard(|| {
+        if name.is_null() || out.is_null() {
+            return fail(RF_E_INVALID, "rf_attach: name and out must not be NULL");
+        }
+        // SAFETY: the caller passes a NUL-terminated string.
+        let name = unsafe { CStr::from_ptr(name) };
+        let Ok(name) = name.to_str() else {
+            return fail(RF_E_INVALID, "rf_attach: the name is not valid UTF-8");
+        };
+        let Ok(rank) = u32::try_from(rank) else {
+            return fail(RF_E_RANK, format!("rf_attach: rank {rank} is negative"));
+        };
+        match Consumer::attach(name, rank, AttachOptions { timeout: timeout_of(timeout_ms) }) {
+            Ok(consumer) => {
+                let feed = Box::into_raw(Box::new(rf_feed { consumer }));
+                // SAFETY: `out` is non-NULL and writable by contract.
+                unsafe { *out = feed };
+                RF_OK
+            }
+            Err(e) => fail(attach_code(&e), e),
+        }
+    })
+}
+
+/// Takes the next batch of this rank into `*batch`, waiting up to
+/// `timeout_ms` (-1: forever, 0: no wait). A batch that is ready is taken
+/// without a system call. Returns RF_OK, RF_END (run over), RF_TIMEOUT, or a
+/// negative RF_E_* code (rf_last_error says why).
+///
+/// # Safety
+/// `feed` comes from rf_attach and was not detached; `batch` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rf_next(feed: *mut rf_feed, batch: *mut rf_batch, timeout_ms: i64) -> i32 {
+    guard(|| {
+        if feed.is_null() || batch.is_null() {
+            return fail(RF_E_INVALID, "rf_next: feed and batch must not be NULL");
+        }
+        // SAFETY: a live feed from rf_attach, used by one thread at a time.
+        let feed = unsafe { &mut *feed };
+        match feed.consumer.next(timeout_of(timeout_ms)) {
+            Ok(Next::Batch(b)) => {
+                let out = rf_batch {
+                    data: b.data,
+                    samples: b.samples as *const rf_sample,
+                    n_samples: b.n_samples,
+                    slot: b.slot,
+                    epoch: b.epoch,
+                    step: b.step,
+                    generation: b.generation,
+                    data_len: b.data_len,
+                };
+                // SAFETY: `batch` is non-NULL and writable by contract.
+                unsafe { *batch = out };
+                RF_OK
+            }
+            Ok(Next::End) => RF_END,
+            Ok(Next::Timeout) => RF_TIMEOUT,
+            Err(e) => fail(next_code(&e), e),
+        }
+    })
+}
+
+/// Gives a batch back to the loader. Batches may be released in any order.
+/// A second release of the same batch returns RF_E_STALE.
+///
+/// # Safety
+/// `feed` comes from rf_attach and was not detached; `batch` is readable.
+#[no_mangle]
+pub unsafe extern "C" fn rf_release(feed: *mut rf_feed, batch: *const rf_batch) -> i32 {
+    guard(|| {
+        if feed.is_null() || batch.is_null() {
+            return fail(RF_E_INVALID, "rf_release: feed and batch must not be NULL");
+        }
+        // SAFETY: a live feed from rf_attach; `batch` readable by contract.
+        let (feed, batch) = unsafe { (&mut *feed, &*batch) };
+        match feed.consumer.release(batch.slot, batch.generation) {
+            Ok(()) => RF_OK,
+            Err(e @ (ReleaseError::NotOurs { .. } | ReleaseError::Stale { .. } | ReleaseError::AlreadyReleased { .. })) => fail(RF_E_STALE, e),
+        }
+    })
+}
+
+/// Fills `*info` with the shape of the ring.
+///
+/// # Safety
+/// `feed` comes from rf_attach and was not detached; `info` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rf_info(feed: *const rf_feed, info: *mut rf_info) -> i32 {
+    guard(|| {
+        if feed.is_null() || info.is_null() {
+            return fail(RF_E_INVALID, "rf_info: feed and info must not be NULL");
+        }
+        // SAFETY: a live feed from rf_attach.
+        let consumer = unsafe { &(*feed).consumer };
+        let g = consumer.layout().geometry;
+        let (payload_region, payload_region_bytes) = consumer.payload_region();
+        let out = rf_info {
+            world_size: g.world_size,
+            rank: consumer.rank(),
+            slots_per_rank: g.slots_per_rank,
+            max_samples_per_slot: g.max_samples_per_slot,
+            slot_payload_bytes: g.slot_payload_bytes,
+            payload_region,
+            payload_region_bytes,
+            batches_expected: consumer.batches_expected().unwrap_or(u64::MAX),
+        };
+        // SAFETY: `info` is non-NULL and writable by contract.
+        unsafe { *info = out };
+        RF_OK
+    })
+}
+
+/// Detaches: batches still held are given back, and every pointer from this
+/// feed becomes invalid. NULL is ignored.
+///
+/// # Safety
+/// `feed` comes from rf_attach and is not used again.
+#[no_mangle]
+pub unsafe extern "C" fn rf_detach(feed: *mut rf_feed) {
+    if feed.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: ownership returns from the caller, who will not use it again.
+        drop(unsafe { Box::from_raw(feed) });
+    }));
+}
+
+/// The message of the last error on this thread ("" if none). Valid until the
+/// next ringfeed call on this thread.
+#[no_mangle]
+pub extern "C" fn rf_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Version of the ring ABI this library speaks.
+#[no_mangle]
+pub extern "C" fn rf_abi_version() -> u32 {
+    engine::ring::layout::ABI_VERSION
+}

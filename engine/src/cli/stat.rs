@@ -1,0 +1,72 @@
+//! `ringfeed stat NAME`: a live view of a running loader.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::ring::observer::{Observer, Snapshot};
+use crate::ring::segment::human_bytes;
+
+/// Prints the loader's state every `interval` (once if `once`).
+pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
+    let obs = Observer::open(name)?;
+    let mut prev = obs.snapshot();
+    let mut prev_at = Instant::now();
+    let mut recent_wait: Vec<Duration> = vec![Duration::ZERO; prev.ranks.len()];
+    print(name, &prev, &prev, Duration::ZERO, &recent_wait);
+    if once {
+        return Ok(());
+    }
+    loop {
+        std::thread::sleep(interval);
+        let now = obs.snapshot();
+        let dt = prev_at.elapsed();
+        for (i, r) in now.ranks.iter().enumerate() {
+            recent_wait[i] = r.wait.saturating_sub(prev.ranks[i].wait);
+        }
+        print(name, &now, &prev, dt, &recent_wait);
+        if !now.loader_alive || now.state_name() == "ended" || now.state_name() == "aborted" {
+            return Ok(());
+        }
+        prev = now;
+        prev_at = Instant::now();
+    }
+}
+
+fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &[Duration]) {
+    let secs = dt.as_secs_f64();
+    let rate = |now: u64, before: u64| if secs > 0.0 { (now - before.min(now)) as f64 / secs } else { 0.0 };
+    println!(
+        "loader {name:?} pid {} {}{} | reader {} ({} reads in flight) | {} slots/rank × {} | ring {}",
+        s.loader_pid,
+        s.state_name(),
+        if s.loader_alive { "" } else { " (DEAD)" },
+        if s.reader_backend.is_empty() { "-" } else { &s.reader_backend },
+        s.reads_in_flight,
+        s.slots_per_rank,
+        human_bytes(s.slot_payload_bytes),
+        human_bytes(s.segment_bytes),
+    );
+    println!(
+        "  total {:.1} batches/s, {:.1} MB/s, {} batches, {}",
+        rate(s.batches_published, prev.batches_published),
+        rate(s.bytes_published, prev.bytes_published) / 1e6,
+        s.batches_published,
+        human_bytes(s.bytes_published)
+    );
+    println!("  rank  consumer   queued  published   consumed   batches/s   waited(total)  waited(last {secs:.1}s)");
+    for (i, r) in s.ranks.iter().enumerate() {
+        let consumer = if r.attached { format!("pid {}", r.consumer_pid) } else { "none".to_string() };
+        let expected = if r.batches_expected == u64::MAX { String::new() } else { format!("/{}", r.batches_expected) };
+        let p = prev.ranks.get(i).copied().unwrap_or_default();
+        println!(
+            "  {i:>4}  {consumer:<9} {:>7}  {:>9}{expected}  {:>9}  {:>10.1}  {:>13.3}s  {:>10.3}s",
+            r.published.saturating_sub(r.consumed),
+            r.published,
+            r.consumed,
+            rate(r.consumed, p.consumed),
+            r.wait.as_secs_f64(),
+            recent_wait.get(i).copied().unwrap_or_default().as_secs_f64(),
+        );
+    }
+}

@@ -1,0 +1,635 @@
+//! A trainer's side of the ring: attach to rank r, take batches in order
+//! without copying their bytes, release them.
+//!
+//! Nothing in the segment is trusted. Attach recomputes the layout from the
+//! header's counts and compares it with the stored offsets and the mapping's
+//! real size; `next` copies each batch's sample table into private memory and
+//! bounds-checks every entry there, so a hostile writer cannot change an entry
+//! after it was checked.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use crate::ring::futex;
+use crate::ring::layout::{state, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
+use crate::ring::protocol::{self, ReleaseRefusal};
+use crate::ring::segment::{self, NameError, LOADER_LOCK_BYTE};
+use crate::ring::view::View;
+use crate::ring::SampleEntry;
+use crate::sync::Ordering;
+
+/// How long `next` spins before it sleeps. A futex wake costs 35–40 µs here,
+/// so a batch arriving within this window is taken with no system call.
+pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+/// Longest single sleep; liveness of the loader is re-checked after each.
+pub const WAIT_SLICE: Duration = Duration::from_millis(100);
+/// How often an attach that waits re-checks for the loader.
+const ATTACH_POLL: Duration = Duration::from_millis(10);
+
+/// Why attach failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The name is not allowed.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// No loader of that name appeared in time.
+    #[error("no loader named {name:?} appeared within {waited_ms} ms (looked for {path}); start one with `ringfeed serve --name {name} ...`, or check RINGFEED_NAME")]
+    Timeout {
+        /// The name.
+        name: String,
+        /// The segment path.
+        path: String,
+        /// How long we waited.
+        waited_ms: u64,
+    },
+    /// The segment exists but is not a ring, or is corrupt.
+    #[error("{path} is not a valid ringfeed segment: {what}")]
+    Corrupt {
+        /// The segment path.
+        path: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// The segment was made by another version of ringfeed.
+    #[error("{path} uses ring ABI version {found}, this library speaks version {expected}; use the same ringfeed version for the loader and the trainers")]
+    AbiMismatch {
+        /// The segment path.
+        path: String,
+        /// Version found.
+        found: u32,
+        /// Version expected.
+        expected: u32,
+    },
+    /// Rank outside 0..W.
+    #[error("rank {rank} is out of range: loader {name:?} serves world size {world_size} (ranks 0..{world_size}); check LOCAL_RANK and the loader's --world-size")]
+    RankOutOfRange {
+        /// The name.
+        name: String,
+        /// Requested rank.
+        rank: u32,
+        /// W.
+        world_size: u32,
+    },
+    /// Another live process holds the rank.
+    #[error("rank {rank} of loader {name:?} already has a consumer attached (pid {pid}); each rank takes one consumer at a time")]
+    RankBusy {
+        /// The name.
+        name: String,
+        /// The rank.
+        rank: u32,
+        /// The holder's pid.
+        pid: u32,
+    },
+    /// The loader that made the segment is dead.
+    #[error("the loader of {name:?} (pid {pid}) is gone; restart `ringfeed serve` (and run `ringfeed gc` to remove its segment)")]
+    LoaderGone {
+        /// The name.
+        name: String,
+        /// Its last pid.
+        pid: u32,
+    },
+    /// An OS call failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The segment path.
+        path: String,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// Why `next` failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NextError {
+    /// The loader died.
+    #[error("the loader of {name:?} (pid {pid}) is gone: it died or was killed before the end of the run")]
+    LoaderGone {
+        /// The name.
+        name: String,
+        /// Its pid.
+        pid: u32,
+    },
+    /// The loader stopped early on purpose.
+    #[error("the loader of {name:?} stopped before the end of the run ({reason})")]
+    Aborted {
+        /// The name.
+        name: String,
+        /// Why, in words.
+        reason: String,
+    },
+    /// The segment broke the protocol.
+    #[error("the ring of {name:?} is corrupt: {what}")]
+    Corrupt {
+        /// The name.
+        name: String,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+/// Why a release was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReleaseError {
+    /// The handle does not name one of this rank's slots.
+    #[error("slot {slot} does not belong to rank {rank}")]
+    NotOurs {
+        /// Slot given.
+        slot: u32,
+        /// Our rank.
+        rank: u32,
+    },
+    /// The slot was already released and reused.
+    #[error("stale batch handle: slot {slot} generation {generation} was released already (the slot now holds generation {current})")]
+    Stale {
+        /// Slot.
+        slot: u32,
+        /// Generation in the handle.
+        generation: u64,
+        /// Generation in the slot.
+        current: u64,
+    },
+    /// The batch was released already.
+    #[error("batch in slot {slot} (generation {generation}) was already released")]
+    AlreadyReleased {
+        /// Slot.
+        slot: u32,
+        /// Generation.
+        generation: u64,
+    },
+}
+
+/// A batch taken by `next`. Its pointers stay valid until it is released or
+/// the consumer detaches.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchRef {
+    /// Global slot index.
+    pub slot: u32,
+    /// Generation of the slot, for the release check.
+    pub generation: u64,
+    /// Epoch.
+    pub epoch: u64,
+    /// Step within the epoch.
+    pub step: u64,
+    /// The batch's sequence number within its rank.
+    pub seq: u64,
+    /// Start of the slot payload (page-aligned).
+    pub data: *const u8,
+    /// Bytes of the payload in use (every sample lies below this).
+    pub data_len: u64,
+    /// Checked private copy of the sample table.
+    pub samples: *const SampleEntry,
+    /// Number of samples.
+    pub n_samples: u32,
+}
+
+impl BatchRef {
+    /// The checked sample table.
+    ///
+    /// # Safety
+    /// The batch must not be released and its consumer must be attached.
+    pub unsafe fn sample_table(&self) -> &[SampleEntry] {
+        // SAFETY: `samples` points at n_samples entries of the consumer's private
+        // table for this slot, untouched until the slot is taken again.
+        unsafe { std::slice::from_raw_parts(self.samples, self.n_samples as usize) }
+    }
+
+    /// The bytes of sample `i`, zero-copy.
+    ///
+    /// # Safety
+    /// As for [`BatchRef::sample_table`].
+    pub unsafe fn sample_bytes(&self, i: usize) -> &[u8] {
+        // SAFETY: forwarded contract.
+        let s = unsafe { self.sample_table() }[i];
+        // SAFETY: `next` checked offset + len <= data_len <= slot payload size.
+        unsafe { std::slice::from_raw_parts(self.data.add(s.offset as usize), s.len as usize) }
+    }
+}
+
+/// What `next` found.
+#[derive(Debug, Clone, Copy)]
+pub enum Next {
+    /// A batch.
+    Batch(BatchRef),
+    /// The run is over: every batch for this rank was taken.
+    End,
+    /// Nothing arrived within the timeout.
+    Timeout,
+}
+
+/// Options of a consumer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttachOptions {
+    /// How long attach waits for the loader to appear and the rank to be free.
+    /// None waits forever.
+    pub timeout: Option<Duration>,
+}
+
+/// A trainer attached to one rank of a ring.
+pub struct Consumer {
+    name: String,
+    rank: u32,
+    fd: OwnedFd,
+    view: View,
+    loader_pid: u32,
+    consumed: u64,
+    /// Private checked copies of the sample table, one per slot of our rank.
+    tables: Vec<Vec<SampleEntry>>,
+}
+
+// SAFETY: a Consumer owns its mapping and descriptor; moving it to another
+// thread moves all access with it.
+unsafe impl Send for Consumer {}
+
+fn corrupt(path: &str, what: impl Into<String>) -> AttachError {
+    AttachError::Corrupt { path: path.to_string(), what: what.into() }
+}
+
+/// Validates a mapped header against the mapping's real size and returns the
+/// layout recomputed from its counts. Exposed for the fuzz target.
+pub fn validate_header(bytes: &[u8], path: &str) -> Result<Layout, AttachError> {
+    if (bytes.len() as u64) < HEADER_BYTES {
+        return Err(corrupt(path, format!("it is {} bytes, smaller than a ring header ({HEADER_BYTES})", bytes.len())));
+    }
+    let u32_at = |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+    let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
+    if u64_at(0) != MAGIC {
+        return Err(corrupt(path, "bad magic (not made by ringfeed)"));
+    }
+    let abi = u32_at(8);
+    if abi != ABI_VERSION {
+        return Err(AttachError::AbiMismatch { path: path.to_string(), found: abi, expected: ABI_VERSION });
+    }
+    if u64::from(u32_at(12)) != HEADER_BYTES || u64::from(u32_at(28)) != PAGE_BYTES {
+        return Err(corrupt(path, "header or page size differs from this version's"));
+    }
+    let geometry = RingGeometry {
+        world_size: u32_at(16),
+        slots_per_rank: u32_at(20),
+        max_samples_per_slot: u32_at(24),
+        slot_payload_bytes: u64_at(32),
+    };
+    let layout = Layout::compute(geometry).map_err(|e| corrupt(path, format!("geometry: {e}")))?;
+    if layout.geometry.slot_payload_bytes != geometry.slot_payload_bytes {
+        return Err(corrupt(path, "slot payload size is not page-aligned"));
+    }
+    let stored = [u64_at(40), u64_at(48), u64_at(56), u64_at(64), u64_at(72)];
+    let computed = [layout.segment_bytes, layout.rank_table_offset, layout.slot_table_offset, layout.payload_offset, layout.slot_meta_bytes];
+    if stored != computed {
+        return Err(corrupt(path, format!("stored offsets {stored:?} differ from those computed from its counts {computed:?}")));
+    }
+    if layout.segment_bytes != bytes.len() as u64 {
+        return Err(corrupt(path, format!("header says {} bytes but the segment is {} bytes (truncated?)", layout.segment_bytes, bytes.len())));
+    }
+    Ok(layout)
+}
+
+impl Consumer {
+    /// Attaches to rank `rank` of loader `name`, waiting for the loader to
+    /// appear and the rank to be free for at most `opts.timeout`.
+    pub fn attach(name: &str, rank: u32, opts: AttachOptions) -> Result<Consumer, AttachError> {
+        segment::validate_name(name)?;
+        let path = segment::shm_path(name).display().to_string();
+        let start = Instant::now();
+        let expired = || opts.timeout.is_some_and(|t| start.elapsed() >= t);
+        let timeout_err = || AttachError::Timeout { name: name.to_string(), path: path.clone(), waited_ms: start.elapsed().as_millis() as u64 };
+        loop {
+            let fd = match segment::shm_open(name, libc::O_RDWR, 0) {
+                Ok(fd) => fd,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    if expired() {
+                        return Err(timeout_err());
+                    }
+                    std::thread::sleep(ATTACH_POLL);
+                    continue;
+                }
+                Err(e) => return Err(AttachError::Io { what: "cannot open", path, source: e }),
+            };
+            match Self::attach_fd(fd, name, rank) {
+                // A loader still building its segment, or a rank whose previous
+                // consumer is still detaching: wait and retry within the timeout.
+                Err(Retry::Later(e)) => {
+                    if expired() {
+                        return Err(e.unwrap_or_else(timeout_err));
+                    }
+                    std::thread::sleep(ATTACH_POLL);
+                }
+                Err(Retry::Never(e)) => return Err(e),
+                Ok(c) => return Ok(c),
+            }
+        }
+    }
+
+    /// Attaches through an already open segment descriptor (tests, fuzzing).
+    pub fn attach_to_fd(fd: OwnedFd, name: &str, rank: u32) -> Result<Consumer, AttachError> {
+        Self::attach_fd(fd, name, rank).map_err(|r| match r {
+            Retry::Later(Some(e)) | Retry::Never(e) => e,
+            Retry::Later(None) => corrupt(name, "the loader has not finished creating the segment"),
+        })
+    }
+
+    fn attach_fd(fd: OwnedFd, name: &str, rank: u32) -> Result<Consumer, Retry> {
+        let path = segment::shm_path(name).display().to_string();
+        let io_err = |what, source| Retry::Never(AttachError::Io { what, path: path.clone(), source });
+        let size = segment::file_size(&fd).map_err(|e| io_err("cannot stat", e))?;
+        if size < HEADER_BYTES {
+            // Either a loader between shm_open and fallocate, or garbage.
+            let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
+            let e = corrupt(&path, format!("it is {size} bytes, smaller than a ring header ({HEADER_BYTES})"));
+            return Err(if alive { Retry::Later(Some(e)) } else { Retry::Never(e) });
+        }
+        let map = segment::map(&fd, size).map_err(|e| io_err("cannot map", e))?;
+        // SAFETY: the mapping is `size` bytes long and stays alive for this
+        // borrow. Racing writes by another process can only make validation
+        // fail; the copy taken by validate_header is what we keep.
+        let bytes = unsafe { std::slice::from_raw_parts(map.as_ptr(), size as usize) };
+        // SAFETY: as above; Header is made of atomics and HEADER_BYTES <= size.
+        let header = unsafe { &*(map.as_ptr() as *const crate::ring::layout::Header) };
+        // SYNC POINT: Acquire pairs with the loader's Release store of READY:
+        // every header field written before it is visible now.
+        let st = header.state.load(Ordering::Acquire);
+        if st == state::CREATING {
+            let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
+            let e = corrupt(&path, "the loader died before it finished creating the segment");
+            return Err(if alive { Retry::Later(None) } else { Retry::Never(e) });
+        }
+        let layout = validate_header(bytes, &path).map_err(Retry::Never)?;
+        let world_size = layout.geometry.world_size;
+        if rank >= world_size {
+            return Err(Retry::Never(AttachError::RankOutOfRange { name: name.to_string(), rank, world_size }));
+        }
+        let view = View::new(map, layout);
+        let loader_pid = view.header().loader_pid.load(Ordering::Relaxed);
+        if !segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|e| io_err("cannot check the loader lock of", e))? {
+            return Err(Retry::Never(AttachError::LoaderGone { name: name.to_string(), pid: loader_pid }));
+        }
+        let block = view.rank(rank);
+        match segment::try_lock_byte(&fd, segment::rank_lock_byte(rank)) {
+            Ok(true) => {}
+            Ok(false) => {
+                let pid = block.consumer_pid.load(Ordering::Relaxed);
+                return Err(Retry::Later(Some(AttachError::RankBusy { name: name.to_string(), rank, pid })));
+            }
+            Err(e) => return Err(io_err("cannot lock", e)),
+        }
+        // We hold the rank lock: we are now the writer of the consumer fields.
+        // Give back whatever a previous consumer of this rank took and never
+        // released, then continue with the next batch it did not take.
+        let slots = view.rank_slots(rank);
+        let (_, wake) = protocol::reclaim(block, &slots, &view.header().producer_sleeping);
+        if wake {
+            futex::wake_all(&block.release_futex);
+        }
+        let consumed = block.consumed.load(Ordering::Relaxed);
+        block.consumer_pid.store(std::process::id(), Ordering::Relaxed);
+        block.attach_count.fetch_add(1, Ordering::Relaxed);
+        block.consumer_sleeping.store(0, Ordering::Relaxed);
+        let k = layout.geometry.slots_per_rank as usize;
+        Ok(Consumer { name: name.to_string(), rank, fd, view, loader_pid, consumed, tables: vec![Vec::new(); k] })
+    }
+
+    /// The rank this consumer serves.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The ring's layout (world size, slot sizes).
+    pub fn layout(&self) -> &Layout {
+        self.view.layout()
+    }
+
+    /// Start and length of the payload region of every slot: the range a
+    /// trainer pins once with `cudaHostRegister`.
+    pub fn payload_region(&self) -> (*const u8, u64) {
+        let l = self.view.layout();
+        // SAFETY: payload_offset < segment_bytes = mapping length.
+        let start = unsafe { self.view.base().add(l.payload_offset as usize) };
+        (start, l.segment_bytes - l.payload_offset)
+    }
+
+    /// Batches this rank gets in the whole run, if the loader said.
+    pub fn batches_expected(&self) -> Option<u64> {
+        let v = self.view.rank(self.rank).batches_expected.load(Ordering::Relaxed);
+        (v != u64::MAX).then_some(v)
+    }
+
+    /// Takes the next batch if one is published, with no system call.
+    pub fn try_next(&mut self) -> Result<Option<BatchRef>, NextError> {
+        let block = self.view.rank(self.rank);
+        let published = protocol::published_for(block);
+        if published <= self.consumed {
+            return Ok(None);
+        }
+        let k = u64::from(self.view.layout().geometry.slots_per_rank);
+        if published - self.consumed > k {
+            return Err(self.corrupt(format!("{published} batches published but only {} taken and {k} slots", self.consumed)));
+        }
+        let batch = self.read_slot(self.consumed)?;
+        self.consumed += 1;
+        self.view.rank(self.rank).consumed.store(self.consumed, Ordering::Release);
+        Ok(Some(batch))
+    }
+
+    fn corrupt(&self, what: String) -> NextError {
+        NextError::Corrupt { name: self.name.clone(), what }
+    }
+
+    /// Copies and checks the sample table of batch `seq`.
+    fn read_slot(&mut self, seq: u64) -> Result<BatchRef, NextError> {
+        let l = *self.view.layout();
+        let slot = l.slot_of(self.rank, seq);
+        let generation = l.generation_of(seq);
+        let meta = self.view.slot(slot);
+        let found = meta.generation.load(Ordering::Relaxed);
+        if found != generation {
+            return Err(self.corrupt(format!("slot {slot} holds generation {found}, expected {generation}")));
+        }
+        let n = meta.n_samples.load(Ordering::Relaxed);
+        let used = meta.payload_used_bytes.load(Ordering::Relaxed);
+        let payload_bytes = l.geometry.slot_payload_bytes;
+        if n > l.geometry.max_samples_per_slot || used > payload_bytes {
+            return Err(self.corrupt(format!("slot {slot} claims {n} samples and {used} bytes, beyond its capacity")));
+        }
+        let local = (slot - self.rank * l.geometry.slots_per_rank) as usize;
+        let mut table = std::mem::take(&mut self.tables[local]);
+        table.clear();
+        table.reserve(n as usize);
+        for i in 0..n {
+            let cell = self.view.sample_cell(slot, i);
+            let s = SampleEntry {
+                offset: cell.offset.load(Ordering::Relaxed),
+                len: cell.len.load(Ordering::Relaxed),
+                index: cell.index.load(Ordering::Relaxed),
+            };
+            if s.offset.checked_add(s.len).is_none_or(|end| end > used) {
+                self.tables[local] = table;
+                return Err(self.corrupt(format!("slot {slot} sample {i} (offset {}, {} bytes) lies outside its {used} bytes", s.offset, s.len)));
+            }
+            table.push(s);
+        }
+        let batch = BatchRef {
+            slot,
+            generation,
+            epoch: meta.epoch.load(Ordering::Relaxed),
+            step: meta.step.load(Ordering::Relaxed),
+            seq,
+            data: self.view.payload(slot),
+            data_len: used,
+            samples: table.as_ptr(),
+            n_samples: n,
+        };
+        self.tables[local] = table;
+        Ok(batch)
+    }
+
+    fn loader_alive(&self) -> bool {
+        // An error from fcntl itself is treated as alive: we only declare the
+        // loader gone on the kernel's positive word that its lock is free.
+        segment::byte_is_locked(&self.fd, LOADER_LOCK_BYTE).unwrap_or(true)
+    }
+
+    fn end_or_abort(&self) -> Option<Result<Next, NextError>> {
+        let block = self.view.rank(self.rank);
+        if protocol::finished(block) && protocol::published_for(block) <= self.consumed {
+            return Some(Ok(Next::End));
+        }
+        // SYNC POINT: Acquire pairs with the Release of ABORTED in `abort`.
+        let header = self.view.header();
+        if header.state.load(Ordering::Acquire) == state::ABORTED && protocol::published_for(block) <= self.consumed {
+            let code = header.abort_code.load(Ordering::Relaxed);
+            let reason = match code {
+                0 => "it stopped on an error; see its log".to_string(),
+                c => format!("it received signal {c}"),
+            };
+            return Some(Err(NextError::Aborted { name: self.name.clone(), reason }));
+        }
+        None
+    }
+
+    /// Takes the next batch, waiting at most `timeout` (None: no limit). A
+    /// ready batch costs no system call; otherwise it spins for
+    /// [`SPIN_BEFORE_SLEEP`], then sleeps on the rank's futex in slices of
+    /// [`WAIT_SLICE`], re-checking the loader's liveness after each.
+    pub fn next(&mut self, timeout: Option<Duration>) -> Result<Next, NextError> {
+        if let Some(b) = self.try_next()? {
+            return Ok(Next::Batch(b));
+        }
+        let start = Instant::now();
+        let result = self.wait_next(start, timeout);
+        let waited = start.elapsed().as_nanos() as u64;
+        self.view.rank(self.rank).wait_ns_total.fetch_add(waited, Ordering::Relaxed);
+        result
+    }
+
+    fn wait_next(&mut self, start: Instant, timeout: Option<Duration>) -> Result<Next, NextError> {
+        let deadline = timeout.map(|t| start + t);
+        let spin_until = start + SPIN_BEFORE_SLEEP;
+        let mut last_liveness = start;
+        loop {
+            if let Some(b) = self.try_next()? {
+                return Ok(Next::Batch(b));
+            }
+            if let Some(r) = self.end_or_abort() {
+                return r;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(Next::Timeout);
+            }
+            if now < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            if now.duration_since(last_liveness) >= WAIT_SLICE || now == start {
+                if !self.loader_alive() {
+                    // One more look: a loader that published its last batch and
+                    // exited cleanly leaves those batches for us to take.
+                    if let Some(b) = self.try_next()? {
+                        return Ok(Next::Batch(b));
+                    }
+                    if let Some(r) = self.end_or_abort() {
+                        return r;
+                    }
+                    return Err(NextError::LoaderGone { name: self.name.clone(), pid: self.loader_pid });
+                }
+                last_liveness = now;
+            }
+            let slice = deadline.map_or(WAIT_SLICE, |d| d.saturating_duration_since(now).min(WAIT_SLICE));
+            self.sleep(slice);
+        }
+    }
+
+    fn sleep(&self, slice: Duration) {
+        let block = self.view.rank(self.rank);
+        let seen = block.publish_futex.load(Ordering::Acquire);
+        block.consumer_sleeping.store(1, Ordering::Relaxed);
+        // SYNC POINT: SeqCst fence against the loader's fence in `publish`
+        // (Dekker): either it sees us sleeping and wakes us, or we see its
+        // batch in the re-check below and do not sleep.
+        crate::sync::fence(Ordering::SeqCst);
+        let ready = protocol::published_for(block) > self.consumed || protocol::finished(block);
+        if !ready {
+            futex::wait(&block.publish_futex, seen, slice);
+        }
+        block.consumer_sleeping.store(0, Ordering::Relaxed);
+    }
+
+    /// Releases a batch taken by `next`; its slot may be refilled at once.
+    pub fn release(&mut self, slot: u32, generation: u64) -> Result<(), ReleaseError> {
+        let k = self.view.layout().geometry.slots_per_rank;
+        if slot / k != self.rank || slot >= self.view.layout().slot_count() {
+            return Err(ReleaseError::NotOurs { slot, rank: self.rank });
+        }
+        let block = self.view.rank(self.rank);
+        let header = self.view.header();
+        match protocol::release(block, self.view.slot(slot), generation, &header.producer_sleeping) {
+            Ok(wake) => {
+                block.released_total.fetch_add(1, Ordering::Relaxed);
+                if wake {
+                    futex::wake_all(&block.release_futex);
+                }
+                Ok(())
+            }
+            Err(ReleaseRefusal::Stale { current }) => Err(ReleaseError::Stale { slot, generation, current }),
+            Err(ReleaseRefusal::AlreadyReleased) => Err(ReleaseError::AlreadyReleased { slot, generation }),
+        }
+    }
+
+    /// Simulates a consumer that dies at the worst moment: nothing is released
+    /// and no field is cleaned up; only the kernel's part (the lock going away
+    /// with the descriptor) happens. For crash tests in one process.
+    pub fn abandon(self) {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; each field is moved
+        // out once and dropped, skipping Consumer's Drop.
+        unsafe {
+            drop(std::ptr::read(&this.view));
+            drop(std::ptr::read(&this.fd));
+            drop(std::ptr::read(&this.name));
+            drop(std::ptr::read(&this.tables));
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        // Detach: give back what we hold so the loader need not wait for its
+        // periodic reclaim, then let closing the descriptor drop our lock.
+        let block = self.view.rank(self.rank);
+        let slots = self.view.rank_slots(self.rank);
+        let (_, wake) = protocol::reclaim(block, &slots, &self.view.header().producer_sleeping);
+        if wake {
+            futex::wake_all(&block.release_futex);
+        }
+        block.consumer_pid.store(0, Ordering::Relaxed);
+    }
+}
+
+enum Retry {
+    /// Not yet: retry until the timeout, then report this error (or a timeout).
+    Later(Option<AttachError>),
+    /// Final.
+    Never(AttachError),
+}

@@ -1,0 +1,59 @@
+//! `ringfeed gc`: remove segments whose loader is dead.
+
+use std::io;
+
+use crate::ring::segment::{self, LOADER_LOCK_BYTE, SEGMENT_PREFIX, SHM_DIR};
+
+/// What gc did with one segment.
+#[derive(Debug)]
+pub enum GcOutcome {
+    /// Removed: its loader is dead.
+    Removed {
+        /// Loader name.
+        name: String,
+        /// Segment size.
+        bytes: u64,
+    },
+    /// Kept: its loader is alive.
+    Alive {
+        /// Loader name.
+        name: String,
+    },
+    /// Could not be inspected or removed.
+    Failed {
+        /// Loader name.
+        name: String,
+        /// Why.
+        error: io::Error,
+    },
+}
+
+/// Inspects every `/dev/shm/ringfeed-*` and removes those whose loader holds
+/// no lock. A loader holds its lock from before the segment has any size, so
+/// a segment being created is never taken for a dead one.
+pub fn collect() -> io::Result<Vec<GcOutcome>> {
+    let mut names: Vec<String> = std::fs::read_dir(SHM_DIR)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix(SEGMENT_PREFIX)).map(str::to_string))
+        .collect();
+    names.sort();
+    Ok(names.into_iter().map(|name| inspect(&name)).collect())
+}
+
+fn inspect(name: &str) -> GcOutcome {
+    let fd = match segment::shm_open(name, libc::O_RDONLY, 0) {
+        Ok(fd) => fd,
+        Err(error) => return GcOutcome::Failed { name: name.to_string(), error },
+    };
+    match segment::byte_is_locked(&fd, LOADER_LOCK_BYTE) {
+        Ok(true) => GcOutcome::Alive { name: name.to_string() },
+        Ok(false) => {
+            let bytes = segment::file_size(&fd).unwrap_or(0);
+            match segment::shm_unlink(name) {
+                Ok(()) => GcOutcome::Removed { name: name.to_string(), bytes },
+                Err(error) => GcOutcome::Failed { name: name.to_string(), error },
+            }
+        }
+        Err(error) => GcOutcome::Failed { name: name.to_string(), error },
+    }
+}

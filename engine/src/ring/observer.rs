@@ -1,0 +1,144 @@
+//! A read-only look at a live ring, for `ringfeed stat`: it takes no lock and
+//! writes nothing, so it can never disturb the loader or a trainer.
+
+use std::time::Duration;
+
+use memmap2::MmapOptions;
+
+use crate::ring::consumer::{validate_header, AttachError};
+use crate::ring::layout::state;
+use crate::ring::segment::{self, LOADER_LOCK_BYTE};
+use crate::ring::view::View;
+use crate::sync::Ordering;
+
+/// Counters of one rank at one instant.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RankSnapshot {
+    /// Batches published to the rank.
+    pub published: u64,
+    /// Batches its consumer took.
+    pub consumed: u64,
+    /// Batches its consumer released.
+    pub released: u64,
+    /// Batches expected in the whole run (u64::MAX: unknown).
+    pub batches_expected: u64,
+    /// Total time its consumer waited inside `next`.
+    pub wait: Duration,
+    /// Whether a consumer holds the rank now.
+    pub attached: bool,
+    /// Pid of the consumer (0 if none).
+    pub consumer_pid: u32,
+    /// Whether the loader finished the rank.
+    pub finished: bool,
+}
+
+/// The whole ring at one instant.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Loader pid.
+    pub loader_pid: u32,
+    /// Whether the loader still holds its lock.
+    pub loader_alive: bool,
+    /// Loader state (see `layout::state`).
+    pub state: u32,
+    /// Reader backend.
+    pub reader_backend: String,
+    /// Reads in flight.
+    pub reads_in_flight: u32,
+    /// Batches published, all ranks.
+    pub batches_published: u64,
+    /// Bytes published, all ranks.
+    pub bytes_published: u64,
+    /// Slots per rank.
+    pub slots_per_rank: u32,
+    /// Payload bytes per slot.
+    pub slot_payload_bytes: u64,
+    /// Whole segment size.
+    pub segment_bytes: u64,
+    /// Per rank.
+    pub ranks: Vec<RankSnapshot>,
+}
+
+impl Snapshot {
+    /// The state in words.
+    pub fn state_name(&self) -> &'static str {
+        match self.state {
+            state::CREATING => "creating",
+            state::READY => "running",
+            state::ENDED => "ended",
+            state::ABORTED => "aborted",
+            _ => "unknown",
+        }
+    }
+}
+
+/// A read-only mapping of a ring.
+pub struct Observer {
+    fd: std::os::fd::OwnedFd,
+    view: View,
+}
+
+impl Observer {
+    /// Opens loader `name`'s segment read-only and validates it.
+    pub fn open(name: &str) -> Result<Observer, AttachError> {
+        segment::validate_name(name)?;
+        let path = segment::shm_path(name).display().to_string();
+        let fd = segment::shm_open(name, libc::O_RDONLY, 0).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENOENT) {
+                AttachError::Timeout { name: name.to_string(), path: path.clone(), waited_ms: 0 }
+            } else {
+                AttachError::Io { what: "cannot open", path: path.clone(), source: e }
+            }
+        })?;
+        let size = segment::file_size(&fd).map_err(|e| AttachError::Io { what: "cannot stat", path: path.clone(), source: e })?;
+        let file = std::fs::File::from(fd.try_clone().map_err(|e| AttachError::Io { what: "cannot dup", path: path.clone(), source: e })?);
+        let map = MmapOptions::new()
+            .len(size as usize)
+            .map_raw_read_only(&file)
+            .map_err(|e| AttachError::Io { what: "cannot map", path: path.clone(), source: e })?;
+        // SAFETY: the mapping is `size` bytes long and lives for this borrow.
+        let bytes = unsafe { std::slice::from_raw_parts(map.as_ptr(), size as usize) };
+        let layout = validate_header(bytes, &path)?;
+        Ok(Observer { fd, view: View::new(map, layout) })
+    }
+
+    /// Reads every counter now.
+    pub fn snapshot(&self) -> Snapshot {
+        let h = self.view.header();
+        let l = self.view.layout();
+        let r = Ordering::Relaxed;
+        let mut backend = Vec::new();
+        for cell in &h.reader_backend {
+            backend.extend_from_slice(&cell.load(r).to_le_bytes());
+        }
+        let backend = String::from_utf8_lossy(&backend).trim_end_matches('\0').to_string();
+        let ranks = (0..l.geometry.world_size)
+            .map(|rank| {
+                let b = self.view.rank(rank);
+                RankSnapshot {
+                    published: b.published.load(r),
+                    consumed: b.consumed.load(r),
+                    released: b.released_total.load(r),
+                    batches_expected: b.batches_expected.load(r),
+                    wait: Duration::from_nanos(b.wait_ns_total.load(r)),
+                    attached: segment::byte_is_locked(&self.fd, segment::rank_lock_byte(rank)).unwrap_or(false),
+                    consumer_pid: b.consumer_pid.load(r),
+                    finished: b.finished.load(r) != 0,
+                }
+            })
+            .collect();
+        Snapshot {
+            loader_pid: h.loader_pid.load(r),
+            loader_alive: segment::byte_is_locked(&self.fd, LOADER_LOCK_BYTE).unwrap_or(false),
+            state: h.state.load(r),
+            reader_backend: backend,
+            reads_in_flight: h.reads_in_flight.load(r),
+            batches_published: h.batches_published.load(r),
+            bytes_published: h.bytes_published.load(r),
+            slots_per_rank: l.geometry.slots_per_rank,
+            slot_payload_bytes: l.geometry.slot_payload_bytes,
+            segment_bytes: l.segment_bytes,
+            ranks,
+        }
+    }
+}

@@ -1,0 +1,501 @@
+//! The loader's side of the ring: create the segment, fill slots in place,
+//! publish them in order, reclaim slots of consumers that died, end the run.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::ring::futex;
+use crate::ring::layout::{state, GeometryError, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
+use crate::ring::protocol;
+use crate::ring::segment::{self, human_bytes, NameError, LOADER_LOCK_BYTE};
+use crate::ring::view::View;
+use crate::ring::SampleEntry;
+use crate::sync::Ordering;
+
+/// Why a ring could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The name is not allowed.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// The geometry is out of range.
+    #[error("cannot build a ring of this shape: {0}")]
+    Geometry(#[from] GeometryError),
+    /// Another live loader has this name.
+    #[error("a loader named {name:?} is already running (pid {pid}); stop it or choose another --name")]
+    AlreadyRunning {
+        /// The name.
+        name: String,
+        /// Its pid, as recorded in its segment.
+        pid: u32,
+    },
+    /// /dev/shm has not enough room.
+    #[error(
+        "/dev/shm is too small for the ring {path}: it needs {needed} ({needed_bytes} bytes) but only {free} ({free_bytes} bytes) are free. \
+         Give shared memory more room: `docker run --shm-size={suggest}`, or in Kubernetes mount an `emptyDir` with `medium: Memory` \
+         (and a sizeLimit of at least {suggest}) at /dev/shm; or make the ring smaller (--slots-per-rank, --batch-size)"
+    )]
+    ShmTooSmall {
+        /// The segment path.
+        path: String,
+        /// Bytes the segment needs.
+        needed_bytes: u64,
+        /// Bytes free in /dev/shm.
+        free_bytes: u64,
+        /// Human-readable needed.
+        needed: String,
+        /// Human-readable free.
+        free: String,
+        /// A size to suggest.
+        suggest: String,
+    },
+    /// An OS call failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The segment path.
+        path: String,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// A slot claimed for filling: the loader owns its payload until `publish`.
+#[derive(Debug)]
+pub struct SlotClaim {
+    rank: u32,
+    seq: u64,
+    slot: u32,
+    generation: u64,
+    payload: *mut u8,
+    payload_bytes: u64,
+}
+
+// SAFETY: a claim is an exclusive right to one slot's payload; the pointer
+// stays valid for as long as the Producer (which outlives claims by API
+// contract: publish takes both) and nothing else writes there until publish.
+unsafe impl Send for SlotClaim {}
+
+impl SlotClaim {
+    /// The rank the batch goes to.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+    /// The batch's sequence number within its rank.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+    /// Global slot index.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+    /// Start of the slot's payload (page-aligned), writable until publish.
+    pub fn payload_ptr(&self) -> *mut u8 {
+        self.payload
+    }
+    /// Size of the payload.
+    pub fn payload_bytes(&self) -> u64 {
+        self.payload_bytes
+    }
+    /// The payload as a slice, for filling it from Rust.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the claim grants exclusive access to `payload_bytes` bytes at
+        // `payload` (the consumer released the slot and cannot see it again
+        // before publish); `&mut self` keeps this slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.payload, self.payload_bytes as usize) }
+    }
+}
+
+/// A batch that cannot be published as described.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// Batches of a rank must be published in claim order.
+    #[error("rank {rank}: batch {seq} published before batch {expected}")]
+    OutOfOrder {
+        /// Rank.
+        rank: u32,
+        /// Seq of this claim.
+        seq: u64,
+        /// Seq expected next.
+        expected: u64,
+    },
+    /// More samples than the slot's table holds.
+    #[error("batch has {n} samples but a slot holds at most {max}")]
+    TooManySamples {
+        /// Samples given.
+        n: usize,
+        /// Capacity.
+        max: u32,
+    },
+    /// A sample lies outside the payload.
+    #[error("sample {i} (offset {offset}, {len} bytes) lies outside the {payload_bytes}-byte slot payload")]
+    SampleOutOfBounds {
+        /// Position in the batch.
+        i: usize,
+        /// Its offset.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// Payload size.
+        payload_bytes: u64,
+    },
+}
+
+/// The loader's handle on a ring it created. Dropping it marks the ring
+/// aborted (if it had not ended) and removes the name from /dev/shm.
+pub struct Producer {
+    name: String,
+    fd: OwnedFd,
+    view: View,
+    next_claim: Vec<u64>,
+    published: Vec<u64>,
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl Producer {
+    /// Creates the segment `/ringfeed-NAME` (mode 0600, O_EXCL, every byte
+    /// allocated now) and opens it to consumers. A segment of that name left by
+    /// a dead loader is replaced; one whose loader lives is an error.
+    pub fn create(name: &str, geometry: RingGeometry) -> Result<Producer, CreateError> {
+        segment::validate_name(name)?;
+        let layout = Layout::compute(geometry)?;
+        let path = segment::shm_path(name).display().to_string();
+        let io_err = |what, source| CreateError::Io { what, path: path.clone(), source };
+        let fd = match segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                Self::remove_if_dead(name)?;
+                segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600).map_err(|e| io_err("cannot create", e))?
+            }
+            Err(e) => return Err(io_err("cannot create", e)),
+        };
+        let created = CreatedGuard { name };
+        match segment::try_lock_byte(&fd, LOADER_LOCK_BYTE) {
+            Ok(true) => {}
+            Ok(false) => return Err(io_err("cannot lock", io::Error::from_raw_os_error(libc::EAGAIN))),
+            Err(e) => return Err(io_err("cannot lock", e)),
+        }
+        if let Err(e) = segment::allocate(&fd, layout.segment_bytes) {
+            if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EFBIG)) {
+                let free_bytes = segment::free_bytes(&fd).unwrap_or(0);
+                let needed_bytes = layout.segment_bytes;
+                // Suggest the ring plus the room already in use, rounded up to a GiB.
+                let gib = 1u64 << 30;
+                let suggest_gib = needed_bytes.div_ceil(gib) + 1;
+                return Err(CreateError::ShmTooSmall {
+                    path,
+                    needed_bytes,
+                    free_bytes,
+                    needed: human_bytes(needed_bytes),
+                    free: human_bytes(free_bytes),
+                    suggest: format!("{suggest_gib}g"),
+                });
+            }
+            return Err(io_err("cannot allocate", e));
+        }
+        let map = segment::map(&fd, layout.segment_bytes).map_err(|e| io_err("cannot map", e))?;
+        let view = View::new(map, layout);
+        Self::write_header(&view);
+        let w = layout.geometry.world_size as usize;
+        let producer = Producer { name: name.to_string(), fd, view, next_claim: vec![0; w], published: vec![0; w] };
+        // SYNC POINT: Release pairs with the consumer's Acquire of `state` in
+        // attach: a consumer that reads READY sees every header field.
+        producer.view.header().state.store(state::READY, Ordering::Release);
+        std::mem::forget(created);
+        Ok(producer)
+    }
+
+    fn remove_if_dead(name: &str) -> Result<(), CreateError> {
+        let path = segment::shm_path(name).display().to_string();
+        let io_err = |what, source| CreateError::Io { what, path: path.clone(), source };
+        let fd = segment::shm_open(name, libc::O_RDWR, 0).map_err(|e| io_err("cannot open existing", e))?;
+        if segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|e| io_err("cannot check", e))? {
+            let pid = read_loader_pid(&fd).unwrap_or(0);
+            return Err(CreateError::AlreadyRunning { name: name.to_string(), pid });
+        }
+        tracing::warn!("removing {path}, left behind by a loader that died");
+        segment::shm_unlink(name).map_err(|e| io_err("cannot remove stale", e))
+    }
+
+    fn write_header(view: &View) {
+        let l = view.layout();
+        let g = l.geometry;
+        let h = view.header();
+        let r = Ordering::Relaxed;
+        h.magic.store(MAGIC, r);
+        h.abi_version.store(ABI_VERSION, r);
+        h.header_bytes.store(HEADER_BYTES as u32, r);
+        h.world_size.store(g.world_size, r);
+        h.slots_per_rank.store(g.slots_per_rank, r);
+        h.max_samples_per_slot.store(g.max_samples_per_slot, r);
+        h.page_bytes.store(PAGE_BYTES as u32, r);
+        h.slot_payload_bytes.store(g.slot_payload_bytes, r);
+        h.segment_bytes.store(l.segment_bytes, r);
+        h.rank_table_offset.store(l.rank_table_offset, r);
+        h.slot_table_offset.store(l.slot_table_offset, r);
+        h.payload_offset.store(l.payload_offset, r);
+        h.slot_meta_bytes.store(l.slot_meta_bytes, r);
+        h.loader_pid.store(std::process::id(), r);
+        h.created_unix_ms.store(now_unix_ms(), r);
+        for rank in 0..g.world_size {
+            view.rank(rank).batches_expected.store(u64::MAX, r);
+        }
+        for slot in 0..l.slot_count() {
+            view.slot(slot).rank.store(slot / g.slots_per_rank, r);
+        }
+    }
+
+    /// The loader's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The ring's layout.
+    pub fn layout(&self) -> &Layout {
+        self.view.layout()
+    }
+
+    /// Records how many batches `rank` gets in the whole run (for progress).
+    pub fn set_batches_expected(&self, rank: u32, batches: u64) {
+        self.view.rank(rank).batches_expected.store(batches, Ordering::Relaxed);
+    }
+
+    /// Records the reader backend and reads in flight (for `ringfeed stat`).
+    pub fn set_reader_info(&self, backend: &str, in_flight: u32) {
+        let h = self.view.header();
+        let mut bytes = [0u8; 16];
+        let n = backend.len().min(16);
+        bytes[..n].copy_from_slice(&backend.as_bytes()[..n]);
+        for (i, cell) in h.reader_backend.iter().enumerate() {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+            cell.store(u64::from_le_bytes(word), Ordering::Relaxed);
+        }
+        h.reads_in_flight.store(in_flight, Ordering::Relaxed);
+    }
+
+    /// Claims rank's next slot if its previous batch was released.
+    pub fn try_claim(&mut self, rank: u32) -> Option<SlotClaim> {
+        let l = *self.view.layout();
+        let seq = self.next_claim[rank as usize];
+        let slot = l.slot_of(rank, seq);
+        let generation = l.generation_of(seq);
+        if !protocol::slot_is_free(self.view.slot(slot), generation) {
+            return None;
+        }
+        self.next_claim[rank as usize] = seq + 1;
+        Some(SlotClaim { rank, seq, slot, generation, payload: self.view.payload(slot), payload_bytes: l.geometry.slot_payload_bytes })
+    }
+
+    /// Number of batches claimed for `rank` so far (the next claim's seq).
+    pub fn claimed(&self, rank: u32) -> u64 {
+        self.next_claim[rank as usize]
+    }
+
+    /// Number of batches published to `rank` so far.
+    pub fn published(&self, rank: u32) -> u64 {
+        self.published[rank as usize]
+    }
+
+    /// Publishes a filled slot. `samples` give each sample's place in the
+    /// payload and its manifest index. Claims of one rank publish in order.
+    pub fn publish(&mut self, claim: SlotClaim, epoch: u64, step: u64, samples: &[SampleEntry]) -> Result<(), PublishError> {
+        let l = *self.view.layout();
+        let r = claim.rank as usize;
+        if claim.seq != self.published[r] {
+            return Err(PublishError::OutOfOrder { rank: claim.rank, seq: claim.seq, expected: self.published[r] });
+        }
+        if samples.len() > l.geometry.max_samples_per_slot as usize {
+            return Err(PublishError::TooManySamples { n: samples.len(), max: l.geometry.max_samples_per_slot });
+        }
+        let payload_bytes = l.geometry.slot_payload_bytes;
+        let mut used_bytes = 0;
+        for (i, s) in samples.iter().enumerate() {
+            let end = s.offset.checked_add(s.len).filter(|&end| end <= payload_bytes);
+            let Some(end) = end else {
+                return Err(PublishError::SampleOutOfBounds { i, offset: s.offset, len: s.len, payload_bytes });
+            };
+            used_bytes = used_bytes.max(end);
+            let cell = self.view.sample_cell(claim.slot, i as u32);
+            cell.offset.store(s.offset, Ordering::Relaxed);
+            cell.len.store(s.len, Ordering::Relaxed);
+            cell.index.store(s.index, Ordering::Relaxed);
+        }
+        let meta = self.view.slot(claim.slot);
+        meta.epoch.store(epoch, Ordering::Relaxed);
+        meta.step.store(step, Ordering::Relaxed);
+        meta.n_samples.store(samples.len() as u32, Ordering::Relaxed);
+        meta.payload_used_bytes.store(used_bytes, Ordering::Relaxed);
+        let rank = self.view.rank(claim.rank);
+        if protocol::publish(rank, meta, claim.seq, claim.generation) {
+            futex::wake_all(&rank.publish_futex);
+        }
+        self.published[r] = claim.seq + 1;
+        let h = self.view.header();
+        h.batches_published.fetch_add(1, Ordering::Relaxed);
+        h.bytes_published.fetch_add(used_bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Tells `rank`'s consumer that nothing more comes; it sees END once it has
+    /// taken every published batch.
+    pub fn finish_rank(&self, rank: u32) {
+        let block = self.view.rank(rank);
+        if protocol::finish(block) {
+            futex::wake_all(&block.publish_futex);
+        }
+    }
+
+    /// Finishes every rank and marks the run ended.
+    pub fn finish(&self) {
+        for rank in 0..self.view.layout().geometry.world_size {
+            self.finish_rank(rank);
+        }
+        self.view.header().state.store(state::ENDED, Ordering::Release);
+    }
+
+    /// Stops the run early: consumers get an "aborted" error once they have
+    /// taken what was already published. `code` is a signal number, or 0.
+    pub fn abort(&self, code: u32) {
+        let h = self.view.header();
+        h.abort_code.store(code, Ordering::Relaxed);
+        // SYNC POINT: Release pairs with the consumer's Acquire of `state`.
+        h.state.store(state::ABORTED, Ordering::Release);
+        for rank in 0..self.view.layout().geometry.world_size {
+            let block = self.view.rank(rank);
+            block.publish_futex.fetch_add(1, Ordering::Release);
+            futex::wake_all(&block.publish_futex);
+        }
+    }
+
+    /// Reclaims the slots of every rank whose consumer is not attached (it
+    /// died, or detached without releasing). Returns (rank, batches reclaimed)
+    /// for each rank where something was reclaimed.
+    pub fn reclaim_dead_consumers(&self) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        for rank in 0..self.view.layout().geometry.world_size {
+            let byte = segment::rank_lock_byte(rank);
+            // Holding the rank lock makes us the writer of the consumer's fields;
+            // a consumer attaching meanwhile waits for it.
+            if !matches!(segment::try_lock_byte(&self.fd, byte), Ok(true)) {
+                continue;
+            }
+            let block = self.view.rank(rank);
+            let slots = self.view.rank_slots(rank);
+            let (n, _) = protocol::reclaim(block, &slots, &self.view.header().producer_sleeping);
+            block.consumer_pid.store(0, Ordering::Relaxed);
+            let _ = segment::unlock_byte(&self.fd, byte);
+            if n > 0 {
+                out.push((rank, n));
+            }
+        }
+        out
+    }
+
+    /// True when `rank` has a consumer attached.
+    pub fn consumer_attached(&self, rank: u32) -> bool {
+        segment::byte_is_locked(&self.fd, segment::rank_lock_byte(rank)).unwrap_or(false)
+    }
+
+    /// Pid last recorded by `rank`'s consumer (messages only), 0 if none.
+    pub fn consumer_pid(&self, rank: u32) -> u32 {
+        self.view.rank(rank).consumer_pid.load(Ordering::Relaxed)
+    }
+
+    /// True when every batch published to `rank` has been released.
+    pub fn rank_drained(&self, rank: u32) -> bool {
+        let l = self.view.layout();
+        let published = self.published[rank as usize];
+        let k = u64::from(l.geometry.slots_per_rank);
+        (published.saturating_sub(k)..published).all(|seq| {
+            let slot = self.view.slot(l.slot_of(rank, seq));
+            slot.released.load(Ordering::Acquire) >= l.generation_of(seq)
+        })
+    }
+
+    /// True when every published batch of every rank has been released.
+    pub fn all_released(&self) -> bool {
+        (0..self.view.layout().geometry.world_size).all(|r| self.rank_drained(r))
+    }
+
+    /// Sleeps until a consumer of one of `ranks` releases a slot, or `timeout`.
+    /// `still_blocked` is re-checked after announcing the sleep, so a release
+    /// that raced with it is never missed.
+    pub fn wait_for_release(&self, ranks: &[u32], timeout: Duration, still_blocked: impl Fn(&Self) -> bool) {
+        let h = self.view.header();
+        let words: Vec<_> = ranks
+            .iter()
+            .take(futex::WAITV_MAX)
+            .map(|&r| {
+                let word = &self.view.rank(r).release_futex;
+                (word, word.load(Ordering::Acquire))
+            })
+            .collect();
+        if words.is_empty() {
+            std::thread::sleep(timeout);
+            return;
+        }
+        h.producer_sleeping.store(1, Ordering::Relaxed);
+        // SYNC POINT: SeqCst fence against the consumer's fence after its
+        // release (Dekker): either it sees us sleeping and wakes us, or we see
+        // its release here.
+        crate::sync::fence(Ordering::SeqCst);
+        if still_blocked(self) {
+            futex::wait_any(&words, timeout);
+        }
+        h.producer_sleeping.store(0, Ordering::Relaxed);
+    }
+
+    /// Simulates a loader that dies at the worst moment: the segment and its
+    /// lock are left exactly as they are, with no end or abort written. For
+    /// crash tests in one process (the lock is dropped with the descriptor).
+    pub fn abandon(self) {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; we move the fields out
+        // once to drop the mapping and descriptor without running Drop.
+        unsafe {
+            drop(std::ptr::read(&this.view));
+            drop(std::ptr::read(&this.fd));
+            drop(std::ptr::read(&this.name));
+            drop(std::ptr::read(&this.next_claim));
+            drop(std::ptr::read(&this.published));
+        }
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        let state_now = self.view.header().state.load(Ordering::Relaxed);
+        if state_now != state::ENDED && state_now != state::ABORTED {
+            self.abort(0);
+        }
+        let _ = segment::shm_unlink(&self.name);
+    }
+}
+
+/// Removes a half-created segment if `create` fails after shm_open.
+struct CreatedGuard<'a> {
+    name: &'a str,
+}
+
+impl Drop for CreatedGuard<'_> {
+    fn drop(&mut self) {
+        let _ = segment::shm_unlink(self.name);
+    }
+}
+
+/// Reads the loader pid of an existing segment, if it is big enough to hold one.
+pub(crate) fn read_loader_pid(fd: &OwnedFd) -> Option<u32> {
+    if segment::file_size(fd).ok()? < HEADER_BYTES {
+        return None;
+    }
+    let map = segment::map(fd, HEADER_BYTES).ok()?;
+    // SAFETY: the mapping is HEADER_BYTES long; the header is made of atomics.
+    let header = unsafe { &*(map.as_ptr() as *const crate::ring::layout::Header) };
+    Some(header.loader_pid.load(Ordering::Relaxed))
+}

@@ -1,0 +1,209 @@
+//! The POSIX shared-memory object behind a ring, and the kernel locks that
+//! tell who is alive.
+//!
+//! Liveness follows iceoryx2: a token the kernel drops when a process dies.
+//! Here the tokens are open-file-description (OFD) byte locks on the segment's
+//! own file: the loader holds byte 0 for as long as it runs; the consumer of
+//! rank r holds byte 1 + r. A dead process's locks vanish with its file
+//! descriptions, so "is the loader alive" is one `fcntl(F_OFD_GETLK)`. Pids
+//! stored in the segment are for error messages only.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+
+use memmap2::{MmapOptions, MmapRaw};
+
+/// Longest loader name.
+pub const NAME_MAX_BYTES: usize = 64;
+/// Prefix of every segment in /dev/shm.
+pub const SEGMENT_PREFIX: &str = "ringfeed-";
+/// Where POSIX shared memory lives on Linux.
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// A loader name that is not 1–64 of `A-Za-z0-9._-`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid loader name {name:?}: use 1 to {NAME_MAX_BYTES} characters from A-Z a-z 0-9 . _ - (not starting with '.')")]
+pub struct NameError {
+    /// The refused name.
+    pub name: String,
+}
+
+/// Checks a loader name.
+pub fn validate_name(name: &str) -> Result<(), NameError> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    let ok = !name.is_empty() && name.len() <= NAME_MAX_BYTES && name.chars().all(ok_char) && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(NameError { name: name.to_string() })
+    }
+}
+
+/// `/ringfeed-NAME`, the name given to shm_open.
+pub fn shm_name(name: &str) -> CString {
+    // A validated name has no NUL byte; an unvalidated one is rejected by the
+    // callers before this point, so the fallback is unreachable in practice.
+    CString::new(format!("/{SEGMENT_PREFIX}{name}")).unwrap_or_default()
+}
+
+/// `/dev/shm/ringfeed-NAME`, for messages and listing.
+pub fn shm_path(name: &str) -> PathBuf {
+    PathBuf::from(format!("{SHM_DIR}/{SEGMENT_PREFIX}{name}"))
+}
+
+/// Byte of the segment file whose lock is the loader's liveness token.
+pub const LOADER_LOCK_BYTE: i64 = 0;
+
+/// Byte whose lock marks rank `rank`'s consumer as attached.
+pub fn rank_lock_byte(rank: u32) -> i64 {
+    1 + i64::from(rank)
+}
+
+fn flock_of(byte: i64, kind: libc::c_short) -> libc::flock {
+    // SAFETY: flock is plain old data; all-zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = byte;
+    fl.l_len = 1;
+    fl
+}
+
+/// Takes an exclusive OFD lock on one byte without waiting. Ok(false) if
+/// another open file description holds it.
+pub fn try_lock_byte(fd: &OwnedFd, byte: i64) -> io::Result<bool> {
+    let fl = flock_of(byte, libc::F_WRLCK as libc::c_short);
+    // SAFETY: `fd` is open and `fl` is a valid flock for the duration of the call.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(err),
+    }
+}
+
+/// Drops an OFD lock taken through `fd`.
+pub fn unlock_byte(fd: &OwnedFd, byte: i64) -> io::Result<()> {
+    let fl = flock_of(byte, libc::F_UNLCK as libc::c_short);
+    // SAFETY: as in `try_lock_byte`.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// True if some other open file description holds a lock on `byte`.
+pub fn byte_is_locked(fd: &OwnedFd, byte: i64) -> io::Result<bool> {
+    let mut fl = flock_of(byte, libc::F_WRLCK as libc::c_short);
+    // SAFETY: `fd` is open; F_OFD_GETLK writes only into `fl`.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// Opens `/ringfeed-NAME` with the given flags.
+pub fn shm_open(name: &str, oflag: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    let cname = shm_name(name);
+    // SAFETY: `cname` is a valid NUL-terminated string.
+    let fd = unsafe { libc::shm_open(cname.as_ptr(), oflag | libc::O_CLOEXEC, mode) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: shm_open returned a fresh descriptor that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Removes `/ringfeed-NAME`.
+pub fn shm_unlink(name: &str) -> io::Result<()> {
+    let cname = shm_name(name);
+    // SAFETY: `cname` is a valid NUL-terminated string.
+    if unsafe { libc::shm_unlink(cname.as_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Size of the open file.
+pub fn file_size(fd: &OwnedFd) -> io::Result<u64> {
+    // SAFETY: stat is plain old data; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` is a valid out-pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.st_size as u64)
+}
+
+/// Free bytes in the filesystem holding `fd` (for the "shm too small" message).
+pub fn free_bytes(fd: &OwnedFd) -> Option<u64> {
+    // SAFETY: statvfs is plain old data.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `sv` is a valid out-pointer.
+    if unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut sv) } != 0 {
+        return None;
+    }
+    Some(sv.f_bavail as u64 * sv.f_frsize as u64)
+}
+
+/// Allocates every byte of the file now, so that a full /dev/shm is an error
+/// here and never a SIGBUS later.
+pub fn allocate(fd: &OwnedFd, bytes: u64) -> io::Result<()> {
+    // SAFETY: `fd` is open; posix_fallocate touches only the file.
+    let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, bytes as libc::off_t) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
+}
+
+/// Maps `len` bytes of `fd`, shared, read-write.
+pub fn map(fd: &OwnedFd, len: u64) -> io::Result<MmapRaw> {
+    let len = usize::try_from(len).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment larger than the address space"))?;
+    // Borrow the descriptor as a File without taking ownership of it.
+    let dup = fd.try_clone()?;
+    let file = File::from(dup);
+    MmapOptions::new().len(len).map_raw(&file)
+}
+
+/// Bytes formatted for people: 1.5 GiB.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_outside_the_allowed_alphabet_are_refused() {
+        for ok in ["job1", "a", "A.b_c-9", &"x".repeat(64)] {
+            assert!(validate_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a/b", "..", ".hidden", "sp ace", "é", &"x".repeat(65), "a\0b"] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
