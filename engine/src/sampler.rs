@@ -1,1 +1,551 @@
-//! placeholder: being written
+//! Which samples form rank r's batch at step s of epoch e, and how to resume.
+//!
+//! The order of an epoch is a keyed permutation of `[0, n)` that depends on
+//! `(seed, epoch, n)` only, never on the world size or the batch size, so a
+//! job can stop with one world size and continue with another. The
+//! permutation is a Feistel network over the smallest power-of-two domain
+//! that holds `n` (at least 4), with cycle-walking back into `[0, n)`: any
+//! position is computed in O(1) expected time and O(1) memory, which matters
+//! for datasets of 10^9 samples. docs/sampler.md specifies every constant;
+//! the algorithm is a stable contract, and `tests/sampler_props.rs` checks
+//! the test vectors printed there.
+//!
+//! Steps: each step takes the next `W × B` positions of the order, and rank
+//! `r` gets positions `[s·W·B + r·B, + B)` counted from the epoch's start
+//! position (0, or the resume offset in the first epoch). The tail that does
+//! not fill a whole step is dropped, so every rank sees the same number of
+//! batches and DDP never hangs on unequal counts.
+//!
+//! The sampler never does I/O; it only maps (epoch, step, rank) to indices.
+
+use thiserror::Error;
+
+/// Most ranks one loader feeds; equal to the ring's `MAX_RANKS`.
+pub const MAX_WORLD_SIZE: u32 = crate::ring::layout::MAX_RANKS;
+
+/// Most samples in one batch. A batch's index list is built on every step,
+/// so it is bounded like everything else on the hot path.
+pub const MAX_BATCH_SIZE: u32 = 1 << 20;
+
+/// Most samples in one dataset (2^60). Far beyond any real corpus; it keeps
+/// every `position + W·B` sum of this module well inside `u64`.
+pub const MAX_SAMPLES: u64 = 1 << 60;
+
+/// Feistel rounds of the epoch permutation. Part of the stable contract.
+pub const FEISTEL_ROUNDS: usize = 8;
+
+/// SplitMix64's increment (the golden ratio in 64-bit fixed point).
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// Smallest Feistel domain, in bits: two halves of at least one bit each.
+const MIN_DOMAIN_BITS: u32 = 2;
+
+/// SplitMix64's output function (Steele, Lea, Flood 2014; the constants of
+/// Stafford's "Mix13" variant). A bijection on `u64`.
+#[inline]
+pub fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Where a run stands: `samples_consumed` positions of epoch `epoch`'s order
+/// were delivered to the ranks (all ranks together), earlier epochs are done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ResumeState {
+    /// The epoch to continue.
+    pub epoch: u64,
+    /// Positions of that epoch's order already delivered (all ranks together).
+    pub samples_consumed: u64,
+}
+
+/// The order of one epoch: a permutation of `[0, n)` for `(seed, epoch, n)`,
+/// or the identity when shuffling is off.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochOrder {
+    n: u64,
+    shuffle: bool,
+    round_keys: [u64; FEISTEL_ROUNDS],
+    lo_bits: u32,
+    hi_bits: u32,
+}
+
+impl EpochOrder {
+    /// The order of epoch `epoch` of a dataset of `n` samples under `seed`.
+    /// With `shuffle == false` it is the identity (manifest order).
+    pub fn new(seed: u64, epoch: u64, n: u64, shuffle: bool) -> Self {
+        // Smallest k >= 2 with 2^k >= n; n - 1 < 2^k needs bitlen(n - 1) bits.
+        let bitlen = u64::BITS - n.saturating_sub(1).leading_zeros();
+        let domain_bits = bitlen.max(MIN_DOMAIN_BITS);
+        let lo_bits = domain_bits / 2;
+        EpochOrder {
+            n,
+            shuffle,
+            round_keys: round_keys(seed, epoch),
+            lo_bits,
+            hi_bits: domain_bits - lo_bits,
+        }
+    }
+
+    /// Number of samples `n`.
+    pub fn len(&self) -> u64 {
+        self.n
+    }
+
+    /// True when the dataset has no samples (then `at` has no valid input).
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Whether this order is shuffled (false: the identity).
+    pub fn is_shuffled(&self) -> bool {
+        self.shuffle
+    }
+
+    /// The sample index at `position` of the order.
+    ///
+    /// # Panics
+    /// If `position >= n`: there is no such position, and cycle-walking from
+    /// outside the Feistel domain would never come back.
+    #[inline]
+    pub fn at(&self, position: u64) -> u64 {
+        assert!(
+            position < self.n,
+            "position {position} is outside an epoch of {} samples",
+            self.n
+        );
+        if !self.shuffle {
+            return position;
+        }
+        // Cycle-walking: the Feistel network permutes [0, 2^k); following the
+        // cycle of `position` until it re-enters [0, n) restricts it to a
+        // permutation of [0, n). The walk ends because the cycle contains
+        // `position` itself; the domain is < 2n (or 4), so it takes < 2 steps
+        // on average.
+        let mut x = position;
+        loop {
+            x = self.encrypt(x);
+            if x < self.n {
+                return x;
+            }
+        }
+    }
+
+    /// One pass of the Feistel network over `[0, 2^(hi_bits + lo_bits))`.
+    #[inline]
+    fn encrypt(&self, x: u64) -> u64 {
+        let lo_mask = (1u64 << self.lo_bits) - 1;
+        let mut hi = x >> self.lo_bits;
+        let mut lo = x & lo_mask;
+        for (round, key) in self.round_keys.iter().enumerate() {
+            // Each round XORs one half with a keyed hash of the other half,
+            // which is invertible whatever the two widths are. Taking the top
+            // bits of mix64 keeps the best-mixed bits.
+            if round % 2 == 0 {
+                hi ^= mix64(lo ^ key) >> (u64::BITS - self.hi_bits);
+            } else {
+                lo ^= mix64(hi ^ key) >> (u64::BITS - self.lo_bits);
+            }
+        }
+        (hi << self.lo_bits) | lo
+    }
+}
+
+/// Round keys for `(seed, epoch)`: a SplitMix64 stream whose start state is
+/// `seed XOR mix64(epoch + GAMMA)`. Distinct epochs of one seed get distinct
+/// start states because both `+ GAMMA` and `mix64` are bijections.
+fn round_keys(seed: u64, epoch: u64) -> [u64; FEISTEL_ROUNDS] {
+    let mut state = seed ^ mix64(epoch.wrapping_add(GAMMA));
+    let mut keys = [0u64; FEISTEL_ROUNDS];
+    for key in &mut keys {
+        state = state.wrapping_add(GAMMA);
+        *key = mix64(state);
+    }
+    keys
+}
+
+/// Everything that decides which samples each rank gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SamplerConfig {
+    /// Number of samples in the manifest (`n`).
+    pub n_samples: u64,
+    /// Samples per rank per step (`B`).
+    pub batch_size: u32,
+    /// Number of ranks (`W`).
+    pub world_size: u32,
+    /// Seed of the epoch permutations.
+    pub seed: u64,
+    /// False: every epoch is served in manifest order.
+    pub shuffle: bool,
+    /// Total epochs of the run, counted from 0; the loader serves
+    /// `start.epoch..epochs`.
+    pub epochs: u64,
+    /// Where to start (`ResumeState::default()` for a fresh run).
+    pub start: ResumeState,
+}
+
+/// Why a `SamplerConfig` was refused.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum SamplerError {
+    /// `batch_size == 0`.
+    #[error("batch size is 0; pass --batch-size of at least 1")]
+    ZeroBatchSize,
+    /// `batch_size > MAX_BATCH_SIZE`.
+    #[error(
+        "batch size {batch_size} is above the limit of {max} samples per rank; lower --batch-size"
+    )]
+    BatchSizeTooLarge {
+        /// The requested batch size.
+        batch_size: u32,
+        /// `MAX_BATCH_SIZE`.
+        max: u32,
+    },
+    /// `world_size == 0`.
+    #[error("world size is 0; pass --world-size of at least 1 (or set WORLD_SIZE)")]
+    ZeroWorldSize,
+    /// `world_size > MAX_WORLD_SIZE`.
+    #[error("world size {world_size} is above the limit of {max} ranks per loader; run one loader per node with --world-size at most {max}")]
+    WorldSizeTooLarge {
+        /// The requested world size.
+        world_size: u32,
+        /// `MAX_WORLD_SIZE`.
+        max: u32,
+    },
+    /// `n_samples > MAX_SAMPLES`.
+    #[error(
+        "dataset of {n_samples} samples is above the limit of {max}; split it into several runs"
+    )]
+    TooManySamples {
+        /// The dataset's sample count.
+        n_samples: u64,
+        /// `MAX_SAMPLES`.
+        max: u64,
+    },
+    /// Not even one step fits in an epoch.
+    #[error("dataset of {n_samples} samples cannot fill one step of W×B = {world_size}×{batch_size} = {step_samples}; lower --batch-size or --world-size")]
+    DatasetSmallerThanStep {
+        /// The dataset's sample count.
+        n_samples: u64,
+        /// `W`.
+        world_size: u32,
+        /// `B`.
+        batch_size: u32,
+        /// `W × B`.
+        step_samples: u64,
+    },
+    /// The resume state counts more samples than an epoch has.
+    #[error("resume state says {samples_consumed} samples of epoch {epoch} were consumed, but the dataset has only {n_samples}; the state belongs to another dataset: point --source at the dataset it was saved with, or start from epoch 0")]
+    StartBeyondDataset {
+        /// The resume state's epoch.
+        epoch: u64,
+        /// The resume state's consumed count.
+        samples_consumed: u64,
+        /// The dataset's sample count.
+        n_samples: u64,
+    },
+    /// The resume state lies after the run's last epoch.
+    #[error("resume state is at epoch {epoch} with {samples_consumed} samples consumed, but the run has only {epochs} epochs (0..{epochs}); raise --epochs to continue training")]
+    StartBeyondEpochs {
+        /// The resume state's epoch.
+        epoch: u64,
+        /// The resume state's consumed count.
+        samples_consumed: u64,
+        /// The run's epoch count.
+        epochs: u64,
+    },
+}
+
+/// Maps (epoch, step, rank) to the sample indices of that rank's batch.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    cfg: SamplerConfig,
+    /// `W × B`, the positions one step consumes.
+    step_samples: u64,
+}
+
+impl Sampler {
+    /// Checks `cfg` and builds a sampler.
+    pub fn new(cfg: SamplerConfig) -> Result<Sampler, SamplerError> {
+        let SamplerConfig {
+            n_samples,
+            batch_size,
+            world_size,
+            start,
+            epochs,
+            ..
+        } = cfg;
+        if batch_size == 0 {
+            return Err(SamplerError::ZeroBatchSize);
+        }
+        if batch_size > MAX_BATCH_SIZE {
+            return Err(SamplerError::BatchSizeTooLarge {
+                batch_size,
+                max: MAX_BATCH_SIZE,
+            });
+        }
+        if world_size == 0 {
+            return Err(SamplerError::ZeroWorldSize);
+        }
+        if world_size > MAX_WORLD_SIZE {
+            return Err(SamplerError::WorldSizeTooLarge {
+                world_size,
+                max: MAX_WORLD_SIZE,
+            });
+        }
+        if n_samples > MAX_SAMPLES {
+            return Err(SamplerError::TooManySamples {
+                n_samples,
+                max: MAX_SAMPLES,
+            });
+        }
+        // Both factors were bounded above: W·B <= 2^7 · 2^20, no overflow.
+        let step_samples = u64::from(world_size) * u64::from(batch_size);
+        if n_samples < step_samples {
+            return Err(SamplerError::DatasetSmallerThanStep {
+                n_samples,
+                world_size,
+                batch_size,
+                step_samples,
+            });
+        }
+        if start.samples_consumed > n_samples {
+            return Err(SamplerError::StartBeyondDataset {
+                epoch: start.epoch,
+                samples_consumed: start.samples_consumed,
+                n_samples,
+            });
+        }
+        // (epochs, 0) is the state after the last step of the run: valid, and
+        // it serves nothing.
+        let past_end =
+            start.epoch > epochs || (start.epoch == epochs && start.samples_consumed > 0);
+        if past_end {
+            return Err(SamplerError::StartBeyondEpochs {
+                epoch: start.epoch,
+                samples_consumed: start.samples_consumed,
+                epochs,
+            });
+        }
+        Ok(Sampler { cfg, step_samples })
+    }
+
+    /// The configuration this sampler was built from.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// `W × B`: positions of the order consumed by one step.
+    pub fn step_samples(&self) -> u64 {
+        self.step_samples
+    }
+
+    /// The first epoch served (`start.epoch`).
+    pub fn first_epoch(&self) -> u64 {
+        self.cfg.start.epoch
+    }
+
+    /// One past the last epoch served: the loader serves
+    /// `first_epoch()..epochs_end()`, i.e. `start.epoch..epochs`.
+    pub fn epochs_end(&self) -> u64 {
+        self.cfg.epochs
+    }
+
+    /// The order of `epoch` (served or not).
+    pub fn epoch_order(&self, epoch: u64) -> EpochOrder {
+        EpochOrder::new(self.cfg.seed, epoch, self.cfg.n_samples, self.cfg.shuffle)
+    }
+
+    /// Position of the order where `epoch`'s first step starts: the resume
+    /// offset in the first epoch, 0 in later ones.
+    pub fn start_position(&self, epoch: u64) -> u64 {
+        if epoch == self.cfg.start.epoch {
+            self.cfg.start.samples_consumed
+        } else {
+            0
+        }
+    }
+
+    /// Steps served in `epoch`: `floor((n - start_position) / (W·B))`, or 0
+    /// for an epoch outside `first_epoch()..epochs_end()`.
+    pub fn steps_in_epoch(&self, epoch: u64) -> u64 {
+        if !(self.first_epoch()..self.epochs_end()).contains(&epoch) {
+            return 0;
+        }
+        // start_position <= n was checked in `new`.
+        (self.cfg.n_samples - self.start_position(epoch)) / self.step_samples
+    }
+
+    /// Sample indices of rank `rank`'s batch at `step` of `epoch`, written
+    /// into `out` (cleared first): positions
+    /// `start_position(epoch) + step·W·B + rank·B .. + B` of the order.
+    ///
+    /// # Panics
+    /// In debug builds, if `step >= steps_in_epoch(epoch)` or
+    /// `rank >= world_size`; in release builds an out-of-range position
+    /// panics in `EpochOrder::at`.
+    pub fn batch_into(&self, epoch: u64, step: u64, rank: u32, out: &mut Vec<u64>) {
+        debug_assert!(
+            step < self.steps_in_epoch(epoch),
+            "step {step} of epoch {epoch} is not served"
+        );
+        debug_assert!(
+            rank < self.cfg.world_size,
+            "rank {rank} >= world size {}",
+            self.cfg.world_size
+        );
+        out.clear();
+        let order = self.epoch_order(epoch);
+        let batch_size = u64::from(self.cfg.batch_size);
+        // No overflow: every term is bounded by n <= MAX_SAMPLES (2^60) for
+        // a served step, and the sum by n + W·B.
+        let first =
+            self.start_position(epoch) + step * self.step_samples + u64::from(rank) * batch_size;
+        out.extend((first..first + batch_size).map(|position| order.at(position)));
+    }
+
+    /// Resume state after all ranks consumed `steps_done` steps of `epoch`.
+    ///
+    /// When `steps_done` completes the epoch, the state is `(epoch + 1, 0)`:
+    /// the dropped tail is not carried over, so a restart with a smaller
+    /// world size does not serve it late. After the run's last step this is
+    /// `(epochs, 0)`, which `new` accepts and which serves nothing.
+    pub fn state_after(&self, epoch: u64, steps_done: u64) -> ResumeState {
+        let steps = self.steps_in_epoch(epoch);
+        debug_assert!(
+            steps_done <= steps,
+            "{steps_done} steps done of {steps} in epoch {epoch}"
+        );
+        if steps_done >= steps {
+            return ResumeState {
+                epoch: epoch.saturating_add(1),
+                samples_consumed: 0,
+            };
+        }
+        ResumeState {
+            epoch,
+            samples_consumed: self.start_position(epoch) + steps_done * self.step_samples,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(n_samples: u64, batch_size: u32, world_size: u32) -> SamplerConfig {
+        SamplerConfig {
+            n_samples,
+            batch_size,
+            world_size,
+            seed: 7,
+            shuffle: true,
+            epochs: 2,
+            start: ResumeState::default(),
+        }
+    }
+
+    #[test]
+    fn every_order_up_to_300_samples_is_a_permutation() {
+        for n in 1..=300u64 {
+            let order = EpochOrder::new(3, 1, n, true);
+            let mut seen = vec![false; n as usize];
+            for position in 0..n {
+                let index = order.at(position) as usize;
+                assert!(!seen[index], "n={n}: index {index} twice");
+                seen[index] = true;
+            }
+        }
+    }
+
+    #[test]
+    fn unshuffled_order_is_the_identity() {
+        let order = EpochOrder::new(3, 1, 1000, false);
+        assert!((0..1000).all(|p| order.at(p) == p));
+    }
+
+    #[test]
+    fn domain_is_the_smallest_power_of_two_and_an_odd_width_puts_the_extra_bit_high() {
+        let order = EpochOrder::new(0, 0, 1000, true); // 2^10 >= 1000 > 2^9
+        assert_eq!((order.hi_bits, order.lo_bits), (5, 5));
+        let order = EpochOrder::new(0, 0, 513, true); // 2^10 again
+        assert_eq!((order.hi_bits, order.lo_bits), (5, 5));
+        let order = EpochOrder::new(0, 0, 512, true); // 2^9
+        assert_eq!((order.hi_bits, order.lo_bits), (5, 4));
+        let order = EpochOrder::new(0, 0, 1, true); // the 4-element minimum
+        assert_eq!((order.hi_bits, order.lo_bits), (1, 1));
+    }
+
+    #[test]
+    fn config_errors_name_the_fix() {
+        let message = Sampler::new(config(10, 4, 3)).unwrap_err().to_string();
+        assert!(
+            message.contains("10 samples") && message.contains("3×4 = 12"),
+            "{message}"
+        );
+        assert!(message.contains("--batch-size"), "{message}");
+        assert_eq!(
+            Sampler::new(config(10, 0, 1)).unwrap_err(),
+            SamplerError::ZeroBatchSize
+        );
+        assert_eq!(
+            Sampler::new(config(10, 1, 0)).unwrap_err(),
+            SamplerError::ZeroWorldSize
+        );
+        assert!(matches!(
+            Sampler::new(config(1000, 1, 129)),
+            Err(SamplerError::WorldSizeTooLarge {
+                world_size: 129,
+                ..
+            })
+        ));
+        let mut beyond = config(10, 1, 1);
+        beyond.start = ResumeState {
+            epoch: 0,
+            samples_consumed: 11,
+        };
+        assert!(matches!(
+            Sampler::new(beyond),
+            Err(SamplerError::StartBeyondDataset { .. })
+        ));
+        beyond.start = ResumeState {
+            epoch: 2,
+            samples_consumed: 1,
+        };
+        assert!(matches!(
+            Sampler::new(beyond),
+            Err(SamplerError::StartBeyondEpochs { .. })
+        ));
+        beyond.start = ResumeState {
+            epoch: 2,
+            samples_consumed: 0,
+        };
+        assert_eq!(Sampler::new(beyond).map(|s| s.steps_in_epoch(2)), Ok(0));
+    }
+
+    #[test]
+    fn state_after_the_last_step_moves_to_the_next_epoch() {
+        let sampler = Sampler::new(config(10, 2, 2)).unwrap();
+        assert_eq!(sampler.steps_in_epoch(0), 2);
+        assert_eq!(
+            sampler.state_after(0, 1),
+            ResumeState {
+                epoch: 0,
+                samples_consumed: 4
+            }
+        );
+        assert_eq!(
+            sampler.state_after(0, 2),
+            ResumeState {
+                epoch: 1,
+                samples_consumed: 0
+            }
+        );
+        assert_eq!(
+            sampler.state_after(1, 2),
+            ResumeState {
+                epoch: 2,
+                samples_consumed: 0
+            }
+        );
+    }
+}

@@ -1,0 +1,463 @@
+//! The list of samples of a local directory: which samples exist, and where
+//! each one's bytes are (file, offset, length).
+//!
+//! Contract (stable; docs/manifest.md says it at length):
+//! - The manifest lists the *regular files* under the root, recursively, in
+//!   byte-wise lexicographic order of their paths relative to the root, with
+//!   `/` separators (raw `OsStr` bytes, no locale, no Unicode folding). So
+//!   `"a.b"` (0x2E) comes before `"a/b"` (0x2F), and `"B"` before `"a"`.
+//! - Symbolic links: a link to a regular file is that file (listed under the
+//!   link's own path, with the target's size); a link to a directory is not
+//!   followed (no cycles, no file listed twice); a dangling link is an error.
+//!   Sockets, FIFOs and devices are skipped. The root itself may be a link.
+//! - Whole-file mode (`record_bytes == None`): sample i is file i, all of it.
+//!   An empty file is a sample of length 0: dropping it would shift every
+//!   later index, and the trainer decides what an empty sample means.
+//! - Record mode (`record_bytes == Some(N)`): every file is a concatenation
+//!   of N-byte records and sample i is the i-th record across the files in
+//!   manifest order. A size that is not a multiple of N is an error; an
+//!   empty file holds 0 records.
+//!
+//! Listing is a parallel, work-stealing directory walk (see `walk`), then
+//! one sort; the result does not depend on the thread count.
+
+mod walk;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+/// Most files in one manifest: a file index is a `u32`, and `u32::MAX` is
+/// kept free as a "no file" marker for the layers above.
+pub const MAX_FILES: u64 = u32::MAX as u64 - 1;
+
+/// Most listing threads, whatever `ManifestOptions::threads` asks for.
+pub const MAX_LIST_THREADS: usize = 64;
+
+/// Listing threads when `ManifestOptions::threads == 0`:
+/// `min(AUTO_LIST_THREADS_MAX, 2 × available_parallelism)`. Listing waits on
+/// the file system, so a few more threads than cores help; beyond 8 a local
+/// disk gains little.
+pub const AUTO_LIST_THREADS_MAX: usize = 8;
+
+/// How to build a manifest.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ManifestOptions {
+    /// `Some(N)`: files are concatenations of N-byte records, one sample per
+    /// record. `None`: one sample per file.
+    pub record_bytes: Option<u64>,
+    /// Listing threads; 0 picks `min(8, 2 × available_parallelism)`. Capped
+    /// at `MAX_LIST_THREADS`.
+    pub threads: usize,
+    /// Show a spinner on stderr (when it is a terminal) if listing takes
+    /// more than about a second; otherwise log progress with `tracing`.
+    pub progress: bool,
+}
+
+/// One listed file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileEntry {
+    /// Path relative to the manifest root, `/`-separated.
+    pub rel_path: PathBuf,
+    /// Size when listed (the target's size for a link to a file).
+    pub size_bytes: u64,
+}
+
+/// Where one sample's bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleLoc {
+    /// Index into `Manifest::files()`.
+    pub file: u32,
+    /// Byte offset of the sample in that file.
+    pub offset_bytes: u64,
+    /// Length of the sample.
+    pub len_bytes: u64,
+}
+
+/// Why a manifest could not be built.
+#[derive(Debug, Error)]
+pub enum ManifestError {
+    /// The source path does not exist.
+    #[error("source {path} does not exist; --source must name an existing directory")]
+    SourceMissing {
+        /// The source as given.
+        path: PathBuf,
+    },
+    /// The source exists but is not a directory.
+    #[error("source {path} is not a directory; --source must name a directory (its regular files are the samples)")]
+    NotADirectory {
+        /// The source as given.
+        path: PathBuf,
+    },
+    /// The source holds no regular file (whole-file mode) or no record.
+    #[error("source directory {path} contains no regular files (or, with --record-bytes, only empty ones); put the dataset's files under it or fix --source")]
+    Empty {
+        /// The source as given.
+        path: PathBuf,
+    },
+    /// A directory could not be read.
+    #[error("cannot read directory {path}: {source}; check that it exists and that this user may list it")]
+    ReadDir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A file's (or the source's) metadata could not be read. For a symbolic
+    /// link this usually means it dangles.
+    #[error("cannot read the metadata of {path}: {source}; check that it exists (a symbolic link must point to an existing file) and that this user may read it")]
+    Metadata {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `record_bytes == Some(0)`.
+    #[error("--record-bytes is 0; give the size of one record in bytes (at least 1), or leave it out for one sample per file")]
+    ZeroRecordBytes,
+    /// A file is not a whole number of records.
+    #[error("file {path} is {size_bytes} bytes, not a multiple of --record-bytes {record_bytes} ({remainder_bytes} bytes left over); fix the file or pass the record size that divides every file")]
+    NotWholeRecords {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size_bytes: u64,
+        /// The record size asked for.
+        record_bytes: u64,
+        /// `size_bytes % record_bytes`.
+        remainder_bytes: u64,
+    },
+    /// More files than `MAX_FILES`.
+    #[error("source directory {path} holds more than {max} files; split the dataset or pack small files into record files (--record-bytes)")]
+    TooManyFiles {
+        /// The source as given.
+        path: PathBuf,
+        /// `MAX_FILES`.
+        max: u64,
+    },
+    /// The sizes add up beyond `u64` (only a corrupt file system does this).
+    #[error("the file sizes under {path} add up to more than 2^64 bytes; the file system reports impossible sizes")]
+    TotalTooLarge {
+        /// The source as given.
+        path: PathBuf,
+    },
+    /// A listing thread could not be started.
+    #[error("cannot start a listing thread: {source}; lower the thread count or raise the process limit (ulimit -u)")]
+    ThreadSpawn {
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// The samples of a local directory. Immutable once built.
+#[derive(Clone, Debug)]
+pub struct Manifest {
+    root: PathBuf,
+    files: Vec<FileEntry>,
+    record_bytes: Option<u64>,
+    /// Record mode: the index of each file's first record, then the total
+    /// record count (`files.len() + 1` entries). Empty in whole-file mode.
+    first_record: Vec<u64>,
+    len: u64,
+    total_bytes: u64,
+    max_sample_bytes: u64,
+}
+
+impl Manifest {
+    /// Lists `root` and builds its manifest.
+    pub fn build(root: &Path, opts: &ManifestOptions) -> Result<Manifest, ManifestError> {
+        if opts.record_bytes == Some(0) {
+            return Err(ManifestError::ZeroRecordBytes);
+        }
+        check_root(root)?;
+        let threads = list_threads(opts.threads);
+        let mut files = walk::list_files(root, threads, opts.progress)?;
+        files.sort_unstable_by(|a, b| rel_path_bytes(a).cmp(rel_path_bytes(b)));
+        Self::from_sorted_files(root, files, opts.record_bytes)
+    }
+
+    /// Builds a manifest from a listing already in manifest order.
+    fn from_sorted_files(
+        root: &Path,
+        files: Vec<FileEntry>,
+        record_bytes: Option<u64>,
+    ) -> Result<Manifest, ManifestError> {
+        let empty = || ManifestError::Empty {
+            path: root.to_path_buf(),
+        };
+        if files.is_empty() {
+            return Err(empty());
+        }
+        // The walk stops at MAX_FILES already; this is the other side of
+        // that boundary.
+        if files.len() as u64 > MAX_FILES {
+            return Err(ManifestError::TooManyFiles {
+                path: root.to_path_buf(),
+                max: MAX_FILES,
+            });
+        }
+        let total_bytes = files
+            .iter()
+            .try_fold(0u64, |sum, f| sum.checked_add(f.size_bytes))
+            .ok_or_else(|| ManifestError::TotalTooLarge {
+                path: root.to_path_buf(),
+            })?;
+        let mut manifest = Manifest {
+            root: root.to_path_buf(),
+            files,
+            record_bytes,
+            first_record: Vec::new(),
+            len: 0,
+            total_bytes,
+            max_sample_bytes: 0,
+        };
+        match record_bytes {
+            None => {
+                manifest.len = manifest.files.len() as u64;
+                manifest.max_sample_bytes = manifest
+                    .files
+                    .iter()
+                    .map(|f| f.size_bytes)
+                    .max()
+                    .unwrap_or(0);
+            }
+            Some(record_bytes) => {
+                manifest.first_record = manifest.record_starts(record_bytes)?;
+                // first_record has files.len() + 1 >= 2 entries.
+                manifest.len = manifest.first_record.last().copied().unwrap_or(0);
+                manifest.max_sample_bytes = record_bytes;
+            }
+        }
+        if manifest.len == 0 {
+            return Err(empty());
+        }
+        Ok(manifest)
+    }
+
+    /// Prefix sums of the record counts, checking every file is whole records.
+    fn record_starts(&self, record_bytes: u64) -> Result<Vec<u64>, ManifestError> {
+        let mut starts = Vec::with_capacity(self.files.len() + 1);
+        let mut next = 0u64;
+        for (file, entry) in self.files.iter().enumerate() {
+            let remainder_bytes = entry.size_bytes % record_bytes;
+            if remainder_bytes != 0 {
+                return Err(ManifestError::NotWholeRecords {
+                    path: self.abs_path(file as u32),
+                    size_bytes: entry.size_bytes,
+                    record_bytes,
+                    remainder_bytes,
+                });
+            }
+            starts.push(next);
+            // No overflow: the record count is at most total_bytes.
+            next += entry.size_bytes / record_bytes;
+        }
+        starts.push(next);
+        Ok(starts)
+    }
+
+    /// The directory listed, as given to `build`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The listed files, in manifest order.
+    pub fn files(&self) -> &[FileEntry] {
+        &self.files
+    }
+
+    /// `root/rel_path` of file `file`.
+    ///
+    /// # Panics
+    /// If `file` is not an index into `files()`.
+    pub fn abs_path(&self, file: u32) -> PathBuf {
+        self.root.join(&self.files[file as usize].rel_path)
+    }
+
+    /// `Some(N)` in record mode.
+    pub fn record_bytes(&self) -> Option<u64> {
+        self.record_bytes
+    }
+
+    /// Number of samples (at least 1 for a built manifest).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True when there are no samples; never for a manifest `build` returned.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Where sample `index` is: O(1) in whole-file mode, O(log files) in
+    /// record mode (binary search of the record prefix sums).
+    ///
+    /// # Panics
+    /// If `index >= len()`.
+    #[inline]
+    pub fn sample(&self, index: u64) -> SampleLoc {
+        assert!(
+            index < self.len,
+            "sample {index} is outside a manifest of {} samples",
+            self.len
+        );
+        match self.record_bytes {
+            None => SampleLoc {
+                // index < len <= MAX_FILES < u32::MAX.
+                file: index as u32,
+                offset_bytes: 0,
+                len_bytes: self.files[index as usize].size_bytes,
+            },
+            Some(record_bytes) => {
+                // The last file whose first record is <= index. Empty files
+                // share their start with the next file, so the last such file
+                // is the non-empty one that holds the record.
+                let starts = &self.first_record[..self.files.len()];
+                let file = starts.partition_point(|&start| start <= index) - 1;
+                SampleLoc {
+                    file: file as u32,
+                    offset_bytes: (index - starts[file]) * record_bytes,
+                    len_bytes: record_bytes,
+                }
+            }
+        }
+    }
+
+    /// Sum of every file's size.
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
+    /// Sum of the `count` largest sample sizes (all samples when `count >=
+    /// len()`), to size a batch slot. In record mode `min(count, len) × N`.
+    /// O(files × log count) in whole-file mode.
+    pub fn largest_samples_total_bytes(&self, count: usize) -> u64 {
+        let count = (count as u64).min(self.len);
+        if let Some(record_bytes) = self.record_bytes {
+            return count.saturating_mul(record_bytes);
+        }
+        if count == self.len {
+            return self.total_bytes;
+        }
+        // A min-heap of the `count` largest sizes seen so far.
+        let mut largest: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(count as usize + 1);
+        for entry in &self.files {
+            largest.push(Reverse(entry.size_bytes));
+            if largest.len() as u64 > count {
+                largest.pop();
+            }
+        }
+        // Each is a file size, and all sizes sum to total_bytes: no overflow.
+        largest.into_iter().map(|Reverse(size)| size).sum()
+    }
+
+    /// Size of the largest sample (N in record mode).
+    pub fn max_sample_bytes(&self) -> u64 {
+        self.max_sample_bytes
+    }
+}
+
+/// The bytes manifest order compares.
+fn rel_path_bytes(entry: &FileEntry) -> &[u8] {
+    entry.rel_path.as_os_str().as_bytes()
+}
+
+/// Listing threads for a requested count (0 = auto).
+fn list_threads(requested: usize) -> usize {
+    let threads = if requested == 0 {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores * 2).min(AUTO_LIST_THREADS_MAX)
+    } else {
+        requested
+    };
+    threads.clamp(1, MAX_LIST_THREADS)
+}
+
+/// The root must be an existing directory (a link to one is fine).
+fn check_root(root: &Path) -> Result<(), ManifestError> {
+    match std::fs::metadata(root) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(ManifestError::NotADirectory {
+            path: root.to_path_buf(),
+        }),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Err(ManifestError::SourceMissing {
+            path: root.to_path_buf(),
+        }),
+        Err(source) => Err(ManifestError::Metadata {
+            path: root.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(sizes: &[u64], record_bytes: Option<u64>) -> Result<Manifest, ManifestError> {
+        let files = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size_bytes)| FileEntry {
+                rel_path: format!("f{i:03}").into(),
+                size_bytes,
+            })
+            .collect();
+        Manifest::from_sorted_files(Path::new("/data"), files, record_bytes)
+    }
+
+    #[test]
+    fn records_skip_over_empty_files() {
+        let m = manifest(&[0, 8, 0, 0, 4, 0], Some(4)).unwrap();
+        assert_eq!(m.len(), 3);
+        let files: Vec<u32> = (0..3).map(|i| m.sample(i).file).collect();
+        assert_eq!(files, [1, 1, 4]);
+        assert_eq!(m.sample(1).offset_bytes, 4);
+    }
+
+    #[test]
+    fn only_empty_files_in_record_mode_is_an_empty_source() {
+        assert!(matches!(
+            manifest(&[0, 0], Some(4)),
+            Err(ManifestError::Empty { .. })
+        ));
+    }
+
+    #[test]
+    fn empty_files_are_samples_of_length_zero_in_whole_file_mode() {
+        let m = manifest(&[0, 5], None).unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            m.sample(0),
+            SampleLoc {
+                file: 0,
+                offset_bytes: 0,
+                len_bytes: 0
+            }
+        );
+    }
+
+    #[test]
+    fn largest_samples_total_sums_the_biggest_files() {
+        let m = manifest(&[5, 1, 9, 3, 9], None).unwrap();
+        assert_eq!(m.largest_samples_total_bytes(0), 0);
+        assert_eq!(m.largest_samples_total_bytes(2), 18);
+        assert_eq!(m.largest_samples_total_bytes(3), 23);
+        assert_eq!(m.largest_samples_total_bytes(99), 27);
+        assert_eq!(m.max_sample_bytes(), 9);
+        let records = manifest(&[8, 4], Some(4)).unwrap();
+        assert_eq!(records.largest_samples_total_bytes(2), 8);
+        assert_eq!(records.largest_samples_total_bytes(10), 12);
+    }
+
+    #[test]
+    fn auto_thread_count_is_bounded() {
+        assert!((1..=AUTO_LIST_THREADS_MAX).contains(&list_threads(0)));
+        assert_eq!(list_threads(1000), MAX_LIST_THREADS);
+        assert_eq!(list_threads(3), 3);
+    }
+}

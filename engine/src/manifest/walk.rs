@@ -1,0 +1,293 @@
+//! Parallel directory walk with work stealing.
+//!
+//! Every directory is a job on a crossbeam-deque. Each thread pops from its
+//! own LIFO deque (depth first, so deques stay small), then steals a batch
+//! from the global injector, then from its peers. A counter of directories
+//! queued or being listed tells the threads when the walk is over: a
+//! directory's children are counted before the directory itself is
+//! uncounted, so the counter reaches zero only when no directory is left
+//! anywhere. The first error stops every thread.
+//!
+//! The caller's thread only waits and reports progress; the files come back
+//! unsorted (the caller sorts once).
+
+use std::fs;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::RecvTimeoutError;
+use crossbeam_deque::{Injector, Steal, Stealer, Worker};
+use indicatif::ProgressBar;
+
+use super::{FileEntry, ManifestError, MAX_FILES};
+
+/// Listing shorter than this shows no progress at all.
+const PROGRESS_AFTER_MS: u64 = 1_000;
+/// Without a terminal, one `tracing::info` line this often.
+const PROGRESS_LOG_EVERY_MS: u64 = 5_000;
+/// How often the waiting thread wakes to update progress.
+const PROGRESS_POLL_MS: u64 = 100;
+/// Idle rounds a thread spins, then yields, before it sleeps between looks.
+const IDLE_SPIN_ROUNDS: u32 = 16;
+const IDLE_YIELD_ROUNDS: u32 = 64;
+/// Sleep of an idle thread waiting for peers to publish directories.
+const IDLE_SLEEP_US: u64 = 100;
+
+/// What every listing thread shares.
+struct Walk<'a> {
+    root: &'a Path,
+    injector: Injector<PathBuf>,
+    stealers: Vec<Stealer<PathBuf>>,
+    /// Directories queued anywhere or being listed.
+    pending_dirs: AtomicUsize,
+    /// Regular files found so far (progress and the MAX_FILES limit).
+    files_found: AtomicU64,
+    /// Set on the first error: every thread stops at its next job.
+    stop: AtomicBool,
+    first_error: Mutex<Option<ManifestError>>,
+}
+
+/// Lists every regular file under `root` with `threads` threads, unsorted.
+pub(super) fn list_files(
+    root: &Path,
+    threads: usize,
+    progress: bool,
+) -> Result<Vec<FileEntry>, ManifestError> {
+    debug_assert!(threads >= 1);
+    let workers: Vec<Worker<PathBuf>> = (0..threads).map(|_| Worker::new_lifo()).collect();
+    let walk = Walk {
+        root,
+        injector: Injector::new(),
+        stealers: workers.iter().map(Worker::stealer).collect(),
+        pending_dirs: AtomicUsize::new(1),
+        files_found: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        first_error: Mutex::new(None),
+    };
+    walk.injector.push(PathBuf::new());
+
+    let started = Instant::now();
+    let mut files = Vec::new();
+    thread::scope(|scope| {
+        // Each thread holds a sender; the channel disconnects when the last
+        // one is done, which wakes the waiting thread at once.
+        let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
+        let mut handles = Vec::with_capacity(threads);
+        for (i, local) in workers.into_iter().enumerate() {
+            let walk = &walk;
+            let done_tx = done_tx.clone();
+            let spawned = thread::Builder::new()
+                .name(format!("ringfeed-list-{i}"))
+                .spawn_scoped(scope, move || {
+                    let found = walk.run_thread(&local);
+                    drop(done_tx);
+                    found
+                });
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                Err(source) => {
+                    walk.fail(ManifestError::ThreadSpawn { source });
+                    break;
+                }
+            }
+        }
+        drop(done_tx);
+        report_progress(&walk, &done_rx, started, progress);
+        for handle in handles {
+            match handle.join() {
+                Ok(found) => files.extend(found),
+                // A panic in a listing thread is a bug: carry it on.
+                Err(payload) => std::panic::resume_unwind(payload),
+            }
+        }
+    });
+    if let Some(err) = walk.take_error() {
+        return Err(err);
+    }
+    tracing::debug!(
+        root = %root.display(),
+        files = files.len(),
+        threads,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "listed source directory"
+    );
+    Ok(files)
+}
+
+/// Waits for the threads to finish; after `PROGRESS_AFTER_MS`, shows a
+/// spinner (terminal) or logs a line every `PROGRESS_LOG_EVERY_MS`.
+fn report_progress(
+    walk: &Walk<'_>,
+    done: &crossbeam_channel::Receiver<()>,
+    started: Instant,
+    progress: bool,
+) {
+    let use_spinner = progress && std::io::stderr().is_terminal();
+    let mut spinner: Option<ProgressBar> = None;
+    let mut last_log = started;
+    // Nobody sends: the channel disconnects when every thread is done.
+    while let Err(RecvTimeoutError::Timeout) =
+        done.recv_timeout(Duration::from_millis(PROGRESS_POLL_MS))
+    {
+        if started.elapsed() < Duration::from_millis(PROGRESS_AFTER_MS) {
+            continue;
+        }
+        let found = walk.files_found.load(Ordering::Relaxed);
+        let message = format!("listing {}: {found} files found", walk.root.display());
+        if use_spinner {
+            let bar = spinner.get_or_insert_with(|| {
+                let bar = ProgressBar::new_spinner();
+                bar.enable_steady_tick(Duration::from_millis(PROGRESS_POLL_MS));
+                bar
+            });
+            bar.set_message(message);
+        } else if last_log.elapsed() >= Duration::from_millis(PROGRESS_LOG_EVERY_MS) {
+            last_log = Instant::now();
+            tracing::info!("{message}");
+        }
+    }
+    if let Some(bar) = spinner {
+        bar.finish_and_clear();
+        tracing::info!(
+            "listed {}: {} files in {:.1} s",
+            walk.root.display(),
+            walk.files_found.load(Ordering::Relaxed),
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+impl Walk<'_> {
+    /// One listing thread: take directories until none is left anywhere.
+    fn run_thread(&self, local: &Worker<PathBuf>) -> Vec<FileEntry> {
+        let mut files = Vec::new();
+        let mut idle_rounds = 0u32;
+        while !self.stop.load(Ordering::Relaxed) {
+            let Some(dir) = self.find_job(local) else {
+                // SYNC POINT: pairs with the AcqRel decrement below; seeing 0
+                // means every directory's children were already counted and
+                // listed, so no job can appear any more.
+                if self.pending_dirs.load(Ordering::Acquire) == 0 {
+                    break;
+                }
+                idle_rounds = idle_rounds.saturating_add(1);
+                idle_backoff(idle_rounds);
+                continue;
+            };
+            idle_rounds = 0;
+            if let Err(err) = self.list_dir(local, &dir, &mut files) {
+                self.fail(err);
+            }
+            // SYNC POINT: the children of `dir` were counted (and pushed)
+            // before this decrement, so the counter cannot touch 0 while a
+            // directory is still queued.
+            self.pending_dirs.fetch_sub(1, Ordering::AcqRel);
+        }
+        files
+    }
+
+    /// Own deque first, then a batch from the injector, then a peer.
+    fn find_job(&self, local: &Worker<PathBuf>) -> Option<PathBuf> {
+        local.pop().or_else(|| {
+            std::iter::repeat_with(|| {
+                self.injector.steal_batch_and_pop(local).or_else(|| {
+                    self.stealers
+                        .iter()
+                        .map(Stealer::steal)
+                        .collect::<Steal<_>>()
+                })
+            })
+            .find(|steal| !steal.is_retry())
+            .and_then(Steal::success)
+        })
+    }
+
+    /// Lists one directory: subdirectories become jobs, files go to `files`.
+    fn list_dir(
+        &self,
+        local: &Worker<PathBuf>,
+        rel_dir: &Path,
+        files: &mut Vec<FileEntry>,
+    ) -> Result<(), ManifestError> {
+        let abs_dir = self.root.join(rel_dir);
+        let read_dir_error = |source| ManifestError::ReadDir {
+            path: abs_dir.clone(),
+            source,
+        };
+        let mut found_here = 0u64;
+        for entry in fs::read_dir(&abs_dir).map_err(read_dir_error)? {
+            let entry = entry.map_err(read_dir_error)?;
+            let metadata_error = |source| ManifestError::Metadata {
+                path: entry.path(),
+                source,
+            };
+            // `file_type` does not follow links.
+            let file_type = entry.file_type().map_err(metadata_error)?;
+            let rel_path = rel_dir.join(entry.file_name());
+            if file_type.is_dir() {
+                self.pending_dirs.fetch_add(1, Ordering::Relaxed);
+                local.push(rel_path);
+                continue;
+            }
+            let size_bytes = if file_type.is_file() {
+                entry.metadata().map_err(metadata_error)?.len()
+            } else if file_type.is_symlink() {
+                // Follow a link once, to learn whether it names a file.
+                let target = fs::metadata(entry.path()).map_err(metadata_error)?;
+                if !target.is_file() {
+                    tracing::debug!(path = %entry.path().display(), "skipping a link that is not to a regular file");
+                    continue;
+                }
+                target.len()
+            } else {
+                tracing::debug!(path = %entry.path().display(), "skipping a socket, FIFO or device");
+                continue;
+            };
+            files.push(FileEntry {
+                rel_path,
+                size_bytes,
+            });
+            found_here += 1;
+        }
+        let found = self.files_found.fetch_add(found_here, Ordering::Relaxed) + found_here;
+        if found > MAX_FILES {
+            return Err(ManifestError::TooManyFiles {
+                path: self.root.to_path_buf(),
+                max: MAX_FILES,
+            });
+        }
+        Ok(())
+    }
+
+    /// Records the first error and stops every thread.
+    fn fail(&self, err: ManifestError) {
+        let mut first = self
+            .first_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        first.get_or_insert(err);
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    fn take_error(&self) -> Option<ManifestError> {
+        self.first_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+    }
+}
+
+/// Spin, then yield, then sleep while peers may still publish directories.
+fn idle_backoff(idle_rounds: u32) {
+    if idle_rounds <= IDLE_SPIN_ROUNDS {
+        std::hint::spin_loop();
+    } else if idle_rounds <= IDLE_YIELD_ROUNDS {
+        thread::yield_now();
+    } else {
+        thread::sleep(Duration::from_micros(IDLE_SLEEP_US));
+    }
+}
