@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod loader;
 pub mod manifest;
 pub mod reader;
 pub mod ring;

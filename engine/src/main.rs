@@ -16,6 +16,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve a dataset to the training processes of this machine.
+    Serve(cli::serve::ServeArgs),
+    /// Run the whole path on a synthetic dataset and check every byte (no setup).
+    Demo(cli::demo::DemoArgs),
     /// Show a live loader: per-rank queue depth, batches/s, MB/s, time waiting for data.
     Stat {
         /// The loader's --name.
@@ -30,6 +34,8 @@ enum Command {
     /// Remove shared-memory segments left by loaders that died.
     Gc,
     #[command(hide = true)]
+    DemoConsumer(cli::demo::DemoConsumerArgs),
+    #[command(hide = true)]
     RingTestProducer(cli::testing::ProducerArgs),
     #[command(hide = true)]
     RingTestConsumer(cli::testing::ConsumerArgs),
@@ -43,6 +49,13 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(a) => match cli::serve::run(&a) {
+            Ok(0) => Ok(()),
+            Ok(code) => return ExitCode::from(code),
+            Err(e) => Err(e),
+        },
+        Command::Demo(a) => cli::demo::run(&a),
+        Command::DemoConsumer(a) => cli::demo::run_consumer(&a),
         Command::Stat { name, interval, once } => cli::stat::run(&name, Duration::from_secs_f64(interval.max(0.05)), once),
         Command::Gc => cli::gc::run(),
         Command::RingTestProducer(a) => cli::testing::run_producer(&a),

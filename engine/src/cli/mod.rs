@@ -1,5 +1,7 @@
 //! The `ringfeed` command line.
 
+pub mod demo;
 pub mod gc;
+pub mod serve;
 pub mod stat;
 pub mod testing;

@@ -19,6 +19,54 @@ pub fn pattern_byte(index: u64, p: u64) -> u8 {
     ((index.wrapping_mul(7).wrapping_add(p)) % 251) as u8
 }
 
+/// The pattern repeats every 251 bytes: a table of 0..251 repeated lets
+/// fill and check run as memcpy/memcmp over windows of it.
+const PERIOD: usize = 251;
+const TABLE_BYTES: usize = PERIOD * 64;
+
+fn table() -> &'static [u8; TABLE_BYTES] {
+    static TABLE: std::sync::OnceLock<[u8; TABLE_BYTES]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|i| (i % PERIOD) as u8))
+}
+
+/// Calls `f(window, start)` over `len` bytes of sample `index`'s pattern, in chunks.
+fn for_pattern_chunks(index: u64, len: usize, mut f: impl FnMut(&[u8], usize) -> bool) -> bool {
+    let t = table();
+    let chunk = TABLE_BYTES - PERIOD;
+    let mut p = 0;
+    while p < len {
+        let phase = (index.wrapping_mul(7).wrapping_add(p as u64) % PERIOD as u64) as usize;
+        let n = chunk.min(len - p);
+        if !f(&t[phase..phase + n], p) {
+            return false;
+        }
+        p += n;
+    }
+    true
+}
+
+/// Writes sample `index`'s pattern into `out`.
+pub fn pattern_fill(index: u64, out: &mut [u8]) {
+    let len = out.len();
+    for_pattern_chunks(index, len, |w, p| {
+        out[p..p + w.len()].copy_from_slice(w);
+        true
+    });
+}
+
+/// Position of the first byte of `data` that differs from sample `index`'s pattern.
+pub fn pattern_mismatch(index: u64, data: &[u8]) -> Option<usize> {
+    let mut bad = None;
+    for_pattern_chunks(index, data.len(), |w, p| {
+        if data[p..p + w.len()] == *w {
+            return true;
+        }
+        bad = (0..w.len()).find(|&i| data[p + i] != w[i]).map(|i| p + i);
+        false
+    });
+    bad
+}
+
 /// Arguments of `ring-test-producer`.
 #[derive(Args, Debug)]
 pub struct ProducerArgs {
@@ -35,6 +83,10 @@ pub struct ProducerArgs {
     #[arg(long, default_value_t = 4)]
     slots_per_rank: u32,
 }
+
+/// How often the test producer reclaims the slots of dead consumers while a
+/// rank is blocked.
+const RECLAIM_EVERY: Duration = Duration::from_millis(100);
 
 /// Publishes `batches` batches to every rank, serving ranks independently (a
 /// rank whose consumer is slow or dead never holds the others back), then
@@ -72,9 +124,7 @@ pub fn run_producer(a: &ProducerArgs) -> Result<()> {
             for j in 0..u64::from(a.batch_size) {
                 let index = (s * u64::from(a.world_size) + u64::from(r)) * u64::from(a.batch_size) + j;
                 let off = j * a.sample_bytes;
-                for q in 0..a.sample_bytes {
-                    buf[(off + q) as usize] = pattern_byte(index, q);
-                }
+                pattern_fill(index, &mut buf[off as usize..(off + a.sample_bytes) as usize]);
                 samples.push(SampleEntry { offset: off, len: a.sample_bytes, index });
             }
             p.publish(claim, 0, s, &samples)?;
@@ -84,13 +134,18 @@ pub fn run_producer(a: &ProducerArgs) -> Result<()> {
         if done {
             break;
         }
+        // Reclaim on a timer whenever a rank is blocked, even while other
+        // ranks progress: a busy rank must not delay a dead one's reclaim.
+        if !blocked.is_empty() && last_reclaim.elapsed() >= RECLAIM_EVERY {
+            p.reclaim_dead_consumers();
+            last_reclaim = Instant::now();
+        }
         if !progressed {
-            if last_reclaim.elapsed() >= Duration::from_millis(100) {
-                p.reclaim_dead_consumers();
-                last_reclaim = Instant::now();
-            }
-            let slots = |p: &Producer, r: u32| p.published(r) < a.batches;
-            p.wait_for_release(&blocked, Duration::from_millis(100), |p| blocked.iter().all(|&r| slots(p, r)));
+            // Sleep no later than the next reclaim is due. The re-check asks
+            // whether a slot came free, so a release that landed after the
+            // failed claim but before the sleep is not missed.
+            let until_reclaim = RECLAIM_EVERY.saturating_sub(last_reclaim.elapsed()).max(Duration::from_millis(1));
+            p.wait_for_release(&blocked, until_reclaim, |p| blocked.iter().all(|&r| !p.can_claim(r)));
         }
     }
     p.finish();
@@ -163,6 +218,23 @@ pub fn run_consumer(a: &ConsumerArgs) -> Result<()> {
     Ok(())
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_pattern_equals_the_definition() {
+        for index in [0u64, 1, 250, 251, 12345, u64::MAX / 7] {
+            let mut v = vec![0u8; 40_000];
+            pattern_fill(index, &mut v);
+            assert!(v.iter().enumerate().all(|(p, &b)| b == pattern_byte(index, p as u64)));
+            assert_eq!(pattern_mismatch(index, &v), None);
+            v[39_999] ^= 1;
+            assert_eq!(pattern_mismatch(index, &v), Some(39_999));
+        }
+    }
+}
+
 /// Checks one batch against the test pattern.
 pub fn check_batch(b: &crate::ring::BatchRef, rank: u32, world_size: u32, batch_size: u32, sample_bytes: u64) -> Result<()> {
     if b.n_samples != batch_size {
@@ -178,7 +250,7 @@ pub fn check_batch(b: &crate::ring::BatchRef, rank: u32, world_size: u32, batch_
         if b.step != b.seq {
             bail!("step {} delivered as the rank's batch {}", b.step, b.seq);
         }
-        if let Some(p) = (0..sample_bytes).find(|&p| bytes[p as usize] != pattern_byte(index, p)) {
+        if let Some(p) = pattern_mismatch(index, bytes) {
             bail!("sample {index} byte {p} is wrong");
         }
     }

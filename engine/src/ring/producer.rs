@@ -292,6 +292,13 @@ impl Producer {
         Some(SlotClaim { rank, seq, slot, generation, payload: self.view.payload(slot), payload_bytes: l.geometry.slot_payload_bytes })
     }
 
+    /// True when `try_claim(rank)` would succeed now.
+    pub fn can_claim(&self, rank: u32) -> bool {
+        let l = self.view.layout();
+        let seq = self.next_claim[rank as usize];
+        protocol::slot_is_free(self.view.slot(l.slot_of(rank, seq)), l.generation_of(seq))
+    }
+
     /// Number of batches claimed for `rank` so far (the next claim's seq).
     pub fn claimed(&self, rank: u32) -> u64 {
         self.next_claim[rank as usize]

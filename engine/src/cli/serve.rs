@@ -1,0 +1,166 @@
+//! `ringfeed serve`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
+use crate::reader::{IoChoice, ReaderConfig};
+use crate::ring::segment::human_bytes;
+use crate::sampler::ResumeState;
+
+/// Arguments of `ringfeed serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Dataset: a local directory (or file://DIR).
+    #[arg(long)]
+    pub source: String,
+    /// Loader name; trainers attach with it (RINGFEED_NAME). 1–64 of A-Za-z0-9._-
+    #[arg(long)]
+    pub name: String,
+    /// Samples per rank per step.
+    #[arg(long)]
+    pub batch_size: u32,
+    /// Number of ranks (default: LOCAL_WORLD_SIZE, else WORLD_SIZE, else 1).
+    #[arg(long)]
+    pub world_size: Option<u32>,
+    /// Epochs to serve.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Seed of the shuffle.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Serve samples in manifest order.
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// Files are concatenations of fixed-size records of N bytes.
+    #[arg(long)]
+    pub record_bytes: Option<u64>,
+    /// Slots per rank: how many batches each rank may have ready ahead.
+    #[arg(long, default_value_t = 4)]
+    pub slots_per_rank: u32,
+    /// Payload bytes per slot (default: the B largest samples).
+    #[arg(long)]
+    pub slot_bytes: Option<u64>,
+    /// Reader: auto (io_uring, else pread with a warning), uring, pread.
+    #[arg(long, default_value = "auto")]
+    pub io: IoChoice,
+    /// Reads in flight.
+    #[arg(long, default_value_t = 256)]
+    pub queue_depth: u32,
+    /// Resume from EPOCH:SAMPLES (samples consumed in that epoch, all ranks together).
+    #[arg(long, value_parser = parse_resume)]
+    pub resume: Option<ResumeState>,
+}
+
+fn parse_resume(s: &str) -> Result<ResumeState, String> {
+    let (e, c) = s.split_once(':').ok_or_else(|| format!("--resume {s:?}: expected EPOCH:SAMPLES, e.g. 3:81920"))?;
+    let epoch = e.parse().map_err(|_| format!("--resume {s:?}: epoch {e:?} is not a number"))?;
+    let samples_consumed = c.parse().map_err(|_| format!("--resume {s:?}: samples {c:?} is not a number"))?;
+    Ok(ResumeState { epoch, samples_consumed })
+}
+
+/// World size from the flag, else the environment torchrun sets, else 1.
+pub fn world_size_from(flag: Option<u32>) -> Result<u32> {
+    if let Some(w) = flag {
+        return Ok(w);
+    }
+    for var in ["LOCAL_WORLD_SIZE", "WORLD_SIZE"] {
+        if let Ok(v) = std::env::var(var) {
+            return v.trim().parse().with_context(|| format!("{var}={v:?} is not a number; pass --world-size"));
+        }
+    }
+    Ok(1)
+}
+
+/// The local directory behind `--source`.
+pub fn local_source(source: &str) -> Result<PathBuf> {
+    if let Some(path) = source.strip_prefix("file://") {
+        return Ok(PathBuf::from(path));
+    }
+    for scheme in ["s3://", "gs://", "az://", "http://", "https://"] {
+        if source.starts_with(scheme) {
+            bail!("--source {source}: {scheme} object stores are not supported by this version yet; copy the data to a local directory");
+        }
+    }
+    Ok(PathBuf::from(source))
+}
+
+impl ServeArgs {
+    /// The loader configuration these arguments describe.
+    pub fn config(&self) -> Result<ServeConfig> {
+        Ok(ServeConfig {
+            source: local_source(&self.source)?,
+            name: self.name.clone(),
+            batch_size: self.batch_size,
+            world_size: world_size_from(self.world_size)?,
+            epochs: self.epochs,
+            seed: self.seed,
+            shuffle: !self.no_shuffle,
+            record_bytes: self.record_bytes,
+            slots_per_rank: self.slots_per_rank,
+            slot_bytes: self.slot_bytes,
+            io: self.io,
+            reader: ReaderConfig { queue_depth: self.queue_depth, ..ReaderConfig::default() },
+            start: self.resume.unwrap_or_default(),
+            progress: true,
+        })
+    }
+}
+
+/// Runs a loader until every batch was delivered and released. Returns the
+/// exit code: 0, or 128 + signal when stopped by SIGINT/SIGTERM.
+pub fn run(args: &ServeArgs) -> Result<u8> {
+    signals::install();
+    let cfg = args.config()?;
+    let plan = Plan::new(cfg.clone())?;
+    let loader = Loader::start(plan)?;
+    let layout = *loader.producer().layout();
+    eprintln!(
+        "ringfeed: serving {} samples ({}) from {} as {:?} to {} rank(s): batch {} , {} batches per rank, {} slots/rank of {}, ring {} in /dev/shm/ringfeed-{}",
+        m_len(&loader),
+        human_bytes(total_bytes(&loader)),
+        cfg.source.display(),
+        cfg.name,
+        cfg.world_size,
+        cfg.batch_size,
+        loader_batches(&loader),
+        layout.geometry.slots_per_rank,
+        human_bytes(layout.geometry.slot_payload_bytes),
+        human_bytes(layout.segment_bytes),
+        cfg.name,
+    );
+    match loader.run(&signals::STOP) {
+        Ok(report) => {
+            let secs = report.elapsed.as_secs_f64();
+            eprintln!(
+                "ringfeed: done: {} batches, {} samples, {} in {:.2} s ({:.2} GB/s, reader {})",
+                report.batches,
+                report.samples,
+                human_bytes(report.bytes),
+                secs,
+                report.bytes as f64 / secs.max(1e-9) / 1e9,
+                report.backend
+            );
+            Ok(0)
+        }
+        Err(ServeError::Signal(sig)) => {
+            eprintln!("ringfeed: stopped by signal {sig}: trainers were told (their next call fails with \"loader stopped\"), segment removed");
+            Ok(128u8.saturating_add(sig as u8))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn m_len(l: &Loader) -> u64 {
+    l.plan().manifest().len()
+}
+
+fn total_bytes(l: &Loader) -> u64 {
+    l.plan().manifest().total_bytes()
+}
+
+fn loader_batches(l: &Loader) -> u64 {
+    l.plan().batches_per_rank()
+}

@@ -1,0 +1,435 @@
+//! The loader: manifest → sampler → readers → ring.
+//!
+//! One thread drives everything. Each rank advances on its own: whenever one
+//! of its slots is free, the loader claims it, asks the reader to put the
+//! batch's samples straight into the slot's payload, and publishes it once
+//! every read has landed (batches of a rank are published in order). A rank
+//! whose trainer is slow, or dead, never holds the other ranks back.
+
+mod pending;
+pub mod signals;
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::manifest::{Manifest, ManifestError, ManifestOptions};
+use crate::reader::{open_engine, Completion, FileTable, IoChoice, ReadEngine, ReadError, ReadOp, ReaderConfig};
+use crate::ring::{CreateError, Producer, PublishError, RingGeometry};
+use crate::sampler::{ResumeState, Sampler, SamplerConfig, SamplerError};
+
+use pending::{Pending, RankCursor};
+
+/// How often the loader looks for ranks whose consumer died.
+const RECLAIM_EVERY: Duration = Duration::from_millis(100);
+/// How often a progress line is logged.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Everything `ringfeed serve` needs.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Local dataset directory.
+    pub source: PathBuf,
+    /// Loader name (the ring is /dev/shm/ringfeed-NAME).
+    pub name: String,
+    /// Samples per rank per step.
+    pub batch_size: u32,
+    /// Number of ranks.
+    pub world_size: u32,
+    /// Total epochs of the run.
+    pub epochs: u64,
+    /// Seed of the shuffle.
+    pub seed: u64,
+    /// Manifest order instead of a shuffle.
+    pub shuffle: bool,
+    /// Fixed-size records instead of whole files.
+    pub record_bytes: Option<u64>,
+    /// Slots per rank (prefetch depth).
+    pub slots_per_rank: u32,
+    /// Payload bytes per slot; derived from the manifest when None.
+    pub slot_bytes: Option<u64>,
+    /// Reader backend.
+    pub io: IoChoice,
+    /// Reader tuning.
+    pub reader: ReaderConfig,
+    /// Where to start.
+    pub start: ResumeState,
+    /// Show progress while listing.
+    pub progress: bool,
+}
+
+/// Why serving failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The dataset could not be listed.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// The run cannot be planned.
+    #[error(transparent)]
+    Sampler(#[from] SamplerError),
+    /// The ring could not be made.
+    #[error(transparent)]
+    Ring(#[from] CreateError),
+    /// A read failed: the sample is named, nothing is skipped.
+    #[error("{0}")]
+    Read(#[from] ReadError),
+    /// A batch does not fit a slot of the given size.
+    #[error("sample {index} ({path}, {len} bytes) does not fit: batch (epoch {epoch}, step {step}, rank {rank}) needs {needed} bytes but --slot-bytes is {slot_bytes}; raise --slot-bytes or leave it out to size slots from the data")]
+    SampleTooLarge {
+        /// Sample index.
+        index: u64,
+        /// Its file.
+        path: String,
+        /// Its length.
+        len: u64,
+        /// Where.
+        epoch: u64,
+        /// Where.
+        step: u64,
+        /// Where.
+        rank: u32,
+        /// Bytes the batch needs.
+        needed: u64,
+        /// Slot payload size.
+        slot_bytes: u64,
+    },
+    /// Internal protocol misuse (a bug).
+    #[error("internal error: {0}")]
+    Publish(#[from] PublishError),
+    /// Stopped by a signal.
+    #[error("stopped by signal {0}")]
+    Signal(u32),
+}
+
+/// What a finished run did.
+#[derive(Clone, Debug, Default)]
+pub struct ServeReport {
+    /// Batches published, all ranks.
+    pub batches: u64,
+    /// Samples published.
+    pub samples: u64,
+    /// Payload bytes published.
+    pub bytes: u64,
+    /// Time from ring creation to the last release.
+    pub elapsed: Duration,
+    /// Time from ring creation to the first publish.
+    pub first_publish: Option<Duration>,
+    /// Reader backend used.
+    pub backend: &'static str,
+}
+
+/// A prepared run: manifest listed, sampler planned. Separate from [`Loader::run`]
+/// so callers can time the first batch without the listing.
+pub struct Plan {
+    cfg: ServeConfig,
+    manifest: Arc<Manifest>,
+    sampler: Sampler,
+    slot_bytes: u64,
+}
+
+impl Plan {
+    /// Lists the dataset and plans the run.
+    pub fn new(cfg: ServeConfig) -> Result<Plan, ServeError> {
+        let manifest = Manifest::build(&cfg.source, &ManifestOptions { record_bytes: cfg.record_bytes, threads: 0, progress: cfg.progress })?;
+        Self::with_manifest(cfg, Arc::new(manifest))
+    }
+
+    /// Plans the run over an already built manifest.
+    pub fn with_manifest(cfg: ServeConfig, manifest: Arc<Manifest>) -> Result<Plan, ServeError> {
+        let sampler = Sampler::new(SamplerConfig {
+            n_samples: manifest.len(),
+            batch_size: cfg.batch_size,
+            world_size: cfg.world_size,
+            seed: cfg.seed,
+            shuffle: cfg.shuffle,
+            epochs: cfg.epochs,
+            start: cfg.start,
+        })?;
+        let derived = manifest.largest_samples_total_bytes(cfg.batch_size as usize).max(1);
+        let slot_bytes = cfg.slot_bytes.unwrap_or(derived);
+        Ok(Plan { cfg, manifest, sampler, slot_bytes })
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The sampler.
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
+    /// Batches each rank gets in the whole run.
+    pub fn batches_per_rank(&self) -> u64 {
+        (self.sampler.first_epoch()..self.sampler.epochs_end()).map(|e| self.sampler.steps_in_epoch(e)).sum()
+    }
+
+    /// Payload bytes of each slot.
+    pub fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+}
+
+/// A running loader.
+pub struct Loader {
+    plan: Plan,
+    producer: Producer,
+    reader: Box<dyn ReadEngine>,
+    cursors: Vec<RankCursor>,
+    pending: Pending,
+    queued: VecDeque<ReadOp>,
+    completions: Vec<Completion>,
+    report: ServeReport,
+    started: Instant,
+}
+
+impl Loader {
+    /// Creates the ring and opens the reader. Consumers may attach from now on.
+    pub fn start(plan: Plan) -> Result<Loader, ServeError> {
+        let cfg = &plan.cfg;
+        let geometry = RingGeometry {
+            world_size: cfg.world_size,
+            slots_per_rank: cfg.slots_per_rank,
+            max_samples_per_slot: cfg.batch_size,
+            slot_payload_bytes: plan.slot_bytes,
+        };
+        let m = &plan.manifest;
+        let paths = (0..m.files().len() as u32).map(|f| m.abs_path(f)).collect();
+        let sizes = m.files().iter().map(|f| f.size_bytes).collect();
+        let table = Arc::new(FileTable::new(paths, sizes, cfg.record_bytes.is_some())?);
+        let opened = open_engine(cfg.io, table, &cfg.reader)?;
+        if let Some(w) = &opened.fallback_warning {
+            tracing::warn!("{w}");
+        }
+        let producer = Producer::create(&cfg.name, geometry)?;
+        let per_rank = plan.batches_per_rank();
+        for r in 0..cfg.world_size {
+            producer.set_batches_expected(r, per_rank);
+        }
+        producer.set_reader_info(opened.engine.backend_name(), 0);
+        let cursors = (0..cfg.world_size).map(|_| RankCursor::new(&plan.sampler)).collect();
+        let report = ServeReport { backend: opened.engine.backend_name(), ..Default::default() };
+        Ok(Loader {
+            plan,
+            producer,
+            reader: opened.engine,
+            cursors,
+            pending: Pending::default(),
+            queued: VecDeque::new(),
+            completions: Vec::new(),
+            report,
+            started: Instant::now(),
+        })
+    }
+
+    /// The plan being served.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The ring's producer (for tests and stats).
+    pub fn producer(&self) -> &Producer {
+        &self.producer
+    }
+
+    /// Serves every batch, then waits until all are released. `stop` holds a
+    /// signal number once the process was asked to stop.
+    pub fn run(mut self, stop: &AtomicU32) -> Result<ServeReport, ServeError> {
+        let result = self.run_inner(stop);
+        match &result {
+            Ok(()) => {}
+            Err(ServeError::Signal(sig)) => self.producer.abort(*sig),
+            Err(_) => self.producer.abort(0),
+        }
+        // Reads under way write into the ring: let them land before it goes.
+        drop(std::mem::replace(&mut self.reader, Box::new(NoReader)));
+        self.report.elapsed = self.started.elapsed();
+        result.map(|()| self.report.clone())
+    }
+
+    fn run_inner(&mut self, stop: &AtomicU32) -> Result<(), ServeError> {
+        let world = self.plan.cfg.world_size;
+        let mut last_reclaim = Instant::now();
+        let mut last_progress = Instant::now();
+        let mut progress_base = (0u64, Instant::now());
+        let mut batch = Vec::with_capacity(self.plan.cfg.batch_size as usize);
+        loop {
+            let sig = stop.load(Ordering::Relaxed);
+            if sig != 0 {
+                return Err(ServeError::Signal(sig));
+            }
+            let mut blocked = Vec::new();
+            for r in 0..world {
+                self.fill_rank(r, &mut batch, &mut blocked)?;
+            }
+            self.submit_queued()?;
+            let in_flight = self.reader.in_flight();
+            self.producer.set_reader_info(self.reader.backend_name(), in_flight as u32);
+            if in_flight > 0 {
+                // Block for a completion when there is nothing else to do: the
+                // reader is full, or every unfinished rank waits for a slot.
+                let more_to_claim = (0..world).any(|r| !self.cursors[r as usize].done() && !blocked.contains(&r));
+                let block = !self.queued.is_empty() || !more_to_claim;
+                let (min, wait) = if block { (1, Duration::from_millis(50)) } else { (0, Duration::ZERO) };
+                self.completions.clear();
+                self.reader.reap(&mut self.completions, min, Some(wait))?;
+                self.complete()?;
+            }
+            self.publish_ready()?;
+            if self.all_claimed() && self.pending.is_empty() && self.queued.is_empty() {
+                break;
+            }
+            if last_reclaim.elapsed() >= RECLAIM_EVERY {
+                self.reclaim();
+                last_reclaim = Instant::now();
+            }
+            if last_progress.elapsed() >= PROGRESS_EVERY {
+                self.log_progress(&mut progress_base);
+                last_progress = Instant::now();
+            }
+            let idle = self.reader.in_flight() == 0 && self.queued.is_empty();
+            if idle && !blocked.is_empty() {
+                let cursors = &self.cursors;
+                self.producer.wait_for_release(&blocked, RECLAIM_EVERY, |p| blocked.iter().all(|&r| cursors[r as usize].done() || !p.can_claim(r)));
+            }
+        }
+        self.producer.finish();
+        tracing::debug!("every batch published; waiting for the trainers to release the last ones");
+        let all: Vec<u32> = (0..world).collect();
+        while !self.producer.all_released() {
+            let sig = stop.load(Ordering::Relaxed);
+            if sig != 0 {
+                return Err(ServeError::Signal(sig));
+            }
+            if last_reclaim.elapsed() >= RECLAIM_EVERY {
+                self.reclaim();
+                last_reclaim = Instant::now();
+            }
+            self.producer.wait_for_release(&all, RECLAIM_EVERY, |p| !p.all_released());
+        }
+        Ok(())
+    }
+
+    fn all_claimed(&self) -> bool {
+        self.cursors.iter().all(RankCursor::done)
+    }
+
+    /// Claims rank r's free slots and queues the reads of their batches.
+    fn fill_rank(&mut self, r: u32, batch: &mut Vec<u64>, blocked: &mut Vec<u32>) -> Result<(), ServeError> {
+        // Keep the reader fed but not flooded: stop claiming once a full
+        // queue depth of reads is waiting to be submitted.
+        while !self.cursors[r as usize].done() && self.queued.len() < self.reader.max_in_flight() {
+            let Some(claim) = self.producer.try_claim(r) else {
+                blocked.push(r);
+                return Ok(());
+            };
+            let (epoch, step) = self.cursors[r as usize].advance(&self.plan.sampler);
+            self.plan.sampler.batch_into(epoch, step, r, batch);
+            let id = self.pending.add(claim, epoch, step);
+            let mut offset = 0u64;
+            for &index in batch.iter() {
+                let loc = self.plan.manifest.sample(index);
+                let end = offset + loc.len_bytes;
+                let slot_bytes = self.plan.slot_bytes;
+                if end > slot_bytes {
+                    return Err(ServeError::SampleTooLarge {
+                        index,
+                        path: self.plan.manifest.abs_path(loc.file).display().to_string(),
+                        len: loc.len_bytes,
+                        epoch,
+                        step,
+                        rank: r,
+                        needed: batch.iter().map(|&i| self.plan.manifest.sample(i).len_bytes).sum(),
+                        slot_bytes,
+                    });
+                }
+                let dest = self.pending.sample(id, offset, loc.len_bytes, index);
+                if loc.len_bytes > 0 {
+                    self.queued.push_back(ReadOp { file: loc.file, offset_bytes: loc.offset_bytes, len_bytes: loc.len_bytes, dest, user_data: id as u64 });
+                    self.pending.expect_read(id);
+                }
+                offset = end;
+            }
+        }
+        Ok(())
+    }
+
+    fn submit_queued(&mut self) -> Result<(), ServeError> {
+        let room = self.reader.max_in_flight().saturating_sub(self.reader.in_flight());
+        let n = room.min(self.queued.len());
+        if n == 0 {
+            return Ok(());
+        }
+        let ops: Vec<ReadOp> = self.queued.drain(..n).collect();
+        // SAFETY: each dest lies inside a slot payload claimed by this loader
+        // and not yet published: no consumer can see it, and the Producer
+        // (which owns the mapping) outlives the reader (dropped first in run).
+        unsafe { self.reader.submit(&ops) }?;
+        Ok(())
+    }
+
+    fn complete(&mut self) -> Result<(), ServeError> {
+        for c in self.completions.drain(..) {
+            c.result?;
+            self.pending.read_done(c.user_data as usize);
+        }
+        Ok(())
+    }
+
+    fn publish_ready(&mut self) -> Result<(), ServeError> {
+        for r in 0..self.plan.cfg.world_size {
+            while let Some(done) = self.pending.pop_ready(r, self.producer.published(r)) {
+                let n = done.samples.len() as u64;
+                let bytes: u64 = done.samples.iter().map(|s| s.len).sum();
+                self.producer.publish(done.claim, done.epoch, done.step, &done.samples)?;
+                self.pending.recycle(done.samples);
+                self.report.batches += 1;
+                self.report.samples += n;
+                self.report.bytes += bytes;
+                if self.report.first_publish.is_none() {
+                    self.report.first_publish = Some(self.started.elapsed());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn reclaim(&self) {
+        for (rank, n) in self.producer.reclaim_dead_consumers() {
+            tracing::warn!("rank {rank}: its trainer went away holding {n} batch(es); reclaimed them, waiting for a trainer to attach to rank {rank}");
+        }
+    }
+
+    fn log_progress(&self, base: &mut (u64, Instant)) {
+        let secs = base.1.elapsed().as_secs_f64();
+        let mb = (self.report.bytes - base.0) as f64 / 1e6;
+        let total = self.plan.batches_per_rank() * u64::from(self.plan.cfg.world_size);
+        let (epoch, _) = self.cursors.first().map(RankCursor::position).unwrap_or_default();
+        tracing::info!("epoch {epoch}: {}/{} batches published, {:.1} MB/s", self.report.batches, total, mb / secs.max(1e-9));
+        *base = (self.report.bytes, Instant::now());
+    }
+}
+
+/// Stands in for the reader after it was dropped.
+struct NoReader;
+
+impl ReadEngine for NoReader {
+    fn backend_name(&self) -> &'static str {
+        "none"
+    }
+    fn in_flight(&self) -> usize {
+        0
+    }
+    fn max_in_flight(&self) -> usize {
+        0
+    }
+    unsafe fn submit(&mut self, _: &[ReadOp]) -> Result<(), ReadError> {
+        Ok(())
+    }
+    fn reap(&mut self, _: &mut Vec<Completion>, _: usize, _: Option<Duration>) -> Result<usize, ReadError> {
+        Ok(0)
+    }
+}
