@@ -230,7 +230,7 @@ int32_t rf_release(struct rf_feed *feed, const struct rf_batch *batch);
  * # Safety
  * `feed` comes from rf_attach and was not detached; `info` is writable.
  */
-int32_t rf_info(const struct rf_feed *feed, struct rf_info *info);
+int32_t rf_get_info(const struct rf_feed *feed, struct rf_info *info);
 
 /**
  * Detaches: batches still held are given back, and every pointer from this
@@ -258,19 +258,25 @@ uint32_t rf_abi_version(void);
 
 #endif  /* RINGFEED_H */
 
-/* The C view of the ABI must match the Rust one byte for byte. */
-_Static_assert(sizeof(rf_sample) == 24, "rf_sample is 24 bytes");
-_Static_assert(offsetof(rf_sample, len) == 8, "rf_sample.len at 8");
-_Static_assert(offsetof(rf_sample, index) == 16, "rf_sample.index at 16");
-_Static_assert(sizeof(rf_batch) == 56, "rf_batch is 56 bytes");
-_Static_assert(offsetof(rf_batch, samples) == 8, "rf_batch.samples at 8");
-_Static_assert(offsetof(rf_batch, n_samples) == 16, "rf_batch.n_samples at 16");
-_Static_assert(offsetof(rf_batch, slot) == 20, "rf_batch.slot at 20");
-_Static_assert(offsetof(rf_batch, epoch) == 24, "rf_batch.epoch at 24");
-_Static_assert(offsetof(rf_batch, step) == 32, "rf_batch.step at 32");
-_Static_assert(offsetof(rf_batch, generation) == 40, "rf_batch.generation at 40");
-_Static_assert(offsetof(rf_batch, data_len) == 48, "rf_batch.data_len at 48");
-_Static_assert(sizeof(rf_info) == 48, "rf_info is 48 bytes");
-_Static_assert(offsetof(rf_info, slot_payload_bytes) == 16, "rf_info.slot_payload_bytes at 16");
-_Static_assert(offsetof(rf_info, payload_region) == 24, "rf_info.payload_region at 24");
-_Static_assert(offsetof(rf_info, batches_expected) == 40, "rf_info.batches_expected at 40");
+/* The C view of the ABI must match the Rust one byte for byte (C11
+ * _Static_assert; static_assert when the header is read by C++). */
+#ifdef __cplusplus
+#define RF_STATIC_ASSERT static_assert
+#else
+#define RF_STATIC_ASSERT _Static_assert
+#endif
+RF_STATIC_ASSERT(sizeof(rf_sample) == 24, "rf_sample is 24 bytes");
+RF_STATIC_ASSERT(offsetof(rf_sample, len) == 8, "rf_sample.len at 8");
+RF_STATIC_ASSERT(offsetof(rf_sample, index) == 16, "rf_sample.index at 16");
+RF_STATIC_ASSERT(sizeof(rf_batch) == 56, "rf_batch is 56 bytes");
+RF_STATIC_ASSERT(offsetof(rf_batch, samples) == 8, "rf_batch.samples at 8");
+RF_STATIC_ASSERT(offsetof(rf_batch, n_samples) == 16, "rf_batch.n_samples at 16");
+RF_STATIC_ASSERT(offsetof(rf_batch, slot) == 20, "rf_batch.slot at 20");
+RF_STATIC_ASSERT(offsetof(rf_batch, epoch) == 24, "rf_batch.epoch at 24");
+RF_STATIC_ASSERT(offsetof(rf_batch, step) == 32, "rf_batch.step at 32");
+RF_STATIC_ASSERT(offsetof(rf_batch, generation) == 40, "rf_batch.generation at 40");
+RF_STATIC_ASSERT(offsetof(rf_batch, data_len) == 48, "rf_batch.data_len at 48");
+RF_STATIC_ASSERT(sizeof(rf_info) == 48, "rf_info is 48 bytes");
+RF_STATIC_ASSERT(offsetof(rf_info, slot_payload_bytes) == 16, "rf_info.slot_payload_bytes at 16");
+RF_STATIC_ASSERT(offsetof(rf_info, payload_region) == 24, "rf_info.payload_region at 24");
+RF_STATIC_ASSERT(offsetof(rf_info, batches_expected) == 40, "rf_info.batches_expected at 40");

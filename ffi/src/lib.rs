@@ -256,10 +256,10 @@ pub unsafe extern "C" fn rf_release(feed: *mut rf_feed, batch: *const rf_batch) 
 /// # Safety
 /// `feed` comes from rf_attach and was not detached; `info` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn rf_info(feed: *const rf_feed, info: *mut rf_info) -> i32 {
+pub unsafe extern "C" fn rf_get_info(feed: *const rf_feed, info: *mut rf_info) -> i32 {
     guard(|| {
         if feed.is_null() || info.is_null() {
-            return fail(RF_E_INVALID, "rf_info: feed and info must not be NULL");
+            return fail(RF_E_INVALID, "rf_get_info: feed and info must not be NULL");
         }
         // SAFETY: a live feed from rf_attach.
         let consumer = unsafe { &(*feed).consumer };

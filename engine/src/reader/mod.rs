@@ -1,1 +1,306 @@
-//! placeholder: being written
+//! Readers: byte ranges of local files land straight in caller-owned memory.
+//!
+//! The loader owns slot memory in the shared-memory ring and asks a
+//! [`ReadEngine`] to fill it: "read `len_bytes` at `offset_bytes` of file F
+//! into `dest`". The bytes go from the page cache (or the disk) into `dest`
+//! with no buffer in between. Two backends sit behind the one trait:
+//!
+//! - `io_uring` (`uring.rs`): up to `queue_depth` reads in flight from one
+//!   thread. A read opens, reads and closes its file inside the kernel, as
+//!   one linked chain OPENAT → READ → CLOSE on a direct descriptor, so a
+//!   warm-cache read costs no extra system call and no process file
+//!   descriptor. In keep-open mode ([`FileTable::new`]) files stay in the
+//!   ring's registered file table instead. Reads of at least
+//!   `ReaderConfig::uring_async_min_bytes` are flagged IOSQE_ASYNC so that
+//!   the kernel's io-wq threads copy them on several cores; smaller ones run
+//!   inline in `io_uring_enter`, where they cost least.
+//! - `pread` (`pread.rs`): a fixed pool of threads doing open/pread/close;
+//!   completions come back through a channel. Used where io_uring is
+//!   unavailable.
+//!
+//! [`open_engine`] picks one. `IoChoice::Auto` probes io_uring (the ring can
+//! be created, the opcodes exist, a sparse file table can be registered, a NOP
+//! completes) and falls back to `pread` with a warning that names the reason;
+//! `IoChoice::Uring` fails with that reason instead. Setting the environment
+//! variable `RINGFEED_IO_URING_DISABLE=1` (any value but empty or `0`), or
+//! `ReaderConfig::disable_io_uring`, makes the probe fail on purpose, so CI
+//! can run the fallback path: `RINGFEED_IO_URING_DISABLE=1 ringfeed serve ..`
+//! reads with pread and prints the warning.
+//!
+//! Semantics shared by both backends:
+//! - A read is checked against the [`FileTable`] before it starts: a range
+//!   past the recorded size is `ReadError::InvalidOp`.
+//! - A read that meets end of file early is never accepted: the remainder is
+//!   read again (a regular file returns fewer bytes than asked only at end of
+//!   file), and a read that then returns 0 bytes is
+//!   `ReadError::ChangedSize`, naming the path and both sizes. A file that
+//!   grew is not detected: the reader reads the recorded range.
+//! - A read longer than `READ_CHUNK_BYTES_MAX` is split into several reads
+//!   (io_uring lengths are 32-bit, and Linux caps one read at about 2 GiB).
+//! - A zero-length read completes successfully without I/O.
+//! - `submit` refuses a call that would put more than `max_in_flight()` reads
+//!   in flight (`ReadError::Busy`), starting none of them.
+//! - Dropping an engine waits for every read the kernel or a thread is still
+//!   doing, so no byte is written into `dest` after the drop returns.
+
+mod error;
+mod files;
+mod pread;
+mod probe;
+mod uring;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use error::ReadError;
+pub use files::FileTable;
+
+/// Environment variable that, set to `1` (any value but empty or `0`), makes
+/// the io_uring probe fail, so `--io auto` takes the pread fallback (for CI)
+/// and `--io uring` errors.
+pub const IO_URING_DISABLE_ENV: &str = "RINGFEED_IO_URING_DISABLE";
+
+/// Most reads one engine may have in flight.
+pub const QUEUE_DEPTH_MAX: u32 = 4096;
+/// Most threads of the pread pool.
+pub const PREAD_THREADS_MAX: usize = 256;
+/// Most files kept open in keep-open mode.
+pub const KEEP_OPEN_FILES_MAX: u32 = 65_536;
+/// Longest single read system call or SQE; longer reads are split.
+pub const READ_CHUNK_BYTES_MAX: u64 = 1 << 30;
+/// Most short (non-zero) reads one `ReadOp` may take before it is an error.
+pub(crate) const SHORT_READS_MAX: u32 = 8;
+
+/// The soft RLIMIT_NOFILE (1024 if it cannot be read): the most process
+/// descriptors, and the most slots of an io_uring registered file table.
+pub(crate) fn nofile_limit() -> u32 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit for getrlimit to fill.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    if rc == 0 {
+        u32::try_from(limit.rlim_cur).unwrap_or(u32::MAX)
+    } else {
+        1024
+    }
+}
+
+/// Which backend reads local files (`--io auto|uring|pread`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoChoice {
+    /// io_uring where it works, else the pread pool with a warning.
+    #[default]
+    Auto,
+    /// io_uring or an error that says why not.
+    Uring,
+    /// The pread thread pool.
+    Pread,
+}
+
+/// A string that is not `auto`, `uring` (or `io_uring`) or `pread`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown I/O backend {0:?}: expected auto, uring or pread")]
+pub struct ParseIoChoiceError(pub String);
+
+impl FromStr for IoChoice {
+    type Err = ParseIoChoiceError;
+
+    fn from_str(s: &str) -> Result<IoChoice, ParseIoChoiceError> {
+        match s {
+            "auto" => Ok(IoChoice::Auto),
+            "uring" | "io_uring" => Ok(IoChoice::Uring),
+            "pread" => Ok(IoChoice::Pread),
+            _ => Err(ParseIoChoiceError(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for IoChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IoChoice::Auto => "auto",
+            IoChoice::Uring => "uring",
+            IoChoice::Pread => "pread",
+        })
+    }
+}
+
+/// Tuning of the readers.
+#[derive(Clone, Debug)]
+pub struct ReaderConfig {
+    /// Most reads in flight (`max_in_flight()` of either backend), 1 to
+    /// `QUEUE_DEPTH_MAX`.
+    pub queue_depth: u32,
+    /// Threads of the pread pool, 1 to `PREAD_THREADS_MAX`.
+    pub pread_threads: usize,
+    /// Most files kept open when the table is in keep-open mode, 0 to
+    /// `KEEP_OPEN_FILES_MAX` (io_uring also stays under `RLIMIT_NOFILE`).
+    pub keep_open_files_max: u32,
+    /// io_uring reads of at least this many bytes are flagged IOSQE_ASYNC:
+    /// the kernel's io-wq worker threads copy them, on several cores at once,
+    /// instead of the engine's thread inline in `io_uring_enter`. Smaller
+    /// reads stay inline, where they cost least. `u64::MAX`: never.
+    pub uring_async_min_bytes: u64,
+    /// Make the io_uring probe fail, as `RINGFEED_IO_URING_DISABLE=1` does
+    /// (lets a test exercise the fallback without touching the environment).
+    pub disable_io_uring: bool,
+}
+
+impl Default for ReaderConfig {
+    fn default() -> ReaderConfig {
+        ReaderConfig {
+            queue_depth: 256,
+            pread_threads: 16,
+            keep_open_files_max: 4096,
+            uring_async_min_bytes: 64 << 10,
+            disable_io_uring: false,
+        }
+    }
+}
+
+impl ReaderConfig {
+    fn validate(&self) -> Result<(), ReadError> {
+        let invalid = |reason: String| Err(ReadError::InvalidConfig { reason });
+        if !(1..=QUEUE_DEPTH_MAX).contains(&self.queue_depth) {
+            return invalid(format!(
+                "queue_depth {} is not in 1..={QUEUE_DEPTH_MAX}",
+                self.queue_depth
+            ));
+        }
+        if !(1..=PREAD_THREADS_MAX).contains(&self.pread_threads) {
+            return invalid(format!(
+                "pread_threads {} is not in 1..={PREAD_THREADS_MAX}",
+                self.pread_threads
+            ));
+        }
+        if self.keep_open_files_max > KEEP_OPEN_FILES_MAX {
+            return invalid(format!(
+                "keep_open_files_max {} is more than {KEEP_OPEN_FILES_MAX}",
+                self.keep_open_files_max
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One read: `len_bytes` at `offset_bytes` of file `file` into `dest`.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadOp {
+    /// Index into the `FileTable`.
+    pub file: u32,
+    /// Where the range starts in the file.
+    pub offset_bytes: u64,
+    /// How many bytes; `offset_bytes + len_bytes` must not pass the recorded size.
+    pub len_bytes: u64,
+    /// Where the bytes go; valid for `len_bytes` writes (see `ReadEngine::submit`).
+    pub dest: *mut u8,
+    /// Returned in the completion, untouched.
+    pub user_data: u64,
+}
+
+/// The outcome of one `ReadOp`.
+#[derive(Debug)]
+pub struct Completion {
+    /// The read's `user_data`.
+    pub user_data: u64,
+    /// `Ok` when all `len_bytes` landed in `dest`.
+    pub result: Result<(), ReadError>,
+}
+
+/// A backend that reads file ranges into caller memory. Driven by one thread.
+pub trait ReadEngine: Send {
+    /// `"io_uring"` or `"pread"`.
+    fn backend_name(&self) -> &'static str;
+
+    /// Reads accepted by `submit` whose completion has not been reaped yet.
+    fn in_flight(&self) -> usize;
+
+    /// Most reads in flight; `submit` refuses to go past it.
+    fn max_in_flight(&self) -> usize;
+
+    /// Starts the reads, all or none: when one is invalid (`InvalidOp`) or
+    /// they would put more than `max_in_flight()` in flight (`Busy`), none is
+    /// started. Each accepted read yields exactly one `Completion` from `reap`.
+    ///
+    /// # Safety
+    /// Each `dest` must be valid for `len_bytes` writes, and nobody else may
+    /// read or write it until its completion has been reaped (or the engine
+    /// dropped: drop waits for reads under way).
+    unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError>;
+
+    /// Appends completions to `out` and returns how many. Blocks until at
+    /// least `min_complete` were appended, `timeout` passed (`None`: no
+    /// limit) or nothing is in flight any more, whichever is first; a timeout
+    /// is not an error. An `Err` means the engine itself failed.
+    fn reap(
+        &mut self,
+        out: &mut Vec<Completion>,
+        min_complete: usize,
+        timeout: Option<Duration>,
+    ) -> Result<usize, ReadError>;
+}
+
+/// An engine, and the warning to print once if `Auto` fell back to pread.
+pub struct OpenedEngine {
+    /// The engine.
+    pub engine: Box<dyn ReadEngine>,
+    /// Set when `IoChoice::Auto` could not use io_uring; names the reason.
+    pub fallback_warning: Option<String>,
+}
+
+impl fmt::Debug for OpenedEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenedEngine")
+            .field("backend", &self.engine.backend_name())
+            .field("fallback_warning", &self.fallback_warning)
+            .finish()
+    }
+}
+
+/// Opens the backend `choice` asks for over `files`.
+pub fn open_engine(
+    choice: IoChoice,
+    files: Arc<FileTable>,
+    cfg: &ReaderConfig,
+) -> Result<OpenedEngine, ReadError> {
+    cfg.validate()?;
+    let pread = |files| -> Result<Box<dyn ReadEngine>, ReadError> {
+        Ok(Box::new(pread::PreadEngine::start(files, cfg)?))
+    };
+    match choice {
+        IoChoice::Pread => Ok(OpenedEngine {
+            engine: pread(files)?,
+            fallback_warning: None,
+        }),
+        IoChoice::Uring => {
+            let engine = uring::UringEngine::open(files, cfg)?;
+            Ok(OpenedEngine {
+                engine: Box::new(engine),
+                fallback_warning: None,
+            })
+        }
+        IoChoice::Auto => match uring::UringEngine::open(Arc::clone(&files), cfg) {
+            Ok(engine) => Ok(OpenedEngine {
+                engine: Box::new(engine),
+                fallback_warning: None,
+            }),
+            Err(ReadError::UringUnavailable { reason }) => {
+                let warning = format!(
+                    "io_uring is unavailable ({reason}); reading local files with {} pread threads \
+                     instead (pass `--io pread` to choose that explicitly)",
+                    cfg.pread_threads
+                );
+                tracing::debug!("{warning}");
+                Ok(OpenedEngine {
+                    engine: pread(files)?,
+                    fallback_warning: Some(warning),
+                })
+            }
+            Err(other) => Err(other),
+        },
+    }
+}

@@ -1,0 +1,105 @@
+"""ringfeed: read training batches from the node's loader, without copying.
+
+One ``ringfeed serve`` process per machine writes batches into a shared-memory
+ring; each training process (one per GPU under torchrun) attaches to its rank
+and reads its batches in place::
+
+    import ringfeed, torch
+
+    feed = ringfeed.attach()            # name from RINGFEED_NAME, rank from LOCAL_RANK
+    for batch in feed:                  # every epoch, until the loader is done
+        batch.epoch, batch.step         # ints
+        batch.indices                   # numpy uint64, one manifest index per sample
+        batch.sample(i)                 # zero-copy memoryview of sample i
+        x = torch.from_numpy(batch.array("uint16", (B, L)))   # zero-copy
+        x = x.cuda(non_blocking=False)  # copy out of the ring ...
+        batch.release()                 # ... then give the slot back
+
+Lifetime of views (the one rule to know)
+----------------------------------------
+Views (``sample()``, ``buffer()``, ``array()`` and every numpy array or torch
+tensor made from them) point straight into the loader's shared memory. A slot
+is given back to the loader exactly once, when the batch was released
+(``batch.release()``, leaving ``with batch:``, or dropping the Batch) **and**
+the last view of it is gone. So:
+
+- ``release()`` defers while views are alive; it never leaves a dangling
+  view. ``batch.released`` says whether the slot was given back. Releasing
+  twice does nothing.
+- A view that you keep keeps its slot: the loader has ``slots_per_rank`` (K)
+  slots per rank, so holding K batches (or views of them) stops the ring. With
+  ``timeout=None`` (the default, and the iterator's) ``next()`` then raises
+  ``AllSlotsHeldError`` rather than waiting forever; with a finite timeout it
+  waits (another thread may drop a view) and raises ``TimeoutError``. Copy what
+  you need to keep (``.copy()``, ``.cuda()``), then drop the views.
+- The iterator does not release the previous batch for you. Rebinding the loop
+  variable drops it, as long as no view of it survives.
+- ``feed.close()`` (or leaving ``with feed:``) stops the feed; the ring stays
+  mapped until the last batch and view are gone, then the rank is detached.
+- ``batch.data_ptr`` and ``feed.info.payload_region_address`` are raw
+  addresses (for ``cudaHostRegister``/DMA); they carry no lifetime: keep a view
+  alive while you use them.
+
+Views are writable: the slot belongs to this process until it is given back.
+
+Threads: use a Feed from one thread. Views may die on any thread; a slot freed
+while that thread is inside ``next()`` is given back within 150 ms. The C calls
+release the GIL, so a blocking ``next()`` does not stall other threads, and
+Ctrl-C interrupts it.
+
+Errors are ``ringfeed.Error`` (a RuntimeError), one subclass per cause:
+``LoaderGoneError``, ``AbortedError``, ``CorruptSegmentError``,
+``VersionMismatchError``, ``RankError`` (also ValueError), ``RankBusyError``,
+``StaleBatchError``, ``InvalidArgumentError`` (also ValueError),
+``IOFailureError``, ``InternalError``, ``AllSlotsHeldError`` and
+``TimeoutError`` (also the builtin TimeoutError). The message is the
+library's, and says what to do.
+
+``RINGFEED_LIB`` overrides the path of ``libringfeed.so`` (the package ships
+its own).
+"""
+
+from . import _lib
+from ._feed import Batch, Feed, FeedInfo, abi_version, attach
+from .errors import (
+    AbortedError,
+    AllSlotsHeldError,
+    CorruptSegmentError,
+    Error,
+    InternalError,
+    InvalidArgumentError,
+    IOFailureError,
+    LoaderGoneError,
+    RankBusyError,
+    RankError,
+    StaleBatchError,
+    TimeoutError,
+    VersionMismatchError,
+)
+
+__version__ = "0.1.0"
+
+#: Path the C library was loaded from.
+library_path = _lib.library_path()
+
+__all__ = [
+    "AbortedError",
+    "AllSlotsHeldError",
+    "Batch",
+    "CorruptSegmentError",
+    "Error",
+    "Feed",
+    "FeedInfo",
+    "IOFailureError",
+    "InternalError",
+    "InvalidArgumentError",
+    "LoaderGoneError",
+    "RankBusyError",
+    "RankError",
+    "StaleBatchError",
+    "TimeoutError",
+    "VersionMismatchError",
+    "abi_version",
+    "attach",
+    "library_path",
+]

@@ -1,0 +1,515 @@
+"""Feed and Batch: the Python API over the C library, and the lifetime rules
+that keep every zero-copy view valid.
+
+Ownership, from the bottom up:
+
+- ``_Handle`` owns one ``rf_feed*``. A ``weakref.finalize`` on it calls
+  ``rf_detach`` (which unmaps the ring) when the last strong reference goes.
+- Each taken batch has one *base*: a ctypes byte array laid over the slot
+  payload. Every view (``sample()``, ``array()``, ``buffer()``, and anything
+  numpy or torch derives from them) keeps the base alive through the buffer
+  protocol. A ``weakref.finalize`` on the base releases the slot when the base
+  dies, and holds the handle strongly until then: the mapping outlives every
+  view, and the slot outlives every view.
+- ``Batch`` and ``Feed`` only hold references; ``release()`` and ``close()``
+  drop them, so the real release or detach happens when the last view dies.
+"""
+
+import collections
+import ctypes
+import functools
+import math
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+
+import numpy as np
+
+from . import _lib
+from . import errors
+
+_LIB = _lib.load()
+
+# Longest single rf_next call. Between calls, Python delivers signals (Ctrl-C
+# works while waiting) and gives back slots whose last view died on another
+# thread. Above the engine's 100 ms liveness slice, so every call re-checks
+# that the loader is alive and a dead loader is reported within this bound.
+_NEXT_SLICE_S = 0.15
+# Longest timeout passed to the C library, in ms (far beyond any real wait).
+_TIMEOUT_MS_MAX = 2**62
+_INT32_MAX = 2**31 - 1
+_SAMPLE_DTYPE = np.dtype([("offset", "<u8"), ("len", "<u8"), ("index", "<u8")])
+assert _SAMPLE_DTYPE.itemsize == ctypes.sizeof(_lib.rf_sample)
+
+FeedInfo = collections.namedtuple(
+    "FeedInfo",
+    [
+        "world_size",
+        "rank",
+        "slots_per_rank",
+        "max_samples_per_slot",
+        "slot_payload_bytes",
+        "payload_region_address",
+        "payload_region_bytes",
+        "batches_expected",
+    ],
+)
+FeedInfo.__doc__ = """Shape of the ring a feed is attached to.
+
+``payload_region_address`` / ``payload_region_bytes`` span the payload of
+every slot: pin them once with ``cudaHostRegister`` (e.g.
+``torch.cuda.cudart().cudaHostRegister(addr, nbytes, 0)``) to copy batches to
+the GPU by DMA. ``batches_expected`` is the number of batches this rank gets in
+the whole run, or None if the loader did not say.
+"""
+
+
+def _timeout_ms(timeout):
+    """Seconds (None: forever) to the C library's milliseconds (-1: forever)."""
+    if timeout is None:
+        return -1
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        raise errors.InvalidArgumentError("timeout must be a number of seconds or None, not %r" % (timeout,)) from None
+    if math.isnan(seconds) or seconds < 0:
+        raise errors.InvalidArgumentError("timeout must be >= 0 seconds or None, not %r" % (timeout,))
+    if math.isinf(seconds):
+        return -1
+    return min(int(math.ceil(seconds * 1000.0)), _TIMEOUT_MS_MAX)
+
+
+def _rank_from_env():
+    """LOCAL_RANK, else RANK, else 0."""
+    for var in ("LOCAL_RANK", "RANK"):
+        text = os.environ.get(var)
+        if text is None or text.strip() == "":
+            continue
+        try:
+            return int(text)
+        except ValueError:
+            raise errors.RankError("%s=%r is not an integer rank" % (var, text)) from None
+    return 0
+
+
+def _detach(feed_ptr):
+    """Finalizer of a _Handle: detaches (unmaps the ring). Never raises."""
+    if sys.is_finalizing():
+        return  # the OS drops the mapping and the rank lock at exit
+    try:
+        _LIB.rf_detach(feed_ptr)
+    except Exception:  # noqa: BLE001 - a finalizer must not raise
+        pass
+
+
+class _Handle:
+    """One attached ``rf_feed*``, shared by the Feed and every live batch base.
+
+    ``call_lock`` serialises the C calls on the feed (the library allows one
+    thread at a time); a slot whose last view dies while another thread is in
+    a call is queued in ``pending`` and given back by the next call.
+    """
+
+    __slots__ = ("ptr", "name", "rank", "call_lock", "state_lock", "pending", "held", "__weakref__")
+
+    def __init__(self, ptr, name, rank):
+        self.ptr = ptr
+        self.name = name
+        self.rank = rank
+        self.call_lock = threading.Lock()
+        # Reentrant: a finalizer may run on this thread while it is held.
+        self.state_lock = threading.RLock()
+        self.pending = collections.deque()
+        self.held = 0  # batches taken and not yet given back (or queued)
+        # atexit=False: at interpreter exit the OS unmaps; unmapping earlier
+        # could pull memory from under a daemon thread still reading a view.
+        weakref.finalize(self, _detach, ptr).atexit = False
+
+    def release_now(self, raw):
+        """rf_release under call_lock (held by the caller). Returns (rc, message)."""
+        rc = _LIB.rf_release(self.ptr, ctypes.byref(raw))
+        return rc, (_lib.last_error(_LIB) if rc != _lib.RF_OK else "")
+
+    def drain_pending(self):
+        """Gives back queued slots; the caller holds call_lock."""
+        while True:
+            try:
+                raw = self.pending.popleft()
+            except IndexError:
+                return
+            rc, message = self.release_now(raw)
+            _warn_if_failed(rc, message)
+
+
+def _warn_if_failed(rc, message):
+    if rc != _lib.RF_OK:
+        warnings.warn("ringfeed: giving back a slot failed: %s" % message, RuntimeWarning, stacklevel=2)
+
+
+def _give_back(handle, raw):
+    """Finalizer of a batch base: the last view died, release the slot.
+
+    Runs on whichever thread dropped the last view, possibly in the middle of
+    another call on this feed (garbage collection); it never blocks and never
+    raises.
+    """
+    if sys.is_finalizing():
+        return
+    try:
+        with handle.state_lock:
+            handle.held -= 1
+        if handle.call_lock.acquire(blocking=False):
+            try:
+                handle.drain_pending()
+                rc, message = handle.release_now(raw)
+            finally:
+                handle.call_lock.release()
+            _warn_if_failed(rc, message)
+        else:
+            handle.pending.append(raw)
+    except Exception:  # noqa: BLE001 - a finalizer must not raise
+        pass
+
+
+@functools.lru_cache(maxsize=256)
+def _base_type(nbytes):
+    # A Python subclass of the ctypes array: unlike the array type itself, its
+    # instances accept weak references (needed by weakref.finalize).
+    return type("SlotPayload", (ctypes.c_ubyte * nbytes,), {})
+
+
+class Batch:
+    """One batch of this rank: metadata copied out, bytes viewed in place.
+
+    The slot is given back to the loader exactly once, when both the batch has
+    been released (``release()``, leaving a ``with`` block, or dropping the
+    Batch) and every view made from it is gone. ``release()`` never leaves a
+    dangling view: while views are alive it only defers.
+    """
+
+    __slots__ = ("_base", "_finalizer", "_table", "epoch", "step", "slot", "generation", "nbytes", "data_ptr")
+
+    def __init__(self, handle, raw):
+        n = raw.n_samples
+        # The sample table lives in the library's private memory, reused when
+        # this slot is reused: copy it (24 bytes a sample).
+        table_bytes = ctypes.string_at(raw.samples, n * _SAMPLE_DTYPE.itemsize) if n else b""
+        self._table = np.frombuffer(table_bytes, dtype=_SAMPLE_DTYPE)
+        self.epoch = raw.epoch
+        self.step = raw.step
+        self.slot = raw.slot
+        self.generation = raw.generation
+        self.nbytes = raw.data_len
+        self.data_ptr = raw.data or 0
+        self._base = _base_type(raw.data_len).from_address(self.data_ptr)
+        self._finalizer = weakref.finalize(self._base, _give_back, handle, raw)
+        self._finalizer.atexit = False
+
+    def __len__(self):
+        return len(self._table)
+
+    def __repr__(self):
+        state = "released" if self.released else ("releasing" if self._base is None else "held")
+        return "<ringfeed.Batch epoch=%d step=%d samples=%d nbytes=%d %s>" % (
+            self.epoch,
+            self.step,
+            len(self),
+            self.nbytes,
+            state,
+        )
+
+    @property
+    def indices(self):
+        """Manifest index of each sample: a new numpy uint64 array."""
+        return np.array(self._table["index"], dtype=np.uint64)
+
+    @property
+    def offsets(self):
+        """Byte offset of each sample from the start of the batch payload."""
+        return np.array(self._table["offset"], dtype=np.uint64)
+
+    @property
+    def lengths(self):
+        """Byte length of each sample."""
+        return np.array(self._table["len"], dtype=np.uint64)
+
+    @property
+    def released(self):
+        """True once the slot is given back to the loader (all views gone)."""
+        return not self._finalizer.alive
+
+    def release(self):
+        """Gives the slot back now, or, while views are alive, when the last
+        one dies. A second call does nothing."""
+        self._base = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def _live_base(self):
+        if self._base is None:
+            raise ValueError("this batch was released: it can make no new views (views made before stay valid)")
+        return self._base
+
+    def buffer(self):
+        """Zero-copy memoryview of the whole payload (``nbytes`` bytes)."""
+        return memoryview(self._live_base()).cast("B")
+
+    def sample(self, i):
+        """Zero-copy memoryview of sample ``i``'s bytes."""
+        base = self._live_base()
+        n = len(self._table)
+        if not -n <= i < n:
+            raise IndexError("sample %d out of range: the batch has %d samples" % (i, n))
+        entry = self._table[i]
+        start = int(entry["offset"])
+        return memoryview(base).cast("B")[start : start + int(entry["len"])]
+
+    def array(self, dtype="uint8", shape=None):
+        """Zero-copy numpy view of the payload as ``shape`` items of ``dtype``.
+
+        Needs fixed-size samples laid end to end (sample i at offset i*len):
+        raises ValueError saying why otherwise. ``shape`` defaults to
+        (samples, len // itemsize); one entry may be -1. The array is writable:
+        the slot belongs to this process until it is given back.
+        """
+        base = self._live_base()
+        dt = np.dtype(dtype)
+        if dt.itemsize == 0 or dt.hasobject:
+            raise ValueError("dtype %s cannot view raw bytes" % dt)
+        sample_bytes = self._fixed_sample_bytes()
+        total = len(self._table) * sample_bytes
+        if total % dt.itemsize:
+            raise ValueError("the batch's %d bytes are not a whole number of %s items (%d bytes each)" % (total, dt, dt.itemsize))
+        if shape is None:
+            if sample_bytes % dt.itemsize:
+                raise ValueError("a sample of %d bytes is not a whole number of %s items; pass a shape" % (sample_bytes, dt))
+            shape = (len(self._table), sample_bytes // dt.itemsize)
+        shape = _check_shape(shape, total // dt.itemsize, dt, total)
+        flat = np.frombuffer(base, dtype=dt, count=total // dt.itemsize, offset=0)
+        return flat.reshape(shape)
+
+    def _fixed_sample_bytes(self):
+        """The common sample length, checking samples are equal-sized and end to end."""
+        if len(self._table) == 0:
+            return 0
+        lens = self._table["len"]
+        sample_bytes = int(lens[0])
+        unequal = np.flatnonzero(lens != sample_bytes)
+        if unequal.size:
+            i = int(unequal[0])
+            raise ValueError("samples differ in size (sample 0 has %d bytes, sample %d has %d): use sample(i)" % (sample_bytes, i, int(lens[i])))
+        expected = np.arange(len(lens), dtype=np.uint64) * np.uint64(sample_bytes)
+        apart = np.flatnonzero(self._table["offset"] != expected)
+        if apart.size:
+            i = int(apart[0])
+            raise ValueError(
+                "samples are not laid end to end (sample %d is at offset %d, not %d): use sample(i)"
+                % (i, int(self._table["offset"][i]), int(expected[i]))
+            )
+        return sample_bytes
+
+
+def _check_shape(shape, count, dt, total):
+    """The shape as a tuple if it holds exactly ``count`` items, else ValueError."""
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    shape = tuple(int(d) for d in shape)
+    if any(d < -1 for d in shape) or shape.count(-1) > 1:
+        raise ValueError("invalid shape %r: dimensions must be >= 0, with at most one -1" % (shape,))
+    known = 1
+    for d in shape:
+        if d != -1:
+            known *= d
+    if -1 in shape:
+        if known == 0 or count % known:
+            raise ValueError("shape %r cannot hold the batch's %d %s items (%d bytes)" % (shape, count, dt, total))
+        return tuple(count // known if d == -1 else d for d in shape)
+    if known != count:
+        raise ValueError(
+            "shape %r holds %d %s items (%d bytes) but the batch has %d bytes"
+            % (shape, known, dt, known * dt.itemsize, total)
+        )
+    return shape
+
+
+class Feed:
+    """A trainer's attachment to one rank of a loader. Made by ``attach()``.
+
+    Use a Feed from one thread. Views of its batches may die on any thread.
+    """
+
+    def __init__(self, handle, info):
+        self._handle = handle
+        self._info = info
+        self._name = handle.name
+        self._rank = handle.rank
+
+    @property
+    def name(self):
+        """The loader's name."""
+        return self._name
+
+    @property
+    def rank(self):
+        """This feed's rank."""
+        return self._rank
+
+    @property
+    def info(self):
+        """The ring's shape: a FeedInfo named tuple."""
+        return self._info
+
+    @property
+    def closed(self):
+        """True after close()."""
+        return self._handle is None
+
+    @property
+    def held(self):
+        """Batches taken by next() whose slot is not given back yet."""
+        handle = self._handle
+        return handle.held if handle is not None else 0
+
+    def close(self):
+        """Stops using the feed. The ring is detached now if no batch or view
+        is alive, else when the last one dies. A second call does nothing."""
+        self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __iter__(self):
+        """Every batch of this rank, waiting as long as needed, until the run ends."""
+        while True:
+            batch = self.next()
+            if batch is None:
+                return
+            yield batch
+
+    def __repr__(self):
+        state = "closed" if self.closed else "held=%d" % self.held
+        return "<ringfeed.Feed name=%r rank=%d %s>" % (self._name, self._rank, state)
+
+    def next(self, timeout=None):
+        """The next batch, or None once the run is over.
+
+        Waits up to ``timeout`` seconds (None: as long as it takes, while the
+        loader lives) and raises ringfeed.TimeoutError after that. Raises
+        AllSlotsHeldError instead of waiting forever when timeout is None and
+        every slot of this rank is held by this process.
+        """
+        handle = self._handle
+        if handle is None:
+            raise ValueError("the feed of %r rank %d is closed" % (self._name, self._rank))
+        timeout_ms = _timeout_ms(timeout)
+        all_held = handle.held >= self._info.slots_per_rank
+        if all_held:
+            # Nothing can be published until we give a slot back; look once
+            # for the end of the run (or an error) before refusing to wait.
+            rc, raw, message = self._call_next(handle, 0)
+            if rc != _lib.RF_TIMEOUT or timeout_ms == 0:
+                return self._result(handle, rc, raw, message, timeout)
+            if timeout_ms < 0:
+                raise errors.AllSlotsHeldError(self._all_held_message())
+        deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
+        while True:
+            slice_ms = int(_NEXT_SLICE_S * 1000)
+            if deadline is not None:
+                slice_ms = max(0, min(slice_ms, int(math.ceil((deadline - time.monotonic()) * 1000))))
+            rc, raw, message = self._call_next(handle, slice_ms)
+            if rc != _lib.RF_TIMEOUT or (deadline is not None and time.monotonic() >= deadline):
+                return self._result(handle, rc, raw, message, timeout)
+
+    def _call_next(self, handle, timeout_ms):
+        raw = _lib.rf_batch()
+        with handle.call_lock:
+            handle.drain_pending()
+            rc = _LIB.rf_next(handle.ptr, ctypes.byref(raw), timeout_ms)
+            message = _lib.last_error(_LIB) if rc < 0 else ""
+        return rc, raw, message
+
+    def _result(self, handle, rc, raw, message, timeout):
+        if rc == _lib.RF_OK:
+            with handle.state_lock:
+                handle.held += 1
+            return Batch(handle, raw)
+        if rc == _lib.RF_END:
+            return None
+        if rc == _lib.RF_TIMEOUT:
+            text = "no batch for rank %d of loader %r within %s s" % (self._rank, self._name, timeout)
+            if handle.held >= self._info.slots_per_rank:
+                text += "; " + self._all_held_message()
+            raise errors.TimeoutError(text)
+        raise errors.error_for(rc, message)
+
+    def _all_held_message(self):
+        k = self._info.slots_per_rank
+        return (
+            "all %d slots of rank %d are held by this process: the loader cannot publish the next batch "
+            "until one is given back. A batch stays held until it is released and every view of it "
+            "(sample(), array(), buffer(), tensors made from them) is gone. Release one first, or start "
+            "the loader with more --slots-per-rank" % (k, self._rank)
+        )
+
+
+def attach(name=None, rank=None, timeout=30.0):
+    """Attaches to rank ``rank`` of the loader ``name`` and returns a Feed.
+
+    ``name`` defaults to $RINGFEED_NAME. ``rank`` defaults to $LOCAL_RANK,
+    else $RANK, else 0 (torchrun sets LOCAL_RANK; the loader serves the ranks
+    of one machine). Waits up to ``timeout`` seconds (None: forever) for the
+    loader to appear and the rank to be free.
+    """
+    if name is None:
+        name = os.environ.get("RINGFEED_NAME")
+        if not name:
+            raise errors.InvalidArgumentError("no loader name: pass name= or set RINGFEED_NAME")
+    if not isinstance(name, str):
+        raise errors.InvalidArgumentError("the loader name must be a str, not %s" % type(name).__name__)
+    if "\0" in name:
+        raise errors.InvalidArgumentError("invalid loader name %r: it contains a NUL character" % name)
+    if rank is None:
+        rank = _rank_from_env()
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+        raise errors.RankError("rank must be an int, not %r" % (rank,))
+    rank = int(rank)
+    if rank > _INT32_MAX:
+        raise errors.RankError("rank %d is out of range (at most %d)" % (rank, _INT32_MAX))
+    timeout_ms = _timeout_ms(timeout)
+    ptr = ctypes.c_void_p()
+    rc = _LIB.rf_attach(name.encode("utf-8"), rank, timeout_ms, ctypes.byref(ptr))
+    if rc != _lib.RF_OK:
+        raise errors.error_for(rc, _lib.last_error(_LIB))
+    handle = _Handle(ptr.value, name, rank)
+    raw = _lib.rf_info()
+    rc = _LIB.rf_get_info(handle.ptr, ctypes.byref(raw))
+    if rc != _lib.RF_OK:
+        raise errors.error_for(rc, _lib.last_error(_LIB))
+    info = FeedInfo(
+        world_size=raw.world_size,
+        rank=raw.rank,
+        slots_per_rank=raw.slots_per_rank,
+        max_samples_per_slot=raw.max_samples_per_slot,
+        slot_payload_bytes=raw.slot_payload_bytes,
+        payload_region_address=raw.payload_region or 0,
+        payload_region_bytes=raw.payload_region_bytes,
+        batches_expected=None if raw.batches_expected == _lib.BATCHES_UNKNOWN else raw.batches_expected,
+    )
+    return Feed(handle, info)
+
+
+def abi_version():
+    """The ring ABI version the loaded library speaks."""
+    return int(_LIB.rf_abi_version())

@@ -1,0 +1,135 @@
+"""The C ABI of ``libringfeed.so`` in ctypes: loading, structs, prototypes.
+
+Mirrors ``ffi/src/lib.rs`` (the source of truth) and ``include/ringfeed.h``.
+Nothing here has logic of its own; ``_feed.py`` builds the Python API on it.
+"""
+
+import ctypes
+import os
+
+# Return codes (ffi/src/lib.rs).
+RF_OK = 0
+RF_END = 1
+RF_TIMEOUT = 2
+RF_E_INVALID = -1
+RF_E_CORRUPT = -2
+RF_E_VERSION = -3
+RF_E_RANK = -4
+RF_E_BUSY = -5
+RF_E_LOADER_GONE = -6
+RF_E_ABORTED = -7
+RF_E_STALE = -8
+RF_E_IO = -9
+RF_E_INTERNAL = -10
+
+# Sentinel of rf_info.batches_expected: the loader did not say.
+BATCHES_UNKNOWN = 2**64 - 1
+
+LIBRARY_NAME = "libringfeed.so"
+# Environment variable that overrides where the library is loaded from.
+LIBRARY_ENV = "RINGFEED_LIB"
+
+
+class rf_sample(ctypes.Structure):
+    """One sample of a batch: its bytes are ``data + offset .. + len``."""
+
+    _fields_ = [
+        ("offset", ctypes.c_uint64),
+        ("len", ctypes.c_uint64),
+        ("index", ctypes.c_uint64),
+    ]
+
+
+class rf_batch(ctypes.Structure):
+    """A batch taken by rf_next: views into the ring until rf_release."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("samples", ctypes.c_void_p),  # const rf_sample*
+        ("n_samples", ctypes.c_uint32),
+        ("slot", ctypes.c_uint32),
+        ("epoch", ctypes.c_uint64),
+        ("step", ctypes.c_uint64),
+        ("generation", ctypes.c_uint64),
+        ("data_len", ctypes.c_uint64),
+    ]
+
+
+class rf_info(ctypes.Structure):
+    """Shape of the ring a feed is attached to."""
+
+    _fields_ = [
+        ("world_size", ctypes.c_uint32),
+        ("rank", ctypes.c_uint32),
+        ("slots_per_rank", ctypes.c_uint32),
+        ("max_samples_per_slot", ctypes.c_uint32),
+        ("slot_payload_bytes", ctypes.c_uint64),
+        ("payload_region", ctypes.c_void_p),
+        ("payload_region_bytes", ctypes.c_uint64),
+        ("batches_expected", ctypes.c_uint64),
+    ]
+
+
+# The sizes the Rust side has; a mismatch means this file drifted from the ABI.
+for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48)):
+    if ctypes.sizeof(_struct) != _size:
+        raise ImportError(
+            "ringfeed: ctypes struct %s is %d bytes, the C ABI says %d"
+            % (_struct.__name__, ctypes.sizeof(_struct), _size)
+        )
+del _struct, _size
+
+_feed_p = ctypes.c_void_p  # rf_feed* (opaque)
+
+
+def bundled_path():
+    """Path of the library shipped inside the package."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME)
+
+
+def library_path():
+    """Path the library is loaded from: $RINGFEED_LIB, else the bundled one."""
+    return os.environ.get(LIBRARY_ENV) or bundled_path()
+
+
+def _declare(lib):
+    """Declares argtypes and restype of every function we call."""
+    lib.rf_attach.argtypes = [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int64, ctypes.POINTER(_feed_p)]
+    lib.rf_attach.restype = ctypes.c_int
+    lib.rf_next.argtypes = [_feed_p, ctypes.POINTER(rf_batch), ctypes.c_int64]
+    lib.rf_next.restype = ctypes.c_int
+    lib.rf_release.argtypes = [_feed_p, ctypes.POINTER(rf_batch)]
+    lib.rf_release.restype = ctypes.c_int
+    lib.rf_get_info.argtypes = [_feed_p, ctypes.POINTER(rf_info)]
+    lib.rf_get_info.restype = ctypes.c_int
+    lib.rf_detach.argtypes = [_feed_p]
+    lib.rf_detach.restype = None
+    lib.rf_last_error.argtypes = []
+    lib.rf_last_error.restype = ctypes.c_char_p
+    lib.rf_abi_version.argtypes = []
+    lib.rf_abi_version.restype = ctypes.c_uint32
+
+
+def load():
+    """Loads and declares the library, or raises ImportError saying where it looked."""
+    path = library_path()
+    if not os.path.exists(path):
+        hint = (
+            "set %s to a libringfeed.so (cargo build --release -p ringfeed-ffi "
+            "makes target/release/libringfeed.so), or reinstall the package" % LIBRARY_ENV
+        )
+        raise ImportError("ringfeed: the C library %s does not exist; %s" % (path, hint))
+    try:
+        # ctypes.CDLL releases the GIL during every call, so a blocking rf_next
+        # does not stop other Python threads.
+        lib = ctypes.CDLL(path)
+        _declare(lib)
+    except (OSError, AttributeError) as e:
+        raise ImportError("ringfeed: cannot load the C library %s: %s" % (path, e)) from e
+    return lib
+
+
+def last_error(lib):
+    """rf_last_error() as text; call it right after the failing call, same thread."""
+    raw = lib.rf_last_error()
+    return raw.decode("utf-8", "replace") if raw else ""

@@ -1,0 +1,117 @@
+"""One exception hierarchy: every error of ringfeed is a ``ringfeed.Error``.
+
+Each negative return code of the C library has its own class; the message is
+the library's own (``rf_last_error``), which names the loader, the rank and
+what to do.
+"""
+
+import builtins
+
+from . import _lib
+
+
+class Error(RuntimeError):
+    """Base of every ringfeed error. ``code`` is the C return code (or None)."""
+
+    code = None
+
+
+class InvalidArgumentError(Error, ValueError):
+    """A bad argument: an invalid loader name, a missing RINGFEED_NAME, a bad timeout."""
+
+    code = _lib.RF_E_INVALID
+
+
+class CorruptSegmentError(Error):
+    """The segment is corrupt, truncated, or not a ringfeed segment."""
+
+    code = _lib.RF_E_CORRUPT
+
+
+class VersionMismatchError(Error):
+    """The loader and this library speak different ring ABI versions."""
+
+    code = _lib.RF_E_VERSION
+
+
+class RankError(Error, ValueError):
+    """The rank is negative or not below the loader's world size."""
+
+    code = _lib.RF_E_RANK
+
+
+class RankBusyError(Error):
+    """Another live process is attached to this rank."""
+
+    code = _lib.RF_E_BUSY
+
+
+class LoaderGoneError(Error):
+    """The loader died (or was killed) before the end of the run."""
+
+    code = _lib.RF_E_LOADER_GONE
+
+
+class AbortedError(Error):
+    """The loader stopped early on purpose (a signal or an error of its own)."""
+
+    code = _lib.RF_E_ABORTED
+
+
+class StaleBatchError(Error):
+    """A release of a batch that is not (or no longer) held."""
+
+    code = _lib.RF_E_STALE
+
+
+class IOFailureError(Error):
+    """An operating-system call failed inside the library."""
+
+    code = _lib.RF_E_IO
+
+
+class InternalError(Error):
+    """A bug inside ringfeed; please report the message."""
+
+    code = _lib.RF_E_INTERNAL
+
+
+class TimeoutError(Error, builtins.TimeoutError):
+    """No loader appeared (attach), or no batch came (next), within the timeout.
+
+    Also a builtin ``TimeoutError``, so ``except TimeoutError`` catches it.
+    """
+
+    code = _lib.RF_TIMEOUT
+
+
+class AllSlotsHeldError(Error):
+    """next() was asked to wait forever while this process holds every slot of
+    its rank: the loader cannot publish another batch until one is released,
+    so the wait could never end."""
+
+
+_BY_CODE = {
+    cls.code: cls
+    for cls in (
+        InvalidArgumentError,
+        CorruptSegmentError,
+        VersionMismatchError,
+        RankError,
+        RankBusyError,
+        LoaderGoneError,
+        AbortedError,
+        StaleBatchError,
+        IOFailureError,
+        InternalError,
+        TimeoutError,
+    )
+}
+
+
+def error_for(code, message):
+    """The exception for C return code ``code`` with ``message``."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return Error("ringfeed: unknown return code %d: %s" % (code, message))
+    return cls(message or "ringfeed: return code %d" % code)

@@ -1,0 +1,150 @@
+//! The one error type of the readers, and the mapping from an OS error to it.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Why a read, or the reader itself, failed.
+///
+/// Every variant about a file names its path, so the loader can report the
+/// sample that could not be delivered instead of losing it silently.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// The file is gone (ENOENT or ENOTDIR on open) although the manifest lists it.
+    #[error("{}: file vanished since the manifest was built ({source})", path.display())]
+    Vanished {
+        /// The file.
+        path: PathBuf,
+        /// The OS error of the open.
+        source: io::Error,
+    },
+    /// The file exists but may not be opened (EACCES, EPERM, ELOOP, ...).
+    #[error("{}: file is not readable: {source}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The OS error of the open.
+        source: io::Error,
+    },
+    /// A read ended early at end of file: the file shrank since the manifest
+    /// recorded its size.
+    #[error(
+        "{}: file changed size since the manifest was built: expected {expected_bytes} bytes, \
+         found {actual_bytes} (a read of {len_bytes} bytes at offset {offset_bytes} reached end \
+         of file after {read_bytes} bytes)",
+        path.display()
+    )]
+    ChangedSize {
+        /// The file.
+        path: PathBuf,
+        /// Size the file table says the file has.
+        expected_bytes: u64,
+        /// Size the file has now (from `stat`; where that failed, the offset
+        /// at which the read met end of file).
+        actual_bytes: u64,
+        /// Start of the failed read.
+        offset_bytes: u64,
+        /// Length of the failed read.
+        len_bytes: u64,
+        /// Bytes that did arrive.
+        read_bytes: u64,
+    },
+    /// Any other OS error while opening or reading a file.
+    #[error("{}: {op} failed: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// `"open"` or `"read"`.
+        op: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// io_uring cannot be used here; only `IoChoice::Uring` returns this.
+    #[error(
+        "io_uring is unavailable: {reason}. Use `--io pread` to read with a thread pool instead \
+         (Docker's default seccomp profile and gVisor block io_uring)"
+    )]
+    UringUnavailable {
+        /// What the probe found, in words.
+        reason: String,
+    },
+    /// Accepting the reads would put more than `max_in_flight` in flight;
+    /// none of them was started. Reap completions, then submit again.
+    #[error(
+        "reader busy: {in_flight} reads in flight plus {requested} new would exceed the limit of \
+         {max_in_flight}; none was started"
+    )]
+    Busy {
+        /// Reads accepted and not yet reaped.
+        in_flight: usize,
+        /// Reads in the refused call.
+        requested: usize,
+        /// The engine's limit.
+        max_in_flight: usize,
+    },
+    /// A read that cannot be valid for the file table (a caller bug); none of
+    /// the reads in the call was started.
+    #[error("invalid read (user_data {user_data}): {reason}")]
+    InvalidOp {
+        /// The refused read's `user_data`.
+        user_data: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `FileTable::new` refused its input.
+    #[error("invalid file table: {reason}")]
+    InvalidFileTable {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `ReaderConfig` out of its limits.
+    #[error("invalid reader configuration: {reason}")]
+    InvalidConfig {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The engine itself failed (io_uring_enter, spawning a thread). The
+    /// engine should be dropped after this.
+    #[error("{backend} reader failed: {op}: {source}")]
+    Engine {
+        /// `"io_uring"` or `"pread"`.
+        backend: &'static str,
+        /// What it was doing.
+        op: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+impl ReadError {
+    /// The error for `op` ("open" or "read") on `path` failing with `errno`.
+    pub(crate) fn from_errno(path: PathBuf, op: &'static str, errno: i32) -> ReadError {
+        let source = io::Error::from_raw_os_error(errno);
+        match errno {
+            libc::ENOENT | libc::ENOTDIR => ReadError::Vanished { path, source },
+            libc::EACCES | libc::EPERM | libc::ELOOP => ReadError::Unreadable { path, source },
+            _ => ReadError::Io { path, op, source },
+        }
+    }
+
+    /// The error for a read of `len_bytes` at `offset_bytes` that met end of
+    /// file after `read_bytes`. Looks at the file's size now (error path only).
+    pub(crate) fn changed_size(
+        path: PathBuf,
+        expected_bytes: u64,
+        offset_bytes: u64,
+        len_bytes: u64,
+        read_bytes: u64,
+    ) -> ReadError {
+        let eof_at = offset_bytes.saturating_add(read_bytes);
+        let actual_bytes = std::fs::metadata(&path).map_or(eof_at, |m| m.len());
+        ReadError::ChangedSize {
+            path,
+            expected_bytes,
+            actual_bytes,
+            offset_bytes,
+            len_bytes,
+            read_bytes,
+        }
+    }
+}

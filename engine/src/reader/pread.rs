@@ -1,0 +1,379 @@
+//! The fallback backend: a fixed pool of threads doing open/pread/close.
+//!
+//! The engine thread sends each read to the pool over a bounded channel; a
+//! worker opens the file (or takes its kept descriptor), preads straight into
+//! `dest`, closes, and sends the `Completion` back over a second channel.
+//! Both channels hold `max_in_flight` items, and `submit` never lets more
+//! reads be in flight, so no send ever blocks.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use super::{
+    nofile_limit, Completion, FileTable, ReadEngine, ReadError, ReadOp, ReaderConfig,
+    READ_CHUNK_BYTES_MAX, SHORT_READS_MAX,
+};
+
+const BACKEND: &str = "pread";
+
+/// A read on its way to a worker.
+struct Job(ReadOp);
+
+// SAFETY: the only non-Send field is `dest`. `ReadEngine::submit`'s contract
+// gives the engine exclusive use of that memory until the completion is
+// reaped, and exactly one worker handles each job, so moving the pointer to
+// that worker shares it with nobody.
+unsafe impl Send for Job {}
+
+/// What the workers share.
+struct Pool {
+    files: Arc<FileTable>,
+    /// Kept descriptors, one cell per file (empty unless keep-open mode).
+    kept_fds: Vec<OnceLock<OwnedFd>>,
+    /// Cells filled so far (reserved before opening, so it never passes the limit).
+    kept_count: AtomicU32,
+    kept_max: u32,
+    /// Set by drop: workers skip the jobs still queued.
+    shutdown: AtomicBool,
+}
+
+/// The pread thread pool behind `ReadEngine`.
+pub(crate) struct PreadEngine {
+    jobs: Option<Sender<Job>>,
+    done: Receiver<Completion>,
+    workers: Vec<JoinHandle<()>>,
+    pool: Arc<Pool>,
+    /// Completions that needed no worker (zero-length reads).
+    ready: VecDeque<Completion>,
+    in_flight: usize,
+    max_in_flight: usize,
+}
+
+impl PreadEngine {
+    /// Starts `cfg.pread_threads` workers.
+    pub(crate) fn start(
+        files: Arc<FileTable>,
+        cfg: &ReaderConfig,
+    ) -> Result<PreadEngine, ReadError> {
+        let max_in_flight = cfg.queue_depth as usize;
+        let kept_cells = if files.keep_open() { files.len() } else { 0 };
+        let pool = Arc::new(Pool {
+            files,
+            kept_fds: (0..kept_cells).map(|_| OnceLock::new()).collect(),
+            kept_count: AtomicU32::new(0),
+            // Kept descriptors are process descriptors: leave half of
+            // RLIMIT_NOFILE to the open/read/close path and the rest of the
+            // process.
+            kept_max: cfg.keep_open_files_max.min(nofile_limit() / 2),
+            shutdown: AtomicBool::new(false),
+        });
+        let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<Job>(max_in_flight);
+        let (done_tx, done_rx) = crossbeam_channel::bounded::<Completion>(max_in_flight);
+        let mut engine = PreadEngine {
+            jobs: Some(jobs_tx),
+            done: done_rx,
+            workers: Vec::with_capacity(cfg.pread_threads),
+            pool: Arc::clone(&pool),
+            ready: VecDeque::with_capacity(max_in_flight),
+            in_flight: 0,
+            max_in_flight,
+        };
+        for i in 0..cfg.pread_threads {
+            let (pool, jobs_rx, done_tx) = (Arc::clone(&pool), jobs_rx.clone(), done_tx.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("ringfeed-pread-{i}"))
+                .spawn(move || worker(&pool, &jobs_rx, &done_tx));
+            match spawned {
+                Ok(handle) => engine.workers.push(handle),
+                // Dropping `engine` joins the workers already started.
+                Err(source) => {
+                    return Err(ReadError::Engine {
+                        backend: BACKEND,
+                        op: "spawn a pread thread",
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(engine)
+    }
+
+    fn take_ready(&mut self, out: &mut Vec<Completion>) -> usize {
+        let n = self.ready.len();
+        out.extend(self.ready.drain(..));
+        self.in_flight -= n;
+        n
+    }
+}
+
+impl ReadEngine for PreadEngine {
+    fn backend_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
+        if self.in_flight + ops.len() > self.max_in_flight {
+            return Err(ReadError::Busy {
+                in_flight: self.in_flight,
+                requested: ops.len(),
+                max_in_flight: self.max_in_flight,
+            });
+        }
+        for op in ops {
+            self.pool.files.check_op(op)?;
+        }
+        let Some(jobs) = &self.jobs else {
+            return Err(ReadError::Engine {
+                backend: BACKEND,
+                op: "submit",
+                source: io::ErrorKind::BrokenPipe.into(),
+            });
+        };
+        for op in ops {
+            self.in_flight += 1;
+            if op.len_bytes == 0 {
+                self.ready.push_back(Completion {
+                    user_data: op.user_data,
+                    result: Ok(()),
+                });
+                continue;
+            }
+            // The channel holds max_in_flight jobs and in_flight stays under
+            // that, so this never blocks. It fails only if every worker died
+            // (a panic), which leaves nobody to do the read.
+            if jobs.send(Job(*op)).is_err() {
+                self.in_flight -= 1;
+                let source = io::Error::other("every pread thread has exited");
+                return Err(ReadError::Engine {
+                    backend: BACKEND,
+                    op: "submit",
+                    source,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn reap(
+        &mut self,
+        out: &mut Vec<Completion>,
+        min_complete: usize,
+        timeout: Option<Duration>,
+    ) -> Result<usize, ReadError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut appended = self.take_ready(out);
+        while let Ok(c) = self.done.try_recv() {
+            out.push(c);
+            self.in_flight -= 1;
+            appended += 1;
+        }
+        while appended < min_complete && self.in_flight > 0 {
+            let received = match deadline {
+                Some(deadline) => self.done.recv_deadline(deadline),
+                None => self.done.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match received {
+                Ok(c) => {
+                    out.push(c);
+                    self.in_flight -= 1;
+                    appended += 1;
+                }
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => {
+                    let source = io::Error::other("every pread thread has exited");
+                    return Err(ReadError::Engine {
+                        backend: BACKEND,
+                        op: "reap",
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(appended)
+    }
+}
+
+impl Drop for PreadEngine {
+    fn drop(&mut self) {
+        // Queued jobs are skipped; a read a worker already started finishes
+        // before join returns, so no byte lands in `dest` after drop.
+        self.pool.shutdown.store(true, Ordering::Relaxed);
+        self.jobs = None;
+        for worker in self.workers.drain(..) {
+            if worker.join().is_err() {
+                tracing::error!("a pread reader thread panicked");
+            }
+        }
+    }
+}
+
+fn worker(pool: &Pool, jobs: &Receiver<Job>, done: &Sender<Completion>) {
+    while let Ok(Job(op)) = jobs.recv() {
+        if pool.shutdown.load(Ordering::Relaxed) {
+            continue;
+        }
+        // A panic must not lose the completion: the engine thread would
+        // wait for it forever.
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| read_op(pool, &op)))
+            .unwrap_or_else(|_| {
+                let source = io::Error::other("the pread thread panicked during this read");
+                Err(ReadError::Engine {
+                    backend: BACKEND,
+                    op: "read",
+                    source,
+                })
+            });
+        // Fails only when the engine is gone, and then nobody wants it.
+        let _ = done.send(Completion {
+            user_data: op.user_data,
+            result,
+        });
+    }
+}
+
+/// A descriptor for one read: kept open in the pool, or opened for this read.
+enum Fd<'a> {
+    Kept(BorrowedFd<'a>),
+    Owned(OwnedFd),
+}
+
+impl Fd<'_> {
+    fn raw(&self) -> i32 {
+        match self {
+            Fd::Kept(fd) => fd.as_raw_fd(),
+            Fd::Owned(fd) => fd.as_raw_fd(),
+        }
+    }
+}
+
+fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
+    let files = &pool.files;
+    let fd = file_fd(pool, op.file)?;
+    let mut done_bytes = 0u64;
+    let mut short_reads = 0u32;
+    while done_bytes < op.len_bytes {
+        let chunk_bytes = (op.len_bytes - done_bytes).min(READ_CHUNK_BYTES_MAX);
+        // check_op bounded offset + len by the file size, a u64 that fits i64
+        // for any real file; the cast cannot wrap for ranges that passed it.
+        let offset = (op.offset_bytes + done_bytes) as libc::off_t;
+        // SAFETY: submit's contract makes `dest` valid for `len_bytes` writes
+        // and ours alone; `done_bytes + chunk_bytes <= len_bytes`, so the
+        // range written is inside it. `fd` is open for the whole call.
+        let n = unsafe {
+            libc::pread(
+                fd.raw(),
+                op.dest.add(done_bytes as usize).cast(),
+                chunk_bytes as usize,
+                offset,
+            )
+        };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(ReadError::from_errno(
+                files.path_buf(op.file),
+                "read",
+                err.raw_os_error().unwrap_or(libc::EIO),
+            ));
+        }
+        let n = n as u64;
+        done_bytes += n;
+        if n == 0 {
+            let expected = files.size_bytes(op.file).unwrap_or(0);
+            return Err(ReadError::changed_size(
+                files.path_buf(op.file),
+                expected,
+                op.offset_bytes,
+                op.len_bytes,
+                done_bytes,
+            ));
+        }
+        if n < chunk_bytes && done_bytes < op.len_bytes {
+            short_reads += 1;
+            if short_reads > SHORT_READS_MAX {
+                let source = io::Error::other(format!("{short_reads} short reads"));
+                return Err(ReadError::Io {
+                    path: files.path_buf(op.file),
+                    op: "read",
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The kept descriptor of `file`, opening and keeping it if there is room,
+/// or one opened for this read alone.
+fn file_fd(pool: &Pool, file: u32) -> Result<Fd<'_>, ReadError> {
+    let Some(cell) = pool.kept_fds.get(file as usize) else {
+        return open_file(pool, file).map(Fd::Owned);
+    };
+    if let Some(fd) = cell.get() {
+        return Ok(Fd::Kept(fd.as_fd()));
+    }
+    // Reserve a place under the limit before opening, so racing workers
+    // cannot pass it together.
+    let reserved = pool.kept_count.fetch_add(1, Ordering::Relaxed) < pool.kept_max;
+    if !reserved {
+        pool.kept_count.fetch_sub(1, Ordering::Relaxed);
+        return open_file(pool, file).map(Fd::Owned);
+    }
+    let fd = match open_file(pool, file) {
+        Ok(fd) => fd,
+        Err(e) => {
+            pool.kept_count.fetch_sub(1, Ordering::Relaxed);
+            return Err(e);
+        }
+    };
+    if let Err(fd) = cell.set(fd) {
+        // Another worker kept this file first; give back our place and let
+        // our descriptor close after this read.
+        pool.kept_count.fetch_sub(1, Ordering::Relaxed);
+        return Ok(Fd::Owned(fd));
+    }
+    match cell.get() {
+        Some(fd) => Ok(Fd::Kept(fd.as_fd())),
+        // Unreachable: `set` just succeeded and cells are never emptied.
+        None => open_file(pool, file).map(Fd::Owned),
+    }
+}
+
+fn open_file(pool: &Pool, file: u32) -> Result<OwnedFd, ReadError> {
+    let path = pool.files.c_path(file);
+    loop {
+        // SAFETY: `path` is a NUL-terminated string that outlives the call.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd >= 0 {
+            // SAFETY: open just returned this descriptor and nobody else owns it.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            let errno = err.raw_os_error().unwrap_or(libc::EIO);
+            return Err(ReadError::from_errno(
+                pool.files.path_buf(file),
+                "open",
+                errno,
+            ));
+        }
+    }
+}

@@ -1,0 +1,58 @@
+"""Train with torchrun, fed by one ringfeed loader per machine.
+
+    # once per machine, beside the job (it exits when every batch was released):
+    ringfeed serve --source /data/tokens --name job1 --batch-size 8 \
+        --record-bytes 4096 --world-size 8 --epochs 3 &
+    # the job, unchanged apart from where batches come from:
+    RINGFEED_NAME=job1 torchrun --nproc-per-node 8 examples/train_ddp.py
+
+Each rank attaches to its slice of the ring (rank from LOCAL_RANK) and gets
+batches as zero-copy numpy views of shared memory; torch.from_numpy wraps
+them without a copy. Every rank gets the same number of batches per epoch,
+so DDP never hangs on a short rank. Each record is a sequence of uint16
+tokens (record bytes / 2 of them); the toy model's vocabulary is small.
+"""
+import os
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import ringfeed
+
+VOCAB = 4096
+
+
+def main():
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 64), torch.nn.Linear(64, VOCAB)).to(device)
+    if distributed:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    feed = ringfeed.attach()  # RINGFEED_NAME, LOCAL_RANK
+    for batch in feed:
+        seq_len = len(batch.sample(0)) // 2
+        tokens = torch.from_numpy(batch.array(np.uint16, (len(batch), seq_len)))  # no copy
+        # .to(device) copies once, host to GPU; pin the ring (cudaHostRegister on
+        # feed.info's payload region) to make that a DMA. Then the slot can go.
+        x = tokens.to(device).long() % VOCAB
+        del tokens
+        batch.release()
+        logits = model(x[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if batch.step % 20 == 0 and int(os.environ.get("RANK", 0)) == 0:
+            print("epoch %d step %d loss %.3f" % (batch.epoch, batch.step, loss.item()), flush=True)
+    feed.close()
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+//! The C ABI from real C programs that see nothing but include/ringfeed.h and
+//! libringfeed.so (sources in tests/c/):
+//! - `consumer.c` reads one rank of a `ringfeed ring-test-producer` beside the
+//!   Rust `ring-test-consumer` on the other rank, checking every byte;
+//! - `header_only.c` proves the header compiles warning-free as C11 and as
+//!   C++ and that its `_Static_assert`s hold;
+//! - `attach_errors.c` checks RF_TIMEOUT, RF_E_RANK and RF_E_INVALID.
+//!
+//! Needs a C compiler (`cc`, or `$CC`) and the `ringfeed` binary built in the
+//! same target directory as this test (`cargo build -p ringfeed`, with
+//! `--release` for release tests; `cargo test --workspace` builds it too).
+//! libringfeed.so is the one this `cargo test` built beside the test binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest any child may run before the test kills it and fails.
+const HANG: Duration = Duration::from_secs(60);
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// target/<profile>: this test runs from target/<profile>/deps/.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent().and_then(Path::parent).expect("the test binary lies in target/<profile>/deps").to_path_buf()
+}
+
+fn profile_name() -> String {
+    profile_dir().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+fn built(file: &str, package: &str) -> PathBuf {
+    let path = profile_dir().join(file);
+    let release = if profile_name() == "release" { " --release" } else { "" };
+    assert!(path.exists(), "{} is missing: build it first with `cargo build -p {package}{release}`", path.display());
+    path
+}
+
+/// `cargo test -p ringfeed-ffi` builds the cdylib beside this test, in deps/,
+/// fresh from the sources under test; `cargo build` puts it in target/<profile>.
+fn libringfeed_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("the test binary lies in a directory");
+    if deps.join("libringfeed.so").exists() {
+        return deps.to_path_buf();
+    }
+    built("libringfeed.so", "ringfeed-ffi");
+    profile_dir()
+}
+
+fn ringfeed_bin() -> PathBuf {
+    built("ringfeed", "ringfeed")
+}
+
+fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".to_string())
+}
+
+fn tmp_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create the build directory for the C tests");
+    dir
+}
+
+/// Runs a compiler command; panics with its output if it fails.
+fn compile(mut cmd: Command, what: &str) {
+    let out = match cmd.output() {
+        Ok(out) => out,
+        Err(e) => panic!("cannot run the C compiler for {what} ({cmd:?}): {e}; install one or set $CC"),
+    };
+    assert!(
+        out.status.success(),
+        "{what} does not compile:\n{cmd:?}\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Builds tests/c/NAME.c against the header and libringfeed.so; returns the executable.
+fn build_c_program(name: &str) -> PathBuf {
+    let lib_dir = libringfeed_dir();
+    let exe = tmp_dir().join(name);
+    let mut cmd = Command::new(cc());
+    cmd.args(["-Wall", "-Werror", "-std=c11", "-I"])
+        .arg(repo_root().join("include"))
+        .arg(repo_root().join(format!("tests/c/{name}.c")))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(&lib_dir)
+        .arg("-lringfeed")
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()));
+    compile(cmd, &format!("tests/c/{name}.c"));
+    exe
+}
+
+/// Waits for a child within `HANG`, killing it on a timeout.
+fn finish(mut child: Child, what: &str) -> Output {
+    let deadline = Instant::now() + HANG;
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("reap");
+            panic!("{what} hung for {HANG:?}; stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+fn assert_printed(out: &Output, what: &str, want: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.lines().any(|l| l.trim() == want),
+        "{what}: exit {:?}, expected a line {want:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn unique_name(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    format!("c-{tag}-{}-{nanos}", std::process::id())
+}
+
+/// Kills and reaps a child if the test fails before it ends; removes the segment.
+struct Cleanup {
+    children: Vec<Child>,
+    name: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(format!("/dev/shm/ringfeed-{}", self.name));
+    }
+}
+
+#[test]
+fn c_consumer_and_rust_consumer_each_read_2000_intact_batches() {
+    let consumer = build_c_program("consumer");
+    let bin = ringfeed_bin();
+    let name = unique_name("pair");
+    let batches = "2000";
+    let mut cleanup = Cleanup { children: Vec::new(), name: name.clone() };
+    let producer = Command::new(&bin)
+        .args(["ring-test-producer", "--name", &name, "--world-size", "2", "--batches", batches])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the producer");
+    // Default pattern: 4 samples of 64 bytes per batch (tests/README.md).
+    let c_rank0 = Command::new(&consumer)
+        .args([name.as_str(), "0", "2", "4", "64", batches])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the C consumer");
+    let rust_rank1 = Command::new(&bin)
+        .args(["ring-test-consumer", "--name", &name, "--rank", "1", "--world-size", "2", "--expect-batches", batches])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the Rust consumer");
+    let c_out = finish(c_rank0, "the C consumer on rank 0");
+    let rust_out = finish(rust_rank1, "the Rust consumer on rank 1");
+    let producer_out = finish(producer, "the producer");
+    cleanup.children.clear();
+    assert_printed(&c_out, "C consumer, rank 0", "ok 2000");
+    assert_printed(&rust_out, "Rust consumer, rank 1", "ok 2000");
+    assert_printed(&producer_out, "producer", "ready");
+}
+
+#[test]
+fn header_compiles_alone_as_c11_and_as_cxx_and_its_static_asserts_hold() {
+    let include = repo_root().join("include");
+    let source = repo_root().join("tests/c/header_only.c");
+    let mut c = Command::new(cc());
+    c.args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-std=c11", "-I"])
+        .arg(&include)
+        .arg("-c")
+        .arg(&source)
+        .arg("-o")
+        .arg(tmp_dir().join("header_only.o"));
+    compile(c, "include/ringfeed.h as C11 (tests/c/header_only.c)");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".to_string());
+    if Command::new(&cxx).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
+        eprintln!("no C++ compiler ({cxx}): skipping the C++ check of the header");
+        return;
+    }
+    let mut cpp = Command::new(&cxx);
+    cpp.args(["-x", "c++", "-std=c++11", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I"]).arg(&include).arg(&source);
+    compile(cpp, "include/ringfeed.h as C++ (tests/c/header_only.c)");
+}
+
+#[test]
+fn attach_errors_from_c_say_what_went_wrong() {
+    let exe = build_c_program("attach_errors");
+    let name = unique_name("never");
+    let child = Command::new(&exe).arg(&name).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn attach_errors");
+    let out = finish(child, "attach_errors");
+    assert_printed(&out, "attach_errors", "ok");
+}

@@ -1,0 +1,61 @@
+"""Helpers shared by the end-to-end tests: binaries, the C compiler, processes."""
+import os
+import shutil
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ringfeed_bin():
+    path = Path(os.environ.get("RINGFEED_BIN", ROOT / "target" / "release" / "ringfeed"))
+    if not path.exists():
+        raise RuntimeError("%s is missing: run `cargo build --release` first (or set RINGFEED_BIN)" % path)
+    return str(path)
+
+
+def lib_dir():
+    d = Path(os.environ.get("RINGFEED_LIB_DIR", ROOT / "target" / "release"))
+    if not (d / "libringfeed.so").exists():
+        raise RuntimeError("%s/libringfeed.so is missing: run `cargo build --release -p ringfeed-ffi`" % d)
+    return str(d)
+
+
+def compile_c(source, out_dir):
+    """Compiles tests/c/SOURCE against include/ringfeed.h with -Wall -Werror."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc) on PATH; install gcc")
+    out = Path(out_dir) / Path(source).stem
+    libs = lib_dir()
+    subprocess.run(
+        [cc, "-O2", "-Wall", "-Werror", "-std=c11", "-I", str(ROOT / "include"), str(ROOT / "tests" / "c" / source),
+         "-L", libs, "-lringfeed", "-Wl,-rpath," + libs, "-o", str(out)],
+        check=True,
+    )
+    return str(out)
+
+
+def python_consumer(script, *args):
+    return [sys.executable, str(ROOT / "tests" / "python" / "procs" / script)] + [str(a) for a in args]
+
+
+def crc32(data):
+    return zlib.crc32(data)
+
+
+def wait_all(procs, timeout):
+    """Waits for every process; kills all of them if one hangs or fails."""
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            outs.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outs

@@ -1,0 +1,111 @@
+"""Every way attach and next fail raises its own ringfeed error, with a message
+that says what happened."""
+
+import time
+
+import pytest
+
+ringfeed = pytest.importorskip("ringfeed")
+
+
+def test_attach_to_a_name_that_never_appears_times_out_naming_it(unused_name):
+    start = time.monotonic()
+    with pytest.raises(ringfeed.TimeoutError) as e:
+        ringfeed.attach(unused_name, 0, timeout=0.3)
+    waited = time.monotonic() - start
+    assert 0.25 <= waited < 3.0
+    assert unused_name in str(e.value)
+    assert isinstance(e.value, TimeoutError)  # the builtin one too
+
+
+@pytest.mark.parametrize("name", ["bad/name", "", ".hidden", "x" * 65, "sp ace", "nul\0byte", "caf\u00e9"])
+def test_attach_with_an_invalid_name_raises_invalid_argument(name):
+    with pytest.raises(ringfeed.InvalidArgumentError):
+        ringfeed.attach(name, 0, timeout=0)
+
+
+def test_attach_without_a_name_needs_ringfeed_name(monkeypatch):
+    monkeypatch.delenv("RINGFEED_NAME", raising=False)
+    with pytest.raises(ringfeed.InvalidArgumentError, match="RINGFEED_NAME"):
+        ringfeed.attach(timeout=0)
+
+
+def test_attach_with_a_negative_rank_raises_rank_error(unused_name):
+    with pytest.raises(ringfeed.RankError):
+        ringfeed.attach(unused_name, -1, timeout=0)
+
+
+def test_attach_with_a_rank_from_a_bad_environment_raises_rank_error(monkeypatch, unused_name):
+    monkeypatch.setenv("LOCAL_RANK", "zero")
+    with pytest.raises(ringfeed.RankError, match="LOCAL_RANK"):
+        ringfeed.attach(unused_name, timeout=0)
+
+
+@pytest.mark.parametrize("timeout", [-1, float("nan"), "soon"])
+def test_attach_with_a_bad_timeout_raises_invalid_argument(timeout, unused_name):
+    with pytest.raises(ringfeed.InvalidArgumentError):
+        ringfeed.attach(unused_name, 0, timeout=timeout)
+
+
+def test_attach_to_a_rank_beyond_the_world_size_raises_rank_error(producer):
+    p = producer(world_size=2)
+    with pytest.raises(ringfeed.RankError, match="out of range"):
+        ringfeed.attach(p.name, 2, timeout=2)
+
+
+def test_a_second_attach_to_the_same_rank_raises_rank_busy(producer):
+    p = producer(world_size=1)
+    with ringfeed.attach(p.name, 0, timeout=5):
+        with pytest.raises(ringfeed.RankBusyError, match="already has a consumer"):
+            ringfeed.attach(p.name, 0, timeout=0.3)
+
+
+def test_name_and_rank_default_to_ringfeed_name_and_local_rank(producer, monkeypatch):
+    p = producer(world_size=2)
+    monkeypatch.setenv("RINGFEED_NAME", p.name)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "0")
+    with ringfeed.attach(timeout=5) as feed:
+        assert (feed.name, feed.rank, feed.info.rank) == (p.name, 1, 1)
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.setenv("RANK", "1")
+    with ringfeed.attach(timeout=5) as feed:
+        assert feed.rank == 1
+    monkeypatch.delenv("RANK")
+    with ringfeed.attach(timeout=5) as feed:
+        assert feed.rank == 0
+
+
+def test_a_killed_loader_makes_next_raise_loader_gone_within_a_second(producer):
+    p = producer(world_size=1, batches=100, slots_per_rank=2)
+    feed = ringfeed.attach(p.name, 0, timeout=5)
+    feed.next(timeout=5).release()
+    p.kill()
+    killed = time.monotonic()
+    delivered_after_kill = 0
+    with pytest.raises(ringfeed.LoaderGoneError, match="gone") as e:
+        while True:
+            # Batches published before the kill are still delivered.
+            feed.next(timeout=None).release()
+            delivered_after_kill += 1
+    assert time.monotonic() - killed < 1.5
+    assert delivered_after_kill <= 2
+    assert p.name in str(e.value) and "pid %d" % p.proc.pid in str(e.value)
+    feed.close()
+
+
+def test_next_on_a_closed_feed_raises(producer):
+    p = producer()
+    feed = ringfeed.attach(p.name, 0, timeout=5)
+    feed.close()
+    feed.close()  # a second close does nothing
+    assert feed.closed
+    with pytest.raises(ValueError, match="closed"):
+        feed.next(timeout=0)
+
+
+def test_next_with_a_bad_timeout_raises_invalid_argument(producer):
+    p = producer()
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        with pytest.raises(ringfeed.InvalidArgumentError):
+            feed.next(timeout=-0.5)

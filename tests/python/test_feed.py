@@ -1,0 +1,258 @@
+"""Batches arrive in order with their bytes, as zero-copy views, and a slot goes
+back to the loader exactly when the last view of it dies.
+
+The loader's side is the observer: with K slots per rank it cannot publish
+another batch until one is given back, so "next() times out" means "the slot
+is still held" and "next() returns" means "it was released".
+"""
+
+import gc
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import expected_sample
+
+ringfeed = pytest.importorskip("ringfeed")
+
+HELD_PROBE_S = 0.2  # how long next() waits to show that no slot is free
+
+
+def assert_slot_still_held(feed):
+    with pytest.raises(ringfeed.TimeoutError):
+        feed.next(timeout=HELD_PROBE_S)
+
+
+def test_every_batch_of_every_rank_arrives_once_in_order_with_its_bytes(producer):
+    p = producer(world_size=2, batches=6, batch_size=4, sample_bytes=100, slots_per_rank=2)
+    feeds = [ringfeed.attach(p.name, r, timeout=5) for r in range(2)]
+    for step in range(6):
+        for rank, feed in enumerate(feeds):
+            batch = feed.next(timeout=5)
+            p.check_batch(batch, step, rank)
+            batch.release()
+    for feed in feeds:
+        assert feed.next(timeout=5) is None
+        assert feed.next(timeout=0) is None  # the end stays the end
+        feed.close()
+    assert p.wait() == 0
+
+
+def test_iterating_a_feed_yields_every_batch_then_stops(producer):
+    p = producer(world_size=1, batches=5, batch_size=3, sample_bytes=40)
+    steps = []
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        for batch in feed:
+            p.check_batch(batch, batch.step, 0)
+            steps.append(batch.step)
+            batch.release()
+    assert steps == list(range(5))
+    assert p.wait() == 0
+
+
+def test_info_describes_the_ring(producer):
+    p = producer(world_size=2, batches=3, batch_size=4, sample_bytes=64, slots_per_rank=3)
+    with ringfeed.attach(p.name, 1, timeout=5) as feed:
+        info = feed.info
+        assert (info.world_size, info.rank, info.slots_per_rank) == (2, 1, 3)
+        assert info.max_samples_per_slot >= 4
+        assert info.slot_payload_bytes >= 4 * 64 and info.slot_payload_bytes % 4096 == 0
+        assert info.payload_region_address % 4096 == 0
+        assert info.payload_region_bytes >= 2 * 3 * info.slot_payload_bytes
+        assert info.batches_expected in (None, 3)
+
+
+def test_array_is_a_view_into_the_payload_region(producer):
+    p = producer(world_size=1, batches=2, batch_size=4, sample_bytes=64)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        batch = feed.next(timeout=5)
+        arr = batch.array("uint16", (4, 32))
+        address = arr.__array_interface__["data"][0]
+        region = feed.info.payload_region_address
+        assert region <= address and address + arr.nbytes <= region + feed.info.payload_region_bytes
+        assert address == batch.data_ptr and address % 4096 == 0
+        expected = np.concatenate([expected_sample(i, 64) for i in batch.indices])
+        np.testing.assert_array_equal(arr, expected.view("<u2").reshape(4, 32))
+        sample = batch.sample(2)
+        assert np.frombuffer(sample, np.uint8).__array_interface__["data"][0] == address + 2 * 64
+        assert bytes(batch.buffer()) == expected.tobytes()
+        del arr, sample
+        batch.release()
+
+
+def test_array_refuses_shapes_and_dtypes_that_do_not_fit(producer):
+    p = producer(world_size=1, batches=1, batch_size=4, sample_bytes=6)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        with feed.next(timeout=5) as batch:
+            assert batch.array().shape == (4, 6)
+            assert batch.array("uint16").shape == (4, 3)
+            assert batch.array("uint8", -1).shape == (24,)
+            assert batch.array("uint16", (2, -1)).shape == (2, 6)
+            with pytest.raises(ValueError, match="not a whole number"):
+                batch.array("uint32")  # 6-byte samples
+            with pytest.raises(ValueError, match="holds 30"):
+                batch.array("uint8", (5, 6))
+            with pytest.raises(ValueError, match="cannot view"):
+                batch.array(object)
+            with pytest.raises(IndexError):
+                batch.sample(4)
+            assert bytes(batch.sample(-1)) == bytes(batch.sample(3))
+
+
+def test_torch_from_numpy_shares_the_ring_memory(producer):
+    torch = pytest.importorskip("torch")
+    p = producer(world_size=1, batches=2, batch_size=4, sample_bytes=64, slots_per_rank=1)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        batch = feed.next(timeout=5)
+        arr = batch.array("uint8", (4, 64))
+        tensor = torch.from_numpy(arr)
+        assert tensor.data_ptr() == arr.__array_interface__["data"][0] == batch.data_ptr
+        expected = np.stack([expected_sample(i, 64) for i in batch.indices])
+        del arr, batch
+        gc.collect()
+        # The tensor alone keeps the slot: still readable, still held.
+        np.testing.assert_array_equal(tensor.numpy(), expected)
+        assert_slot_still_held(feed)
+        del tensor
+        assert feed.next(timeout=5).step == 1
+
+
+def test_release_defers_while_a_view_is_alive(producer):
+    p = producer(world_size=1, batches=3, batch_size=2, sample_bytes=32, slots_per_rank=1)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        batch = feed.next(timeout=5)
+        view = batch.sample(0)
+        batch.release()
+        assert not batch.released and feed.held == 1
+        assert_slot_still_held(feed)
+        np.testing.assert_array_equal(np.frombuffer(view, np.uint8), expected_sample(batch.indices[0], 32))
+        del view
+        assert batch.released and feed.held == 0
+        assert feed.next(timeout=5).step == 1
+
+
+def test_dropping_the_batch_keeps_its_array_readable_and_its_slot_held(producer):
+    p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=1)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        arr = feed.next(timeout=5).array()[1:]  # a derived view; the Batch dies here
+        gc.collect()
+        assert_slot_still_held(feed)
+        np.testing.assert_array_equal(arr[0], expected_sample(1, 32))
+        del arr
+        assert feed.next(timeout=5).step == 1
+
+
+def test_a_released_batch_makes_no_new_views_but_keeps_its_metadata(producer):
+    p = producer(world_size=1, batches=1, batch_size=2, sample_bytes=32)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        batch = feed.next(timeout=5)
+        batch.release()
+        assert batch.released
+        assert (batch.epoch, batch.step, len(batch)) == (0, 0, 2)
+        np.testing.assert_array_equal(batch.indices, [0, 1])
+        with pytest.raises(ValueError, match="released"):
+            batch.sample(0)
+        with pytest.raises(ValueError, match="released"):
+            batch.array()
+
+
+def test_releasing_twice_is_a_no_op(producer):
+    p = producer(world_size=1, batches=3, batch_size=2, sample_bytes=32, slots_per_rank=1)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        batch = feed.next(timeout=5)
+        batch.release()
+        batch.release()
+        assert batch.released and feed.held == 0
+        with feed.next(timeout=5) as second:
+            assert second.step == 1
+        assert second.released
+        assert feed.next(timeout=5).step == 2
+
+
+def test_a_view_dropped_on_another_thread_frees_the_slot_for_a_waiting_next(producer):
+    p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=1)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        batch = feed.next(timeout=5)
+        holder = [batch.array()]
+        batch.release()
+
+        def drop_later():
+            time.sleep(0.3)
+            holder.pop()  # the last view dies on this thread, mid-next()
+
+        threading.Thread(target=drop_later).start()
+        start = time.monotonic()
+        assert feed.next(timeout=5).step == 1
+        assert time.monotonic() - start < 2.0
+
+
+def test_next_refuses_to_wait_forever_when_every_slot_is_held(producer):
+    p = producer(world_size=1, batches=5, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        first, second = feed.next(timeout=5), feed.next(timeout=5)
+        start = time.monotonic()
+        with pytest.raises(ringfeed.AllSlotsHeldError, match="all 2 slots"):
+            feed.next()
+        assert time.monotonic() - start < 1.0
+        with pytest.raises(ringfeed.TimeoutError, match="all 2 slots"):
+            feed.next(timeout=0.1)
+        first.release()
+        assert feed.next().step == 2
+        second.release()
+
+
+def test_the_end_is_reported_even_when_every_slot_is_held(producer):
+    p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        held = [feed.next(timeout=5), feed.next(timeout=5)]
+        deadline = time.monotonic() + 5
+        while True:  # the loader marks the end after its last publish
+            try:
+                assert feed.next() is None
+                break
+            except ringfeed.AllSlotsHeldError:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        del held
+
+
+def test_close_detaches_only_after_the_last_view_dies(producer):
+    p = producer(world_size=1, batches=3, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    feed = ringfeed.attach(p.name, 0, timeout=5)
+    batch = feed.next(timeout=5)
+    arr = batch.array()
+    feed.close()
+    with pytest.raises(ValueError, match="closed"):
+        feed.next(timeout=0)
+    np.testing.assert_array_equal(arr[1], expected_sample(1, 32))  # still mapped
+    with pytest.raises(ringfeed.RankBusyError):
+        ringfeed.attach(p.name, 0, timeout=0.3)  # still attached
+    del batch, arr
+    gc.collect()
+    with ringfeed.attach(p.name, 0, timeout=5) as again:
+        # The new consumer goes on after the last batch taken.
+        steps = []
+        for b in again:
+            steps.append(b.step)
+            b.release()
+        assert steps == [1, 2]
+    assert p.wait() == 0
+
+
+def test_ctrl_c_interrupts_a_waiting_next(producer):
+    p = producer(world_size=1, batches=3, batch_size=2, sample_bytes=32, slots_per_rank=1)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        held = feed.next(timeout=5)  # with one slot, nothing more can come
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            feed.next(timeout=30)
+        assert time.monotonic() - start < 1.5
+        timer.join()
+        held.release()
+        assert feed.next(timeout=5).step == 1

@@ -1,0 +1,168 @@
+"""End to end through `ringfeed serve`: one Python rank and one C rank, with
+each reader backend; every sample's bytes must equal its file's."""
+import os
+import random
+import subprocess
+import uuid
+from collections import defaultdict
+
+import pytest
+
+from e2e_util import compile_c, crc32, python_consumer, ringfeed_bin, wait_all
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    rng = random.Random(5)
+    files = []
+    for i in range(301):
+        sub = root / ("d%d" % (i % 7)) / ("e%d" % (i % 3))
+        sub.mkdir(parents=True, exist_ok=True)
+        data = bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 1, 100, 4096, 5000, 70000])))
+        path = sub / ("f%03d.bin" % i)
+        path.write_bytes(data)
+        files.append(path)
+    # The manifest order: byte-wise order of relative paths.
+    rel = sorted((str(p.relative_to(root)).encode(), p) for p in files)
+    hashes = [(len(p.read_bytes()), crc32(p.read_bytes())) for _, p in rel]
+    return root, hashes
+
+
+@pytest.fixture(scope="module")
+def c_consumer(tmp_path_factory):
+    return compile_c("dump_hashes.c", tmp_path_factory.mktemp("cbin"))
+
+
+def parse(out):
+    rows = []
+    for line in out.decode().splitlines():
+        epoch, step, index, length, h = (int(x) for x in line.split())
+        rows.append((epoch, step, index, length, h))
+    return rows
+
+
+@pytest.mark.parametrize("io", ["uring", "pread"])
+def test_python_and_c_ranks_get_every_sample_with_the_files_bytes(dataset, c_consumer, io):
+    root, hashes = dataset
+    name = "e2e-%s-%s" % (io, uuid.uuid4().hex[:8])
+    world, batch, epochs = 2, 8, 2
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(root), "--name", name, "--batch-size", str(batch),
+         "--world-size", str(world), "--epochs", str(epochs), "--seed", "7", "--io", io],
+        stderr=subprocess.PIPE,
+    )
+    procs = [
+        subprocess.Popen(python_consumer("hash_consumer.py", name, 0), stdout=subprocess.PIPE, stderr=subprocess.PIPE),
+        subprocess.Popen([c_consumer, name, "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE),
+    ]
+    results = wait_all(procs, timeout=120)
+    _, loader_err = loader.communicate(timeout=30)
+    assert loader.returncode == 0, loader_err.decode()
+    assert ("reader %s" % ("io_uring" if io == "uring" else "pread")) in loader_err.decode()
+    per_epoch = defaultdict(list)
+    counts = []
+    for rank, (rc, out, err) in enumerate(results):
+        assert rc == 0, "rank %d: %s" % (rank, err.decode())
+        rows = parse(out)
+        counts.append(len(rows))
+        for epoch, step, index, length, h in rows:
+            assert (length, h) == hashes[index], "sample %d differs from its file (rank %d)" % (index, rank)
+            per_epoch[epoch].append(index)
+    n = len(hashes)
+    steps = n // (world * batch)
+    assert counts[0] == counts[1] == epochs * steps * batch
+    assert sorted(per_epoch) == list(range(epochs))
+    for epoch, indices in per_epoch.items():
+        assert len(indices) == len(set(indices)) == steps * world * batch, "epoch %d" % epoch
+    # Two epochs are two different shuffles of the same samples.
+    assert per_epoch[0] != per_epoch[1]
+
+
+def test_auto_falls_back_to_pread_with_one_warning_naming_the_reason(dataset, c_consumer):
+    root, hashes = dataset
+    name = "e2e-fallback-%s" % uuid.uuid4().hex[:8]
+    env = dict(os.environ, RINGFEED_IO_URING_DISABLE="1")
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(root), "--name", name, "--batch-size", "16", "--world-size", "1", "--io", "auto"],
+        stderr=subprocess.PIPE, env=env,
+    )
+    (rc, out, err), = wait_all([subprocess.Popen([c_consumer, name, "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)], 120)
+    _, loader_err = loader.communicate(timeout=30)
+    text = loader_err.decode()
+    assert rc == 0, err.decode()
+    assert loader.returncode == 0, text
+    assert text.count("io_uring is unavailable") == 1, text
+    assert "RINGFEED_IO_URING_DISABLE" in text
+    assert "reader pread" in text
+    for epoch, step, index, length, h in parse(out):
+        assert (length, h) == hashes[index]
+
+
+def test_uring_fails_instead_of_falling_back(dataset):
+    env = dict(os.environ, RINGFEED_IO_URING_DISABLE="1")
+    p = subprocess.run(
+        [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", "e2e-nofallback", "--batch-size", "4", "--world-size", "1", "--io", "uring"],
+        stderr=subprocess.PIPE, env=env, timeout=60,
+    )
+    assert p.returncode != 0
+    assert "--io pread" in p.stderr.decode()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--source", "/nonexistent/ringfeed-data"], "/nonexistent/ringfeed-data"),
+    (["--source", "s3://bucket/prefix"], "s3://"),
+    (["--record-bytes", "3"], "not a multiple"),
+    (["--batch-size", "100000"], "cannot fill one step"),
+    (["--name", "bad/name"], "invalid loader name"),
+])
+def test_serve_errors_name_the_path_or_value(dataset, args, needle):
+    base = {"--source": str(dataset[0]), "--name": "e2e-err-%s" % uuid.uuid4().hex[:8], "--batch-size": "4", "--world-size": "1"}
+    it = iter(args)
+    for k in it:
+        base[k] = next(it)
+    cmd = [ringfeed_bin(), "serve"]
+    for k, v in base.items():
+        cmd += [k, v]
+    p = subprocess.run(cmd, stderr=subprocess.PIPE, timeout=60)
+    assert p.returncode != 0
+    assert needle in p.stderr.decode(), p.stderr.decode()
+
+
+def test_sigterm_stops_the_loader_removes_its_segment_and_tells_the_trainers(dataset, c_consumer):
+    name = "e2e-sigterm-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "4", "--world-size", "2", "--epochs", "1000"],
+        stderr=subprocess.PIPE,
+    )
+    # Rank 0 never attaches, so the run cannot finish; rank 1 reads until told.
+    consumer = subprocess.Popen([c_consumer, name, "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    import time
+    deadline = time.time() + 20
+    while not os.path.exists("/dev/shm/ringfeed-" + name) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    loader.terminate()
+    _, loader_err = loader.communicate(timeout=10)
+    assert loader.returncode == 128 + 15, loader_err.decode()
+    assert not os.path.exists("/dev/shm/ringfeed-" + name)
+    (rc, _, err), = wait_all([consumer], 10)
+    assert rc != 0
+    assert "stopped before the end of the run" in err.decode() and "signal 15" in err.decode(), err.decode()
+
+
+def test_shm_too_small_is_a_clear_error_with_the_bytes_and_the_fixes(dataset):
+    probe = subprocess.run(["unshare", "-m", "true"], stderr=subprocess.PIPE)
+    if probe.returncode != 0:
+        pytest.skip("cannot make a private mount namespace here: %s" % probe.stderr.decode().strip())
+    script = 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$0" "$@"'
+    p = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", "e2e-small-shm",
+         "--batch-size", "64", "--world-size", "2", "--slots-per-rank", "8"],
+        stderr=subprocess.PIPE, timeout=60,
+    )
+    text = p.stderr.decode()
+    assert p.returncode != 0
+    assert "/dev/shm is too small" in text, text
+    assert "--shm-size=" in text and "medium: Memory" in text, text
+    assert "bytes) but only" in text, text

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The whole test suite: Rust (unit, model, property, multi-process crash,
+# bad input, header drift, C consumer), loom, Python (numpy + torch, both
+# reader backends, end to end through `ringfeed serve`), and 60 s of fuzzing.
+# Installs what it needs on a fresh Debian 12 machine; safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+step() { printf '\n=== %s (%ds)\n' "$*" "$SECONDS"; }
+
+step "tools"
+need_apt=()
+command -v cc >/dev/null || need_apt+=(gcc)
+command -v unshare >/dev/null || need_apt+=(util-linux)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
+fi
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q numpy pytest torch
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked -q
+
+step "build (release): ringfeed binary, libringfeed.so/.a"
+cargo build --workspace --release --locked
+
+step "cargo test (release): engine, ffi, header drift, C consumer"
+cargo test --workspace --release --locked
+
+step "reader fallback: the same reader tests with io_uring disabled"
+RINGFEED_IO_URING_DISABLE=1 cargo test --release --locked -p ringfeed --test reader
+
+step "loom model of the slot handoff"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p ringfeed --test loom_handoff
+
+step "python binding: pip install ./bindings/python, then pytest"
+.venv/bin/python -m pip install -q --force-reinstall --no-deps ./bindings/python
+RINGFEED_BIN="$ROOT/target/release/ringfeed" RINGFEED_LIB_DIR="$ROOT/target/release" \
+    .venv/bin/python -m pytest -q tests/python
+
+step "fuzz: attach+next on arbitrary segments for ${FUZZ_SECONDS}s"
+bash fuzz/run.sh "$FUZZ_SECONDS"
+
+step "all tests passed"
