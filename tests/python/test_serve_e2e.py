@@ -3,6 +3,7 @@ each reader backend; every sample's bytes must equal its file's."""
 import os
 import random
 import subprocess
+import sys
 import uuid
 from collections import defaultdict
 
@@ -166,3 +167,41 @@ def test_shm_too_small_is_a_clear_error_with_the_bytes_and_the_fixes(dataset):
     assert "/dev/shm is too small" in text, text
     assert "--shm-size=" in text and "medium: Memory" in text, text
     assert "bytes) but only" in text, text
+
+
+def test_a_trainer_whose_local_world_size_differs_from_the_loaders_is_refused(dataset):
+    name = "e2e-wsize-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "4", "--world-size", "2"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        code = "import ringfeed\ntry:\n    ringfeed.attach(timeout=20)\nexcept ringfeed.RankError as e:\n    print(e)\n"
+        env = dict(os.environ, RINGFEED_NAME=name, LOCAL_RANK="0", LOCAL_WORLD_SIZE="4")
+        p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=60)
+        text = p.stdout.decode()
+        assert "serves world size 2" in text and "LOCAL_WORLD_SIZE=4" in text, text + p.stderr.decode()
+    finally:
+        loader.terminate()
+        loader.communicate(timeout=10)
+
+
+def test_a_file_that_vanishes_during_the_run_stops_the_loader_with_its_path(tmp_path, c_consumer):
+    for i in range(64):
+        (tmp_path / ("f%02d" % i)).write_bytes(b"x" * 1000)
+    name = "e2e-vanish-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(tmp_path), "--name", name, "--batch-size", "4", "--world-size", "1",
+         "--epochs", "100000", "--slots-per-rank", "1"],
+        stderr=subprocess.PIPE,
+    )
+    consumer = subprocess.Popen([c_consumer, name, "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    import time
+    time.sleep(1.0)
+    (tmp_path / "f17").unlink()
+    _, err = loader.communicate(timeout=30)
+    text = err.decode()
+    assert loader.returncode != 0
+    assert str(tmp_path / "f17") in text, text
+    (rc, _, cerr), = wait_all([consumer], 10)
+    assert rc != 0 and "stopped before the end of the run" in cerr.decode(), cerr.decode()

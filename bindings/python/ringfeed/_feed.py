@@ -507,7 +507,27 @@ def attach(name=None, rank=None, timeout=30.0):
         payload_region_bytes=raw.payload_region_bytes,
         batches_expected=None if raw.batches_expected == _lib.BATCHES_UNKNOWN else raw.batches_expected,
     )
+    _check_world_size(info, name)
     return Feed(handle, info)
+
+
+def _check_world_size(info, name):
+    """torchrun's LOCAL_WORLD_SIZE must match the loader's --world-size:
+    otherwise some ranks would never be served, or DDP would wait forever for
+    ranks the loader does not know. (The handle detaches when dropped.)"""
+    env = os.environ.get("LOCAL_WORLD_SIZE")
+    if env is None:
+        return
+    try:
+        local_world_size = int(env)
+    except ValueError:
+        raise errors.RankError("LOCAL_WORLD_SIZE=%r is not a number" % env) from None
+    if local_world_size != info.world_size:
+        raise errors.RankError(
+            "loader %r serves world size %d but this job has LOCAL_WORLD_SIZE=%d; start the loader with "
+            "--world-size %d (one loader per machine serves that machine's ranks)"
+            % (name, info.world_size, local_world_size, local_world_size)
+        )
 
 
 def abi_version():
