@@ -246,7 +246,9 @@ pub unsafe extern "C" fn rf_release(feed: *mut rf_feed, batch: *const rf_batch) 
         let (feed, batch) = unsafe { (&mut *feed, &*batch) };
         match feed.consumer.release(batch.slot, batch.generation) {
             Ok(()) => RF_OK,
-            Err(e @ (ReleaseError::NotOurs { .. } | ReleaseError::Stale { .. } | ReleaseError::AlreadyReleased { .. })) => fail(RF_E_STALE, e),
+            Err(e @ (ReleaseError::NotOurs { .. } | ReleaseError::NotTaken { .. } | ReleaseError::Stale { .. } | ReleaseError::AlreadyReleased { .. })) => {
+                fail(RF_E_STALE, e)
+            }
         }
     })
 }

@@ -151,6 +151,14 @@ pub enum ReleaseError {
         /// Generation in the slot.
         current: u64,
     },
+    /// The handle names a batch this consumer never took with `next`.
+    #[error("slot {slot} generation {generation} was never taken by next(); only batches returned by next() can be released")]
+    NotTaken {
+        /// Slot.
+        slot: u32,
+        /// Generation in the handle.
+        generation: u64,
+    },
     /// The batch was released already.
     #[error("batch in slot {slot} (generation {generation}) was already released")]
     AlreadyReleased {
@@ -335,10 +343,14 @@ impl Consumer {
         let io_err = |what, source| Retry::Never(AttachError::Io { what, path: path.clone(), source });
         let size = segment::file_size(&fd).map_err(|e| io_err("cannot stat", e))?;
         if size < HEADER_BYTES {
-            // Either a loader between shm_open and fallocate, or garbage.
+            // Either a loader between shm_open and fallocate, or garbage. An
+            // empty segment with no lock is also a loader between its
+            // shm_open and its lock (the object and the lock cannot be made
+            // in one step), so it is retried too; garbage still fails at
+            // the timeout, with this message.
             let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
             let e = corrupt(&path, format!("it is {size} bytes, smaller than a ring header ({HEADER_BYTES})"));
-            return Err(if alive { Retry::Later(Some(e)) } else { Retry::Never(e) });
+            return Err(if alive || size == 0 { Retry::Later(Some(e)) } else { Retry::Never(e) });
         }
         let map = segment::map(&fd, size).map_err(|e| io_err("cannot map", e))?;
         // SAFETY: the mapping is `size` bytes long and stays alive for this
@@ -350,6 +362,12 @@ impl Consumer {
         // SYNC POINT: Acquire pairs with the loader's Release store of READY:
         // every header field written before it is visible now.
         let st = header.state.load(Ordering::Acquire);
+        // A loader still creating the segment has written no magic yet; any
+        // other magic is a foreign file, refused at once.
+        let magic = header.magic.load(Ordering::Relaxed);
+        if magic != 0 && magic != MAGIC {
+            return Err(Retry::Never(corrupt(&path, "bad magic (not made by ringfeed)")));
+        }
         if st == state::CREATING {
             let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
             let e = corrupt(&path, "the loader died before it finished creating the segment");
@@ -526,7 +544,10 @@ impl Consumer {
     fn wait_next(&mut self, start: Instant, timeout: Option<Duration>) -> Result<Next, NextError> {
         let deadline = timeout.map(|t| start + t);
         let spin_until = start + SPIN_BEFORE_SLEEP;
-        let mut last_liveness = start;
+        // None until the first sleep, which checks liveness first: a consumer
+        // that calls `next` after the loader died learns it at once, not
+        // after a whole wait slice.
+        let mut last_liveness: Option<Instant> = None;
         loop {
             if let Some(b) = self.try_next()? {
                 return Ok(Next::Batch(b));
@@ -542,7 +563,7 @@ impl Consumer {
                 std::hint::spin_loop();
                 continue;
             }
-            if now.duration_since(last_liveness) >= WAIT_SLICE || now == start {
+            if last_liveness.is_none_or(|t| now.duration_since(t) >= WAIT_SLICE) {
                 if !self.loader_alive() {
                     // One more look: a loader that published its last batch and
                     // exited cleanly leaves those batches for us to take.
@@ -554,7 +575,7 @@ impl Consumer {
                     }
                     return Err(NextError::LoaderGone { name: self.name.clone(), pid: self.loader_pid });
                 }
-                last_liveness = now;
+                last_liveness = Some(now);
             }
             let slice = deadline.map_or(WAIT_SLICE, |d| d.saturating_duration_since(now).min(WAIT_SLICE));
             self.sleep(slice);
@@ -581,6 +602,13 @@ impl Consumer {
         let k = self.view.layout().geometry.slots_per_rank;
         if slot / k != self.rank || slot >= self.view.layout().slot_count() {
             return Err(ReleaseError::NotOurs { slot, rank: self.rank });
+        }
+        // Releasing a published batch that `next` has not handed out would let
+        // the loader overwrite it unseen: the batch would be lost.
+        let local = u64::from(slot % k);
+        let taken = generation.checked_sub(1).and_then(|g| g.checked_mul(u64::from(k))).and_then(|s| s.checked_add(local));
+        if taken.is_none_or(|seq| seq >= self.consumed) {
+            return Err(ReleaseError::NotTaken { slot, generation });
         }
         let block = self.view.rank(self.rank);
         let header = self.view.header();

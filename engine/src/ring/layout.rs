@@ -178,6 +178,58 @@ pub struct SampleEntryCell {
     pub index: AtomicU64,
 }
 
+/// Blocks built on the heap for the loom model (tests/loom_handoff.rs). In
+/// the product they only ever exist inside a mapping; under loom the atomics
+/// are model objects, not plain integers, so the model needs real values.
+#[cfg(loom)]
+mod model {
+    use super::{RankBlock, SlotMeta};
+    use crate::sync::{AtomicU32, AtomicU64};
+
+    fn zeros<const N: usize>() -> [AtomicU64; N] {
+        std::array::from_fn(|_| AtomicU64::new(0))
+    }
+
+    impl RankBlock {
+        /// An all-zero rank block, as the loader's fallocate leaves it.
+        pub fn new_for_model() -> RankBlock {
+            RankBlock {
+                published: AtomicU64::new(0),
+                publish_futex: AtomicU32::new(0),
+                finished: AtomicU32::new(0),
+                batches_expected: AtomicU64::new(u64::MAX),
+                _loader_pad: zeros(),
+                consumed: AtomicU64::new(0),
+                release_futex: AtomicU32::new(0),
+                consumer_sleeping: AtomicU32::new(0),
+                consumer_pid: AtomicU32::new(0),
+                attach_count: AtomicU32::new(0),
+                wait_ns_total: AtomicU64::new(0),
+                released_total: AtomicU64::new(0),
+                _consumer_pad: zeros(),
+                _reserved: zeros(),
+            }
+        }
+    }
+
+    impl SlotMeta {
+        /// An all-zero slot (generation 0, released 0: free for generation 1).
+        pub fn new_for_model() -> SlotMeta {
+            SlotMeta {
+                generation: AtomicU64::new(0),
+                epoch: AtomicU64::new(0),
+                step: AtomicU64::new(0),
+                n_samples: AtomicU32::new(0),
+                rank: AtomicU32::new(0),
+                payload_used_bytes: AtomicU64::new(0),
+                _loader_pad: zeros(),
+                released: AtomicU64::new(0),
+                _consumer_pad: zeros(),
+            }
+        }
+    }
+}
+
 #[cfg(not(loom))]
 const _: () = {
     use std::mem::{offset_of, size_of};
