@@ -71,12 +71,7 @@ fn compile(mut cmd: Command, what: &str) {
         Ok(out) => out,
         Err(e) => panic!("cannot run the C compiler for {what} ({cmd:?}): {e}; install one or set $CC"),
     };
-    assert!(
-        out.status.success(),
-        "{what} does not compile:\n{cmd:?}\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{what} does not compile:\n{cmd:?}\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
 
 /// Builds tests/c/NAME.c against the header and libringfeed.so; returns the executable.
@@ -182,12 +177,7 @@ fn header_compiles_alone_as_c11_and_as_cxx_and_its_static_asserts_hold() {
     let include = repo_root().join("include");
     let source = repo_root().join("tests/c/header_only.c");
     let mut c = Command::new(cc());
-    c.args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-std=c11", "-I"])
-        .arg(&include)
-        .arg("-c")
-        .arg(&source)
-        .arg("-o")
-        .arg(tmp_dir().join("header_only.o"));
+    c.args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-std=c11", "-I"]).arg(&include).arg("-c").arg(&source).arg("-o").arg(tmp_dir().join("header_only.o"));
     compile(c, "include/ringfeed.h as C11 (tests/c/header_only.c)");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".to_string());
     if Command::new(&cxx).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
