@@ -168,7 +168,8 @@ fn tampered_stored_offsets_are_caught_by_recomputing_them() {
 
 #[test]
 fn geometry_out_of_range_is_refused_before_any_arithmetic() {
-    let cases: [(&str, Box<dyn FnOnce(&mut Vec<u8>)>, &str); 8] = [
+    type Tamper = Box<dyn FnOnce(&mut Vec<u8>)>;
+    let cases: [(&str, Tamper, &str); 8] = [
         ("w0", Box::new(|b| put_u32(b, WORLD_SIZE_AT, 0)), "world_size = 0"),
         ("w100000", Box::new(|b| put_u32(b, WORLD_SIZE_AT, 100_000)), "world_size = 100000"),
         ("k-max", Box::new(|b| put_u32(b, SLOTS_PER_RANK_AT, u32::MAX)), "slots_per_rank = 4294967295"),

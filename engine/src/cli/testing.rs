@@ -218,25 +218,6 @@ pub fn run_consumer(a: &ConsumerArgs) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fast_pattern_equals_the_definition() {
-        // The largest index whose `index·7 + p` stays below 2^64 for these
-        // 40 000 bytes: past it `pattern_byte` wraps and the two differ, but no
-        // manifest comes near 2^61 samples.
-        for index in [0u64, 1, 250, 251, 12345, (u64::MAX - 40_000) / 7] {
-            let mut v = vec![0u8; 40_000];
-            pattern_fill(index, &mut v);
-            assert!(v.iter().enumerate().all(|(p, &b)| b == pattern_byte(index, p as u64)));
-            assert_eq!(pattern_mismatch(index, &v), None);
-            v[39_999] ^= 1;
-            assert_eq!(pattern_mismatch(index, &v), Some(39_999));
-        }
-    }
-}
 
 /// Checks one batch against the test pattern.
 pub fn check_batch(b: &crate::ring::BatchRef, rank: u32, world_size: u32, batch_size: u32, sample_bytes: u64) -> Result<()> {
@@ -258,4 +239,24 @@ pub fn check_batch(b: &crate::ring::BatchRef, rank: u32, world_size: u32, batch_
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_pattern_equals_the_definition() {
+        // The largest index whose `index·7 + p` stays below 2^64 for these
+        // 40 000 bytes: past it `pattern_byte` wraps and the two differ, but no
+        // manifest comes near 2^61 samples.
+        for index in [0u64, 1, 250, 251, 12345, (u64::MAX - 40_000) / 7] {
+            let mut v = vec![0u8; 40_000];
+            pattern_fill(index, &mut v);
+            assert!(v.iter().enumerate().all(|(p, &b)| b == pattern_byte(index, p as u64)));
+            assert_eq!(pattern_mismatch(index, &v), None);
+            v[39_999] ^= 1;
+            assert_eq!(pattern_mismatch(index, &v), Some(39_999));
+        }
+    }
 }

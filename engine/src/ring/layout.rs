@@ -273,7 +273,7 @@ const _: () = {
     assert!(offset_of!(SlotMeta, payload_used_bytes) == 32);
     assert!(offset_of!(SlotMeta, released) == 64);
     assert!(size_of::<SampleEntryCell>() as u64 == SAMPLE_ENTRY_BYTES);
-    assert!(HEADER_BYTES % PAGE_BYTES == 0);
+    assert!(HEADER_BYTES.is_multiple_of(PAGE_BYTES));
 };
 
 /// The numbers a ring is made from. Everything else is derived from these.
