@@ -184,6 +184,8 @@ pub struct Loader {
     completions: Vec<Completion>,
     report: ServeReport,
     started: Instant,
+    /// Rank the next fill pass starts at (round-robin across calls).
+    next_rank: u32,
 }
 
 impl Loader {
@@ -222,6 +224,7 @@ impl Loader {
             completions: Vec::new(),
             report,
             started: Instant::now(),
+            next_rank: 0,
         })
     }
 
@@ -261,10 +264,7 @@ impl Loader {
             if sig != 0 {
                 return Err(ServeError::Signal(sig));
             }
-            let mut blocked = Vec::new();
-            for r in 0..world {
-                self.fill_rank(r, &mut batch, &mut blocked)?;
-            }
+            let blocked = self.fill_ranks(&mut batch)?;
             self.submit_queued()?;
             let in_flight = self.reader.in_flight();
             self.producer.set_reader_info(self.reader.backend_name(), in_flight as u32);
@@ -317,14 +317,45 @@ impl Loader {
         self.cursors.iter().all(RankCursor::done)
     }
 
-    /// Claims rank r's free slots and queues the reads of their batches.
-    fn fill_rank(&mut self, r: u32, batch: &mut Vec<u64>, blocked: &mut Vec<u32>) -> Result<(), ServeError> {
-        // Keep the reader fed but not flooded: stop claiming once a full
-        // queue depth of reads is waiting to be submitted.
-        while !self.cursors[r as usize].done() && self.queued.len() < self.reader.max_in_flight() {
+    /// Claims free slots round-robin, one batch per rank per pass, so that
+    /// every rank's first batch is read early (time to first batch does not
+    /// grow with the number of ranks). Stops once a full queue depth of reads
+    /// waits to be submitted. Returns the unfinished ranks with no free slot.
+    fn fill_ranks(&mut self, batch: &mut Vec<u64>) -> Result<Vec<u32>, ServeError> {
+        let world = self.plan.cfg.world_size;
+        let full = |l: &Loader| l.queued.len() >= l.reader.max_in_flight();
+        let mut blocked = vec![false; world as usize];
+        // Each pass gives every open rank one batch, starting where the last
+        // call stopped, so no rank waits behind another's prefetch.
+        loop {
+            let mut claimed = false;
+            for i in 0..world {
+                let r = (self.next_rank + i) % world;
+                if blocked[r as usize] || self.cursors[r as usize].done() {
+                    continue;
+                }
+                if full(self) {
+                    self.next_rank = r;
+                    return Ok(blocked_ranks(&blocked));
+                }
+                if self.fill_one(r, batch)? {
+                    claimed = true;
+                } else {
+                    blocked[r as usize] = true;
+                }
+            }
+            if !claimed {
+                return Ok(blocked_ranks(&blocked));
+            }
+        }
+    }
+
+    /// Claims one free slot of rank r and queues the reads of its batch.
+    /// Returns false when the rank has no free slot.
+    fn fill_one(&mut self, r: u32, batch: &mut Vec<u64>) -> Result<bool, ServeError> {
+        {
             let Some(claim) = self.producer.try_claim(r) else {
-                blocked.push(r);
-                return Ok(());
+                return Ok(false);
             };
             let (epoch, step) = self.cursors[r as usize].advance(&self.plan.sampler);
             self.plan.sampler.batch_into(epoch, step, r, batch);
@@ -354,7 +385,7 @@ impl Loader {
                 offset = end;
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     fn submit_queued(&mut self) -> Result<(), ServeError> {
@@ -411,6 +442,10 @@ impl Loader {
         tracing::info!("epoch {epoch}: {}/{} batches published, {:.1} MB/s", self.report.batches, total, mb / secs.max(1e-9));
         *base = (self.report.bytes, Instant::now());
     }
+}
+
+fn blocked_ranks(blocked: &[bool]) -> Vec<u32> {
+    (0..blocked.len() as u32).filter(|&r| blocked[r as usize]).collect()
 }
 
 /// Stands in for the reader after it was dropped.
