@@ -25,8 +25,10 @@ impl FileTable {
     /// With `keep_open`, each file is opened on its first read and kept open
     /// for the engine's life, up to `ReaderConfig::keep_open_files_max` files;
     /// reads of files past that limit open, read and close. Use it for few,
-    /// large files read many times (record mode). Without it, every read opens
-    /// and closes its file.
+    /// large files read many times (record mode). A kept file is read as it
+    /// was opened: deleting or replacing its path afterwards goes unnoticed
+    /// (shrinking it does not). Without it, every read opens and closes its
+    /// file, so a file that vanished is reported on its next read.
     ///
     /// Refused: lengths that differ, more than `u32::MAX` files, a path that
     /// is not absolute or holds a NUL byte.

@@ -5,7 +5,7 @@
 //! into `dest`". The bytes go from the page cache (or the disk) into `dest`
 //! with no buffer in between. Two backends sit behind the one trait:
 //!
-//! - `io_uring` (`uring.rs`): up to `queue_depth` reads in flight from one
+//! - `io_uring` (`uring/`): up to `queue_depth` reads in flight from one
 //!   thread. A read opens, reads and closes its file inside the kernel, as
 //!   one linked chain OPENAT → READ → CLOSE on a direct descriptor, so a
 //!   warm-cache read costs no extra system call and no process file
@@ -46,7 +46,7 @@
 mod error;
 mod files;
 mod pread;
-mod probe;
+
 mod uring;
 
 use std::fmt;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use io_uring::{opcode, types, IoUring, Probe};
 
-use super::{nofile_limit, ReaderConfig, IO_URING_DISABLE_ENV};
+use crate::reader::{nofile_limit, ReaderConfig, IO_URING_DISABLE_ENV};
 
 /// Most entries io_uring accepts for a submission queue.
 const SQ_ENTRIES_MAX: u32 = 32_768;

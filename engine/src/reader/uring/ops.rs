@@ -1,0 +1,363 @@
+//! The life of one read in the ring: starting its attempts (a chain, a kept
+//! read, or a wait for a slot or an open) and handling their CQEs until the
+//! read is finished.
+
+use std::io;
+
+use io_uring::{opcode, squeue, types};
+
+use super::{Attempt, KeptFile, Kind, UringEngine, NONE, PENDING};
+use crate::reader::{Completion, ReadError, READ_CHUNK_BYTES_MAX, SHORT_READS_MAX};
+
+impl UringEngine {
+    /// Starts the next part of op `idx`: its first read, the rest after a
+    /// short read, or the next chunk of a long one.
+    pub(super) fn start_attempt(&mut self, idx: u32) -> Result<(), ReadError> {
+        let file = self.state(idx)?.op.file;
+        if let Some(&kept) = self.kept.get(file as usize) {
+            match kept {
+                KeptFile::Open { slot } => return self.push_kept_read(idx, slot),
+                KeptFile::Opening { slot, first_waiter } => {
+                    let state = self.state(idx)?;
+                    state.attempt = Attempt::Waiting;
+                    state.next_waiter = first_waiter;
+                    self.kept[file as usize] = KeptFile::Opening {
+                        slot,
+                        first_waiter: idx,
+                    };
+                    return Ok(());
+                }
+                KeptFile::Closed => {
+                    if let Some(slot) = self.take_kept_slot() {
+                        let state = self.state(idx)?;
+                        state.attempt = Attempt::Waiting;
+                        state.next_waiter = NONE;
+                        self.kept[file as usize] = KeptFile::Opening {
+                            slot,
+                            first_waiter: idx,
+                        };
+                        let open = self
+                            .open_sqe(file, slot)?
+                            .user_data(Kind::KeptOpen.tag(file));
+                        return self.push(&[open]);
+                    }
+                }
+            }
+        }
+        match self.free_slots.pop() {
+            Some(slot) => self.push_chain(idx, slot),
+            None => {
+                self.state(idx)?.attempt = Attempt::Waiting;
+                self.slot_waiters.push_back(idx);
+                Ok(())
+            }
+        }
+    }
+
+    fn take_kept_slot(&mut self) -> Option<u32> {
+        if let Some(slot) = self.kept_free_slots.pop() {
+            return Some(slot);
+        }
+        if self.kept_next_slot < self.kept_end_slot {
+            self.kept_next_slot += 1;
+            return Some(self.kept_next_slot - 1);
+        }
+        None
+    }
+
+    fn open_sqe(&self, file: u32, slot: u32) -> Result<squeue::Entry, ReadError> {
+        let dest_slot = types::DestinationSlot::try_from_slot_target(slot).map_err(|_| {
+            Self::engine_error(
+                "open",
+                io::Error::other(format!("slot {slot} out of range")),
+            )
+        })?;
+        // No O_CLOEXEC: the kernel refuses it for direct descriptors, which
+        // are never inherited anyway.
+        Ok(
+            opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), self.files.c_path(file).as_ptr())
+                .file_index(Some(dest_slot))
+                .flags(libc::O_RDONLY)
+                .build(),
+        )
+    }
+
+    /// The next read of op `idx`: where it lands, where it reads, how long.
+    fn next_read(&mut self, idx: u32) -> Result<(*mut u8, u64, u32), ReadError> {
+        let state = self.state(idx)?;
+        let chunk_bytes = (state.op.len_bytes - state.done_bytes).min(READ_CHUNK_BYTES_MAX);
+        // wrapping_add is plain address arithmetic; done_bytes < len_bytes
+        // keeps the address inside `dest`.
+        let dest = state.op.dest.wrapping_add(state.done_bytes as usize);
+        // READ_CHUNK_BYTES_MAX is 1 GiB, so the chunk fits u32.
+        Ok((
+            dest,
+            state.op.offset_bytes + state.done_bytes,
+            chunk_bytes as u32,
+        ))
+    }
+
+    /// IOSQE_ASYNC for reads long enough that copying them on io-wq worker
+    /// threads, several cores at once, beats copying inline on this thread.
+    fn read_flags(&mut self, chunk_bytes: u32) -> squeue::Flags {
+        if u64::from(chunk_bytes) >= self.async_min_bytes && { self.exp_count += 1; self.exp_count % self.exp_every == 0 } {
+            squeue::Flags::ASYNC
+        } else {
+            squeue::Flags::empty()
+        }
+    }
+
+    fn push_chain(&mut self, idx: u32, slot: u32) -> Result<(), ReadError> {
+        let file = self.state(idx)?.op.file;
+        let (dest, offset_bytes, chunk_bytes) = self.next_read(idx)?;
+        let open = self
+            .open_sqe(file, slot)?
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(Kind::ChainOpen.tag(idx));
+        let read = opcode::Read::new(types::Fixed(slot), dest, chunk_bytes)
+            .offset(offset_bytes)
+            .build()
+            .flags(squeue::Flags::IO_HARDLINK | self.read_flags(chunk_bytes))
+            .user_data(Kind::ChainRead.tag(idx));
+        let close = opcode::Close::new(types::Fixed(slot))
+            .build()
+            .user_data(Kind::ChainClose.tag(idx));
+        self.state(idx)?.attempt = Attempt::Chain {
+            slot,
+            chunk_bytes,
+            open_res: PENDING,
+            read_res: PENDING,
+            close_res: PENDING,
+        };
+        self.push(&[open, read, close])
+    }
+
+    fn push_kept_read(&mut self, idx: u32, slot: u32) -> Result<(), ReadError> {
+        let (dest, offset_bytes, chunk_bytes) = self.next_read(idx)?;
+        let read = opcode::Read::new(types::Fixed(slot), dest, chunk_bytes)
+            .offset(offset_bytes)
+            .build()
+            .flags(self.read_flags(chunk_bytes))
+            .user_data(Kind::KeptRead.tag(idx));
+        self.state(idx)?.attempt = Attempt::Kept { chunk_bytes };
+        self.push(&[read])
+    }
+
+    /// Handles every CQE on the ring, and those they lead to, until the ring
+    /// has none.
+    pub(super) fn handle_completions(&mut self) -> Result<(), ReadError> {
+        loop {
+            self.run_task_work()?;
+            self.collect_cqes();
+            if self.cqes.is_empty() {
+                return Ok(());
+            }
+            let mut batch = std::mem::take(&mut self.cqes);
+            for &(user_data, result) in &batch {
+                self.cqes_expected -= 1;
+                self.handle(user_data, result)?;
+            }
+            batch.clear();
+            if self.cqes.is_empty() {
+                self.cqes = batch;
+            }
+        }
+    }
+
+    fn handle(&mut self, user_data: u64, result: i32) -> Result<(), ReadError> {
+        let Some((kind, index)) = Kind::untag(user_data) else {
+            let source = io::Error::other(format!("unknown user_data {user_data:#x}"));
+            return Err(Self::engine_error("match a completion", source));
+        };
+        match kind {
+            Kind::ChainOpen | Kind::ChainRead | Kind::ChainClose => {
+                self.on_chain_cqe(index, kind, result)
+            }
+            Kind::KeptOpen => self.on_kept_open(index, result),
+            Kind::KeptRead => self.on_kept_read(index, result),
+            Kind::CleanupClose => {
+                if result < 0 {
+                    tracing::warn!(slot = index, error = %io::Error::from_raw_os_error(-result), "closing an io_uring direct descriptor failed");
+                }
+                self.release_slot(index)
+            }
+        }
+    }
+
+    fn on_chain_cqe(&mut self, idx: u32, kind: Kind, result: i32) -> Result<(), ReadError> {
+        let state = self.state(idx)?;
+        let Attempt::Chain {
+            slot,
+            chunk_bytes,
+            mut open_res,
+            mut read_res,
+            mut close_res,
+        } = state.attempt
+        else {
+            let source = io::Error::other(format!(
+                "{kind:?} completion for read {idx}, which has no chain in flight"
+            ));
+            return Err(Self::engine_error("match a completion", source));
+        };
+        match kind {
+            Kind::ChainOpen => open_res = result,
+            Kind::ChainRead => read_res = result,
+            _ => close_res = result,
+        }
+        state.attempt = Attempt::Chain {
+            slot,
+            chunk_bytes,
+            open_res,
+            read_res,
+            close_res,
+        };
+        if open_res == PENDING || read_res == PENDING || close_res == PENDING {
+            return Ok(());
+        }
+        // The whole chain is done; the slot first.
+        if open_res >= 0 && close_res < 0 {
+            let close = opcode::Close::new(types::Fixed(slot))
+                .build()
+                .user_data(Kind::CleanupClose.tag(slot));
+            self.push(&[close])?;
+        } else {
+            self.release_slot(slot)?;
+        }
+        let file = self.state(idx)?.op.file;
+        if open_res < 0 {
+            // READ and CLOSE were cancelled; the open's errno is the cause.
+            return self.finish(
+                idx,
+                Err(ReadError::from_errno(
+                    self.files.path_buf(file),
+                    "open",
+                    -open_res,
+                )),
+            );
+        }
+        if read_res < 0 {
+            return self.finish(
+                idx,
+                Err(ReadError::from_errno(
+                    self.files.path_buf(file),
+                    "read",
+                    -read_res,
+                )),
+            );
+        }
+        self.advance(idx, read_res as u32, chunk_bytes)
+    }
+
+    fn on_kept_open(&mut self, file: u32, result: i32) -> Result<(), ReadError> {
+        let Some(&KeptFile::Opening { slot, first_waiter }) = self.kept.get(file as usize) else {
+            let source = io::Error::other(format!(
+                "open completion for file {file}, which is not opening"
+            ));
+            return Err(Self::engine_error("match a completion", source));
+        };
+        if result >= 0 {
+            self.kept[file as usize] = KeptFile::Open { slot };
+        } else {
+            self.kept[file as usize] = KeptFile::Closed;
+            self.kept_free_slots.push(slot);
+        }
+        let mut waiter = first_waiter;
+        while waiter != NONE {
+            let next = self.state(waiter)?.next_waiter;
+            if result >= 0 {
+                self.push_kept_read(waiter, slot)?;
+            } else {
+                self.finish(
+                    waiter,
+                    Err(ReadError::from_errno(
+                        self.files.path_buf(file),
+                        "open",
+                        -result,
+                    )),
+                )?;
+            }
+            waiter = next;
+        }
+        Ok(())
+    }
+
+    fn on_kept_read(&mut self, idx: u32, result: i32) -> Result<(), ReadError> {
+        let state = self.state(idx)?;
+        let Attempt::Kept { chunk_bytes } = state.attempt else {
+            let source = io::Error::other(format!(
+                "read completion for read {idx}, which has no kept read in flight"
+            ));
+            return Err(Self::engine_error("match a completion", source));
+        };
+        if result < 0 {
+            let file = state.op.file;
+            let path = self.files.path_buf(file);
+            return self.finish(idx, Err(ReadError::from_errno(path, "read", -result)));
+        }
+        self.advance(idx, result as u32, chunk_bytes)
+    }
+
+    /// Gives a transient slot to the first op waiting for one, or back to the pool.
+    fn release_slot(&mut self, slot: u32) -> Result<(), ReadError> {
+        match self.slot_waiters.pop_front() {
+            Some(idx) => self.push_chain(idx, slot),
+            None => {
+                self.free_slots.push(slot);
+                Ok(())
+            }
+        }
+    }
+
+    /// Counts `read_bytes` of an attempt that asked `chunk_bytes`, then
+    /// finishes the op or starts its next attempt.
+    fn advance(&mut self, idx: u32, read_bytes: u32, chunk_bytes: u32) -> Result<(), ReadError> {
+        debug_assert!(read_bytes <= chunk_bytes);
+        let state = self.state(idx)?;
+        state.done_bytes += u64::from(read_bytes);
+        if read_bytes < chunk_bytes && read_bytes > 0 {
+            state.short_reads += 1;
+        }
+        let (op, done_bytes, short_reads) = (state.op, state.done_bytes, state.short_reads);
+        if done_bytes == op.len_bytes {
+            return self.finish(idx, Ok(()));
+        }
+        let path = || self.files.path_buf(op.file);
+        if read_bytes == 0 {
+            let expected = self.files.size_bytes(op.file).unwrap_or(0);
+            let error = ReadError::changed_size(
+                path(),
+                expected,
+                op.offset_bytes,
+                op.len_bytes,
+                done_bytes,
+            );
+            return self.finish(idx, Err(error));
+        }
+        if short_reads > SHORT_READS_MAX {
+            let source = io::Error::other(format!("{short_reads} short reads"));
+            return self.finish(
+                idx,
+                Err(ReadError::Io {
+                    path: path(),
+                    op: "read",
+                    source,
+                }),
+            );
+        }
+        self.start_attempt(idx)
+    }
+
+    fn finish(&mut self, idx: u32, result: Result<(), ReadError>) -> Result<(), ReadError> {
+        let Some(state) = self.ops.get_mut(idx as usize).and_then(Option::take) else {
+            let source = io::Error::other(format!("finishing read {idx}, which is not in flight"));
+            return Err(Self::engine_error("finish a read", source));
+        };
+        self.free_ops.push(idx);
+        self.active -= 1;
+        self.ready.push_back(Completion {
+            user_data: state.op.user_data,
+            result,
+        });
+        Ok(())
+    }
+}
