@@ -116,6 +116,7 @@ def test_uring_fails_instead_of_falling_back(dataset):
     (["--record-bytes", "3"], "not a multiple"),
     (["--batch-size", "100000"], "cannot fill one step"),
     (["--name", "bad/name"], "invalid loader name"),
+    (["--slot-bytes", "1"], "does not fit"),
 ])
 def test_serve_errors_name_the_path_or_value(dataset, args, needle):
     base = {"--source": str(dataset[0]), "--name": "e2e-err-%s" % uuid.uuid4().hex[:8], "--batch-size": "4", "--world-size": "1"}
