@@ -206,3 +206,56 @@ def test_a_file_that_vanishes_during_the_run_stops_the_loader_with_its_path(tmp_
     assert str(tmp_path / "f17") in text, text
     (rc, _, cerr), = wait_all([consumer], 10)
     assert rc != 0 and "stopped before the end of the run" in cerr.decode(), cerr.decode()
+
+
+def test_stat_shows_each_rank_its_queue_its_wait_and_the_reader(dataset, c_consumer):
+    name = "e2e-stat-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "4", "--world-size", "2",
+         "--epochs", "1000", "--io", "pread"],
+        stderr=subprocess.PIPE,
+    )
+    consumer = subprocess.Popen([c_consumer, name, "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        import time
+        deadline = time.time() + 20
+        text = ""
+        rows = []
+        while time.time() < deadline:
+            p = subprocess.run([ringfeed_bin(), "stat", name, "--once"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=20)
+            text = p.stdout.decode()
+            rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
+            # Steady state: rank 0's trainer attached, rank 1's 4 slots full.
+            if p.returncode == 0 and "pid %d" % consumer.pid in text and len(rows) == 2 and rows[1][2] == "4":
+                break
+            time.sleep(0.1)
+        assert "reader pread" in text, text
+        assert [r[0] for r in rows] == ["0", "1"], text
+        assert rows[0][1:3] == ["pid", str(consumer.pid)], text   # rank 0 has its trainer
+        assert rows[1][1] == "none" and rows[1][2] == "4", text    # rank 1: nobody, 4 batches queued
+    finally:
+        for p in (consumer, loader):
+            p.kill()
+            p.wait()
+        subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.DEVNULL)
+
+
+def test_gc_removes_a_dead_loaders_segment_and_says_so(dataset):
+    name = "e2e-gc-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "4", "--world-size", "1"],
+        stderr=subprocess.PIPE,
+    )
+    import time
+    deadline = time.time() + 20
+    while not os.path.exists("/dev/shm/ringfeed-" + name) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    alive = subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.PIPE, timeout=20).stdout.decode()
+    assert "kept    /dev/shm/ringfeed-%s" % name in alive, alive
+    loader.kill()
+    loader.wait()
+    p = subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.PIPE, timeout=20)
+    assert p.returncode == 0
+    assert "removed /dev/shm/ringfeed-%s" % name in p.stdout.decode(), p.stdout.decode()
+    assert not os.path.exists("/dev/shm/ringfeed-" + name)
