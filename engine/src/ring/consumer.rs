@@ -245,6 +245,8 @@ pub struct Consumer {
     consumed: u64,
     /// Private checked copies of the sample table, one per slot of our rank.
     tables: Vec<Vec<SampleEntry>>,
+    /// Set by `abandon`: drop leaves the ring as a dead process would.
+    abandoned: bool,
 }
 
 // SAFETY: a Consumer owns its mapping and descriptor; moving it to another
@@ -405,7 +407,7 @@ impl Consumer {
         block.attach_count.fetch_add(1, Ordering::Relaxed);
         block.consumer_sleeping.store(0, Ordering::Relaxed);
         let k = layout.geometry.slots_per_rank as usize;
-        Ok(Consumer { name: name.to_string(), rank, fd, view, loader_pid, consumed, tables: vec![Vec::new(); k] })
+        Ok(Consumer { name: name.to_string(), rank, fd, view, loader_pid, consumed, tables: vec![Vec::new(); k], abandoned: false })
     }
 
     /// The rank this consumer serves.
@@ -628,21 +630,16 @@ impl Consumer {
     /// Simulates a consumer that dies at the worst moment: nothing is released
     /// and no field is cleaned up; only the kernel's part (the lock going away
     /// with the descriptor) happens. For crash tests in one process.
-    pub fn abandon(self) {
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `this` is never used or dropped again; each field is moved
-        // out once and dropped, skipping Consumer's Drop.
-        unsafe {
-            drop(std::ptr::read(&this.view));
-            drop(std::ptr::read(&this.fd));
-            drop(std::ptr::read(&this.name));
-            drop(std::ptr::read(&this.tables));
-        }
+    pub fn abandon(mut self) {
+        self.abandoned = true;
     }
 }
 
 impl Drop for Consumer {
     fn drop(&mut self) {
+        if self.abandoned {
+            return;
+        }
         // Detach: give back what we hold so the loader need not wait for its
         // periodic reclaim, then let closing the descriptor drop our lock.
         let block = self.view.rank(self.rank);

@@ -151,6 +151,8 @@ pub struct Producer {
     view: View,
     next_claim: Vec<u64>,
     published: Vec<u64>,
+    /// Set by `abandon`: drop leaves the ring as a dead process would.
+    abandoned: bool,
 }
 
 fn now_unix_ms() -> u64 {
@@ -202,7 +204,7 @@ impl Producer {
         let view = View::new(map, layout);
         Self::write_header(&view);
         let w = layout.geometry.world_size as usize;
-        let producer = Producer { name: name.to_string(), fd, view, next_claim: vec![0; w], published: vec![0; w] };
+        let producer = Producer { name: name.to_string(), fd, view, next_claim: vec![0; w], published: vec![0; w], abandoned: false };
         // SYNC POINT: Release pairs with the consumer's Acquire of `state` in
         // attach: a consumer that reads READY sees every header field.
         producer.view.header().state.store(state::READY, Ordering::Release);
@@ -461,22 +463,16 @@ impl Producer {
     /// Simulates a loader that dies at the worst moment: the segment and its
     /// lock are left exactly as they are, with no end or abort written. For
     /// crash tests in one process (the lock is dropped with the descriptor).
-    pub fn abandon(self) {
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `this` is never used or dropped again; we move the fields out
-        // once to drop the mapping and descriptor without running Drop.
-        unsafe {
-            drop(std::ptr::read(&this.view));
-            drop(std::ptr::read(&this.fd));
-            drop(std::ptr::read(&this.name));
-            drop(std::ptr::read(&this.next_claim));
-            drop(std::ptr::read(&this.published));
-        }
+    pub fn abandon(mut self) {
+        self.abandoned = true;
     }
 }
 
 impl Drop for Producer {
     fn drop(&mut self) {
+        if self.abandoned {
+            return;
+        }
         let state_now = self.view.header().state.load(Ordering::Relaxed);
         if state_now != state::ENDED && state_now != state::ABORTED {
             self.abort(0);
