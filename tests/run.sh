@@ -28,7 +28,7 @@ step "build (release): ringfeed binary, libringfeed.so/.a"
 cargo build --workspace --release --locked
 
 step "cargo test (release): engine, ffi, header drift, C consumer"
-cargo test --workspace --release --locked
+RINGFEED_TEST_REQUIRE_URING=1 cargo test --workspace --release --locked
 
 step "reader fallback: the same reader tests with io_uring disabled"
 RINGFEED_IO_URING_DISABLE=1 cargo test --release --locked -p ringfeed --test reader

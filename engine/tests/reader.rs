@@ -3,9 +3,22 @@
 //!
 //! io_uring tests skip (with a message) where the kernel or a seccomp filter
 //! refuses io_uring, unless `RINGFEED_TEST_REQUIRE_URING=1` makes that a
-//! failure. The figures asked of the readers come from the ignored
-//! `bench_*` tests:
-//! `cargo test --release -p ringfeed --test reader -- --ignored --nocapture bench`.
+//! failure.
+//!
+//! The figures asked of the readers come from the ignored `bench_*` tests,
+//! which print them (they assert nothing about speed):
+//!
+//! ```text
+//! RINGFEED_BENCH_BACKENDS=uring,uring:threads=1,pread \
+//!   cargo test --release -p ringfeed --test reader -- --ignored --nocapture bench
+//! ```
+//!
+//! Knobs: `RINGFEED_BENCH_BACKENDS` (see `bench_backends`), `RINGFEED_BENCH_PASSES`
+//! (10), `RINGFEED_BENCH_BATCH` (64 reads per submit and reap), `RINGFEED_BENCH_QD`
+//! (256), `RINGFEED_BENCH_THREADS` (16 pread threads), `RINGFEED_BENCH_FILES`
+//! (20,000), `RINGFEED_BENCH_DIR` (keep the files between runs). Passes of the
+//! backends are interleaved, so that load from elsewhere on the machine hits
+//! them alike; the CPU column is user + system time of every thread per GB.
 
 use std::collections::HashMap;
 use std::fs;
@@ -612,16 +625,13 @@ fn evict_from_page_cache(path: &Path) {
 /// An event loop may only poll (`min_complete` 0, zero timeout). Reads that
 /// wait for the disk finish off the engine's thread; their completions must
 /// still show up in a poll, never only in a blocking reap.
-fn poll_only_reaping_sees_completions_of_reads_from_disk(
-    choice: IoChoice,
-    uring_async_min_bytes: u64,
-) {
+fn poll_only_reaping_sees_completions_of_reads_from_disk(choice: IoChoice, uring_threads: usize) {
     let dir = tempfile::tempdir().unwrap();
     let sizes = vec![256u64 << 10; 32];
     let (paths, contents) = make_files(dir.path(), &sizes);
     paths.iter().for_each(|p| evict_from_page_cache(p));
     let cfg = ReaderConfig {
-        uring_async_min_bytes,
+        uring_threads,
         ..ReaderConfig::default()
     };
     let Some(mut engine) = engine(choice, table(&paths, &sizes, false), &cfg) else {
@@ -655,17 +665,17 @@ fn poll_only_reaping_sees_completions_of_reads_from_disk(
 
 #[test]
 fn uring_poll_only_reaping_sees_completions_of_reads_from_disk() {
-    poll_only_reaping_sees_completions_of_reads_from_disk(IoChoice::Uring, u64::MAX);
+    poll_only_reaping_sees_completions_of_reads_from_disk(IoChoice::Uring, 1);
 }
 
 #[test]
-fn uring_poll_only_reaping_sees_completions_of_async_reads_from_disk() {
-    poll_only_reaping_sees_completions_of_reads_from_disk(IoChoice::Uring, 0);
+fn uring_with_three_rings_poll_only_reaping_sees_completions_of_reads_from_disk() {
+    poll_only_reaping_sees_completions_of_reads_from_disk(IoChoice::Uring, 3);
 }
 
 #[test]
 fn pread_poll_only_reaping_sees_completions_of_reads_from_disk() {
-    poll_only_reaping_sees_completions_of_reads_from_disk(IoChoice::Pread, u64::MAX);
+    poll_only_reaping_sees_completions_of_reads_from_disk(IoChoice::Pread, 1);
 }
 
 #[test]
@@ -963,8 +973,6 @@ fn bench_whole_files(label: &str, paths: &[PathBuf], size: u64) {
     let mut runs: Vec<BenchRun> = bench_backends()
         .into_iter()
         .filter_map(|(name, choice, cfg)| {
-            if !name.contains("every") { std::env::set_var("EXP_EVERY", "1"); }
-            for o in name.split(':') { if let Some(v) = o.strip_prefix("every=") { std::env::set_var("EXP_EVERY", v); } }
             let engine = engine(choice, table(paths, &sizes, false), &cfg)?;
             Some(BenchRun {
                 name,
@@ -1013,8 +1021,8 @@ fn bench_whole_files(label: &str, paths: &[PathBuf], size: u64) {
 
 /// Backends to measure, from `RINGFEED_BENCH_BACKENDS`: a comma-separated
 /// list of `uring`, `pread`, with options after colons: `uring:qd=512`,
-/// `uring:async=65536` (`uring_async_min_bytes`; `async=max`: never),
-/// `pread:threads=8`. Default `uring,pread`.
+/// `uring:threads=1` (`uring_threads`), `pread:threads=8`
+/// (`pread_threads`). Default `uring,pread`.
 fn bench_backends() -> Vec<(String, IoChoice, ReaderConfig)> {
     let list =
         std::env::var("RINGFEED_BENCH_BACKENDS").unwrap_or_else(|_| "uring,pread".to_string());
@@ -1025,18 +1033,11 @@ fn bench_backends() -> Vec<(String, IoChoice, ReaderConfig)> {
             let mut cfg = bench_config();
             for option in words {
                 let (key, value) = option.split_once('=').unwrap();
-                let number = || {
-                    if value == "max" {
-                        u64::MAX
-                    } else {
-                        value.parse::<u64>().unwrap()
-                    }
-                };
+                let number = || value.parse::<usize>().unwrap();
                 match key {
                     "qd" => cfg.queue_depth = number() as u32,
-                    "threads" => cfg.pread_threads = number() as usize,
-                    "async" => cfg.uring_async_min_bytes = number(),
-                    "every" => std::env::set_var("EXP_EVERY", value),
+                    "threads" if choice == IoChoice::Pread => cfg.pread_threads = number(),
+                    "threads" => cfg.uring_threads = number(),
                     _ => panic!("unknown bench option {key}"),
                 }
             }

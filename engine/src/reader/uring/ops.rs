@@ -6,10 +6,20 @@ use std::io;
 
 use io_uring::{opcode, squeue, types};
 
-use super::{Attempt, KeptFile, Kind, UringEngine, NONE, PENDING};
+use super::ring::{Attempt, KeptFile, Kind, OpState, Ring, NONE, PENDING};
 use crate::reader::{Completion, ReadError, READ_CHUNK_BYTES_MAX, SHORT_READS_MAX};
 
-impl UringEngine {
+impl Ring {
+    pub(super) fn state(&mut self, idx: u32) -> Result<&mut OpState, ReadError> {
+        match self.ops.get_mut(idx as usize).and_then(Option::as_mut) {
+            Some(state) => Ok(state),
+            None => Err(Self::engine_error(
+                "match a completion",
+                io::Error::other(format!("no read with index {idx}")),
+            )),
+        }
+    }
+
     /// Starts the next part of op `idx`: its first read, the rest after a
     /// short read, or the next chunk of a long one.
     pub(super) fn start_attempt(&mut self, idx: u32) -> Result<(), ReadError> {
@@ -97,16 +107,6 @@ impl UringEngine {
         ))
     }
 
-    /// IOSQE_ASYNC for reads long enough that copying them on io-wq worker
-    /// threads, several cores at once, beats copying inline on this thread.
-    fn read_flags(&mut self, chunk_bytes: u32) -> squeue::Flags {
-        if u64::from(chunk_bytes) >= self.async_min_bytes && { self.exp_count += 1; self.exp_count % self.exp_every == 0 } {
-            squeue::Flags::ASYNC
-        } else {
-            squeue::Flags::empty()
-        }
-    }
-
     fn push_chain(&mut self, idx: u32, slot: u32) -> Result<(), ReadError> {
         let file = self.state(idx)?.op.file;
         let (dest, offset_bytes, chunk_bytes) = self.next_read(idx)?;
@@ -117,7 +117,7 @@ impl UringEngine {
         let read = opcode::Read::new(types::Fixed(slot), dest, chunk_bytes)
             .offset(offset_bytes)
             .build()
-            .flags(squeue::Flags::IO_HARDLINK | self.read_flags(chunk_bytes))
+            .flags(squeue::Flags::IO_HARDLINK)
             .user_data(Kind::ChainRead.tag(idx));
         let close = opcode::Close::new(types::Fixed(slot))
             .build()
@@ -137,7 +137,6 @@ impl UringEngine {
         let read = opcode::Read::new(types::Fixed(slot), dest, chunk_bytes)
             .offset(offset_bytes)
             .build()
-            .flags(self.read_flags(chunk_bytes))
             .user_data(Kind::KeptRead.tag(idx));
         self.state(idx)?.attempt = Attempt::Kept { chunk_bytes };
         self.push(&[read])
@@ -175,6 +174,14 @@ impl UringEngine {
             }
             Kind::KeptOpen => self.on_kept_open(index, result),
             Kind::KeptRead => self.on_kept_read(index, result),
+            Kind::Wake => {
+                self.woken = true;
+                if result < 0 && result != -libc::EINTR {
+                    let source = io::Error::from_raw_os_error(-result);
+                    return Err(Self::engine_error("read the wake-up eventfd", source));
+                }
+                self.arm_wake()
+            }
             Kind::CleanupClose => {
                 if result < 0 {
                     tracing::warn!(slot = index, error = %io::Error::from_raw_os_error(-result), "closing an io_uring direct descriptor failed");
