@@ -24,6 +24,8 @@ use pending::{Pending, RankCursor};
 
 /// How often the loader looks for ranks whose consumer died.
 const RECLAIM_EVERY: Duration = Duration::from_millis(100);
+/// Longest wait for a read completion before looking at the ring again.
+const REAP_WAIT: Duration = Duration::from_millis(10);
 /// How often a progress line is logged.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
@@ -269,13 +271,11 @@ impl Loader {
             let in_flight = self.reader.in_flight();
             self.producer.set_reader_info(self.reader.backend_name(), in_flight as u32);
             if in_flight > 0 {
-                // Block for a completion when there is nothing else to do: the
-                // reader is full, or every unfinished rank waits for a slot.
-                let more_to_claim = (0..world).any(|r| !self.cursors[r as usize].done() && !blocked.contains(&r));
-                let block = !self.queued.is_empty() || !more_to_claim;
-                let (min, wait) = if block { (1, Duration::from_millis(50)) } else { (0, Duration::ZERO) };
+                // Everything claimable was claimed and everything that fits was
+                // submitted: wait for a completion. The bound lets a release
+                // that frees a slot be noticed while long reads are under way.
                 self.completions.clear();
-                self.reader.reap(&mut self.completions, min, Some(wait))?;
+                self.reader.reap(&mut self.completions, 1, Some(REAP_WAIT))?;
                 self.complete()?;
             }
             self.publish_ready()?;
@@ -325,13 +325,17 @@ impl Loader {
         let world = self.plan.cfg.world_size;
         let full = |l: &Loader| l.queued.len() >= l.reader.max_in_flight();
         let mut blocked = vec![false; world as usize];
+        // Warm-up: until every rank has its first batch published, claim only
+        // first batches, so prefetch never competes with a rank's first batch
+        // (time to first batch must not grow with the number of ranks).
+        let warming = (0..world).any(|r| !self.cursors[r as usize].done() && self.producer.published(r) == 0);
         // Each pass gives every open rank one batch, starting where the last
         // call stopped, so no rank waits behind another's prefetch.
         loop {
             let mut claimed = false;
             for i in 0..world {
                 let r = (self.next_rank + i) % world;
-                if blocked[r as usize] || self.cursors[r as usize].done() {
+                if blocked[r as usize] || self.cursors[r as usize].done() || (warming && self.producer.claimed(r) > 0) {
                     continue;
                 }
                 if full(self) {
