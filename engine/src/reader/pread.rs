@@ -128,16 +128,7 @@ impl ReadEngine for PreadEngine {
     }
 
     unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
-        if self.in_flight + ops.len() > self.max_in_flight {
-            return Err(ReadError::Busy {
-                in_flight: self.in_flight,
-                requested: ops.len(),
-                max_in_flight: self.max_in_flight,
-            });
-        }
-        for op in ops {
-            self.pool.files.check_op(op)?;
-        }
+        super::admit(self.in_flight, self.max_in_flight, ops, &self.pool.files)?;
         let Some(jobs) = &self.jobs else {
             return Err(ReadError::Engine {
                 backend: BACKEND,

@@ -156,16 +156,7 @@ impl ReadEngine for UringEngine {
     }
 
     unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
-        if self.in_flight + ops.len() > self.max_in_flight {
-            return Err(ReadError::Busy {
-                in_flight: self.in_flight,
-                requested: ops.len(),
-                max_in_flight: self.max_in_flight,
-            });
-        }
-        for op in ops {
-            self.files.check_op(op)?;
-        }
+        crate::reader::admit(self.in_flight, self.max_in_flight, ops, &self.files)?;
         // Each read goes to the shard with the fewest in flight, so that a
         // batch spreads evenly and a busy shard gets less.
         let mut batches: Vec<Vec<ReadOp>> = vec![Vec::new(); self.shards.len()];
