@@ -165,8 +165,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     let plan = Plan::new(cfg)?;
     let sampler = plan.sampler().clone();
     let loader = Loader::start(plan)?;
-    let backend = loader.producer().layout();
-    let ring_bytes = backend.segment_bytes;
+    let ring_bytes = loader.producer().layout().segment_bytes;
     let exe = std::env::current_exe().context("cannot find the ringfeed executable")?;
     let mut ranks = Vec::new();
     for r in 0..a.world_size {
@@ -191,7 +190,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         let fields: Vec<u64> = line.split_whitespace().filter_map(|f| f.parse().ok()).collect();
         first_batch_us.push(fields.get(2).copied().unwrap_or(0));
     }
-    check_exactly_once(&sampler, a.world_size, &ranks)?;
+    check_exactly_once(&sampler, &ranks)?;
     let secs = report.elapsed.as_secs_f64();
     println!(
         "demo: exactly-once check passed: {} ranks × {} epochs, every sample of every epoch delivered once (tail of {} dropped per epoch), bytes equal to the files",
@@ -216,7 +215,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn check_exactly_once(sampler: &crate::sampler::Sampler, world: u32, ranks: &[RankResult]) -> Result<()> {
+fn check_exactly_once(sampler: &crate::sampler::Sampler, ranks: &[RankResult]) -> Result<()> {
     let mut expected = Vec::new();
     let mut per_epoch: Vec<HashSet<u64>> = vec![HashSet::new(); sampler.epochs_end() as usize];
     for (r, rank) in ranks.iter().enumerate() {
@@ -246,6 +245,5 @@ fn check_exactly_once(sampler: &crate::sampler::Sampler, world: u32, ranks: &[Ra
             bail!("epoch {epoch}: {} distinct samples delivered, expected {want}", seen.len());
         }
     }
-    let _ = world;
     Ok(())
 }

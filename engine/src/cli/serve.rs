@@ -117,15 +117,16 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     let plan = Plan::new(cfg.clone())?;
     let loader = Loader::start(plan)?;
     let layout = *loader.producer().layout();
+    let plan = loader.plan();
     eprintln!(
-        "ringfeed: serving {} samples ({}) from {} as {:?} to {} rank(s): batch {} , {} batches per rank, {} slots/rank of {}, ring {} in /dev/shm/ringfeed-{}",
-        m_len(&loader),
-        human_bytes(total_bytes(&loader)),
+        "ringfeed: serving {} samples ({}) from {} as {:?} to {} rank(s): batch {}, {} batches per rank, {} slots/rank of {}, ring {} in /dev/shm/ringfeed-{}",
+        plan.manifest().len(),
+        human_bytes(plan.manifest().total_bytes()),
         cfg.source.display(),
         cfg.name,
         cfg.world_size,
         cfg.batch_size,
-        loader_batches(&loader),
+        plan.batches_per_rank(),
         layout.geometry.slots_per_rank,
         human_bytes(layout.geometry.slot_payload_bytes),
         human_bytes(layout.segment_bytes),
@@ -146,21 +147,10 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             Ok(0)
         }
         Err(ServeError::Signal(sig)) => {
-            eprintln!("ringfeed: stopped by signal {sig}: trainers were told (their next call fails with \"loader stopped\"), segment removed");
+            eprintln!("ringfeed: stopped by signal {sig}: trainers were told (once they have taken what was published, next fails with \"stopped before the end of the run\"), segment removed");
             Ok(128u8.saturating_add(sig as u8))
         }
         Err(e) => Err(e.into()),
     }
 }
 
-fn m_len(l: &Loader) -> u64 {
-    l.plan().manifest().len()
-}
-
-fn total_bytes(l: &Loader) -> u64 {
-    l.plan().manifest().total_bytes()
-}
-
-fn loader_batches(l: &Loader) -> u64 {
-    l.plan().batches_per_rank()
-}

@@ -178,8 +178,10 @@ impl Plan {
 /// A running loader.
 pub struct Loader {
     plan: Plan,
-    producer: Producer,
+    // Declared before `producer` so it drops first: its drop waits for reads
+    // under way, which write into the ring the producer maps.
     reader: Box<dyn ReadEngine>,
+    producer: Producer,
     cursors: Vec<RankCursor>,
     pending: Pending,
     queued: VecDeque<ReadOp>,
@@ -218,8 +220,8 @@ impl Loader {
         let report = ServeReport { backend: opened.engine.backend_name(), ..Default::default() };
         Ok(Loader {
             plan,
-            producer,
             reader: opened.engine,
+            producer,
             cursors,
             pending: Pending::default(),
             queued: VecDeque::new(),
@@ -249,8 +251,6 @@ impl Loader {
             Err(ServeError::Signal(sig)) => self.producer.abort(*sig),
             Err(_) => self.producer.abort(0),
         }
-        // Reads under way write into the ring: let them land before it goes.
-        drop(std::mem::replace(&mut self.reader, Box::new(NoReader)));
         self.report.elapsed = self.started.elapsed();
         result.map(|()| self.report.clone())
     }
@@ -450,25 +450,4 @@ impl Loader {
 
 fn blocked_ranks(blocked: &[bool]) -> Vec<u32> {
     (0..blocked.len() as u32).filter(|&r| blocked[r as usize]).collect()
-}
-
-/// Stands in for the reader after it was dropped.
-struct NoReader;
-
-impl ReadEngine for NoReader {
-    fn backend_name(&self) -> &'static str {
-        "none"
-    }
-    fn in_flight(&self) -> usize {
-        0
-    }
-    fn max_in_flight(&self) -> usize {
-        0
-    }
-    unsafe fn submit(&mut self, _: &[ReadOp]) -> Result<(), ReadError> {
-        Ok(())
-    }
-    fn reap(&mut self, _: &mut Vec<Completion>, _: usize, _: Option<Duration>) -> Result<usize, ReadError> {
-        Ok(0)
-    }
 }

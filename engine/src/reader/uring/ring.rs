@@ -310,18 +310,7 @@ impl Ring {
         if !self.ring.submission().taskrun() {
             return Ok(());
         }
-        match self.ring.submitter().submit() {
-            Ok(_) => Ok(()),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                ) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(Self::engine_error("io_uring_enter (task work)", e)),
-        }
+        Self::entered(self.ring.submitter().submit(), "io_uring_enter (task work)")
     }
 
     pub(super) fn collect_cqes(&mut self) {
@@ -332,18 +321,17 @@ impl Ring {
 
     /// Submits what is queued and waits for `want` CQEs.
     fn wait(&mut self, want: usize) -> Result<(), ReadError> {
-        match self.ring.submitter().submit_and_wait(want) {
-            Ok(_) => Ok(()),
-            // Handle the CQEs there are, then wait again.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                ) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(Self::engine_error("io_uring_enter (wait)", e)),
+        // On a transient error: handle the CQEs there are, then wait again.
+        Self::entered(self.ring.submitter().submit_and_wait(want), "io_uring_enter (wait)")
+    }
+
+    /// An `io_uring_enter` result: interrupted, or out of room for now
+    /// (EINTR, EAGAIN, EBUSY), is fine, the caller's loop comes back; any
+    /// other error is the engine failing.
+    fn entered(result: std::io::Result<usize>, what: &'static str) -> Result<(), ReadError> {
+        match result {
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => Err(Self::engine_error(what, e)),
+            _ => Ok(()),
         }
     }
 }
