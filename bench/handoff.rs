@@ -205,7 +205,7 @@ fn produce(p: &mut Producer, n: u64, pace: Pace, cpu: Option<usize>) {
             std::thread::sleep(Duration::from_micros(500 + rng % 1500));
         }
         let mut claim = loop {
-            if let Some(c) = p.try_claim(0) {
+            if let Some(c) = p.try_claim(0).expect("claim") {
                 break c;
             }
             if let Pace::FlatSleeping = pace {

@@ -287,7 +287,7 @@ struct Published {
 fn publish_one(test: &str) -> Published {
     let name = unique(test);
     let mut producer = Producer::create(&name, GEOMETRY).unwrap();
-    let mut claim = producer.try_claim(0).unwrap();
+    let mut claim = producer.try_claim(0).unwrap().unwrap();
     claim.payload_mut()[..30].copy_from_slice(&[7; 30]);
     let samples = [SampleEntry { offset: 0, len: 10, index: 70 }, SampleEntry { offset: 10, len: 20, index: 71 }];
     producer.publish(claim, 0, 0, &samples).unwrap();
@@ -411,7 +411,7 @@ fn releasing_a_handle_whose_slot_was_reused_is_stale() {
     consumer.release(old.slot, old.generation).unwrap();
     // Batches 1 and 2 go to slots 1 and 0: slot 0 now holds generation 2.
     for _ in 0..2 {
-        let claim = p.producer.try_claim(0).expect("a free slot");
+        let claim = p.producer.try_claim(0).expect("claim").expect("a free slot");
         p.producer.publish(claim, 0, 1, &[]).unwrap();
     }
     let err = consumer.release(old.slot, old.generation).unwrap_err();
@@ -430,12 +430,12 @@ fn releasing_a_batch_that_next_never_returned_is_refused_and_nothing_is_lost() {
     let g = ringfeed::ring::RingGeometry { world_size: 1, slots_per_rank: 2, max_samples_per_slot: 1, slot_payload_bytes: 4096 };
     let mut p = ringfeed::ring::Producer::create(&name, g).expect("create");
     let mut c = ringfeed::ring::Consumer::attach(&name, 0, ringfeed::ring::AttachOptions { timeout: Some(std::time::Duration::from_secs(1)) }).expect("attach");
-    let claim = p.try_claim(0).expect("claim");
+    let claim = p.try_claim(0).expect("claim").expect("a free slot");
     p.publish(claim, 0, 0, &[SampleEntry { offset: 0, len: 1, index: 7 }]).expect("publish");
     let e = c.release(0, 1).expect_err("batch 0 was never taken");
     assert!(matches!(e, ringfeed::ring::ReleaseError::NotTaken { slot: 0, generation: 1 }), "{e:?}");
     assert!(e.to_string().contains("never taken"), "{e}");
-    assert!(p.try_claim(0).is_some(), "slot 1 is free");
+    assert!(p.try_claim(0).expect("claim").is_some(), "slot 1 is free");
     match c.next(Some(std::time::Duration::ZERO)).expect("next") {
         Next::Batch(b) => assert_eq!(unsafe { b.sample_table() }[0].index, 7),
         other => panic!("the batch must still be delivered, got {other:?}"),

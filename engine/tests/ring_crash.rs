@@ -325,7 +325,7 @@ fn in_process_ring(name: &str) -> Producer {
 }
 
 fn publish_one(p: &mut Producer) {
-    let mut claim = p.try_claim(0).expect("a free slot");
+    let mut claim = p.try_claim(0).expect("claim").expect("a free slot");
     let seq = claim.seq();
     claim.payload_mut()[..8].copy_from_slice(&seq.to_le_bytes());
     p.publish(claim, 0, seq, &[SampleEntry { offset: 0, len: 8, index: seq }]).expect("publish");

@@ -61,7 +61,7 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let m = &mut model[r as usize];
                 let seq = m.published;
                 let free = seq < kk || m.released.contains(&(seq - kk));
-                let claim = p.try_claim(r);
+                let claim = p.try_claim(r).expect("claim");
                 prop_assert_eq!(claim.is_some(), free, "rank {} seq {}: claimable", r, seq);
                 if let Some(mut c) = claim {
                     let buf = c.payload_mut();

@@ -17,7 +17,7 @@ fn geometry(world_size: u32, slots_per_rank: u32, max_samples_per_slot: u32) -> 
 /// run of distinct bytes.
 fn publish(p: &mut Producer, rank: u32, n: u64, samples: u64) {
     for step in 0..n {
-        let mut claim = p.try_claim(rank).expect("a free slot");
+        let mut claim = p.try_claim(rank).expect("claim").expect("a free slot");
         let len = 100;
         let table: Vec<SampleEntry> = (0..samples).map(|i| SampleEntry { offset: i * len, len, index: step * 10 + i }).collect();
         for (i, byte) in claim.payload_mut()[..(samples * len) as usize].iter_mut().enumerate() {

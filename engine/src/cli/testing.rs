@@ -114,7 +114,7 @@ pub fn run_producer(a: &ProducerArgs) -> Result<()> {
             if p.published(r) >= a.batches {
                 continue;
             }
-            let Some(mut claim) = p.try_claim(r) else {
+            let Some(mut claim) = p.try_claim(r)? else {
                 blocked.push(r);
                 continue;
             };
