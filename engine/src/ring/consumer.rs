@@ -24,8 +24,13 @@ use crate::sync::Ordering;
 pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 /// Longest single sleep; liveness of the loader is re-checked after each.
 pub const WAIT_SLICE: Duration = Duration::from_millis(100);
-/// How often an attach that waits re-checks for the loader.
+/// Longest pause of an attach that waits for a segment to appear (it is
+/// woken at once by the /dev/shm watch; this bounds a missed event), or that
+/// waits without a watch.
 const ATTACH_POLL: Duration = Duration::from_millis(10);
+/// First pause of an attach that waits for a segment to be finished or a
+/// rank to be freed; it doubles up to `ATTACH_POLL`.
+const ATTACH_RETRY_FIRST: Duration = Duration::from_millis(1);
 
 /// Why attach failed.
 #[derive(Debug, thiserror::Error)]
@@ -305,6 +310,10 @@ impl Consumer {
         let start = Instant::now();
         let expired = || opts.timeout.is_some_and(|t| start.elapsed() >= t);
         let timeout_err = || AttachError::Timeout { name: name.to_string(), path: path.clone(), waited_ms: start.elapsed().as_millis() as u64 };
+        let remaining = || opts.timeout.map_or(ATTACH_POLL, |t| t.saturating_sub(start.elapsed()).min(ATTACH_POLL));
+        // Made on the first miss; None after that if inotify is unavailable.
+        let mut watch: Option<Option<segment::ShmWatch>> = None;
+        let mut retry_pause = ATTACH_RETRY_FIRST;
         loop {
             let fd = match segment::shm_open(name, libc::O_RDWR, 0) {
                 Ok(fd) => fd,
@@ -312,7 +321,15 @@ impl Consumer {
                     if expired() {
                         return Err(timeout_err());
                     }
-                    std::thread::sleep(ATTACH_POLL);
+                    match &watch {
+                        // Watch first, then look again: a segment created in
+                        // between is found by that second look.
+                        None => watch = Some(segment::ShmWatch::new().ok()),
+                        Some(Some(w)) => {
+                            w.wait(remaining());
+                        }
+                        Some(None) => std::thread::sleep(remaining()),
+                    }
                     continue;
                 }
                 Err(e) => return Err(AttachError::Io { what: "cannot open", path, source: e }),
@@ -324,7 +341,8 @@ impl Consumer {
                     if expired() {
                         return Err(e.unwrap_or_else(timeout_err));
                     }
-                    std::thread::sleep(ATTACH_POLL);
+                    std::thread::sleep(retry_pause.min(remaining()));
+                    retry_pause = (retry_pause * 2).min(ATTACH_POLL);
                 }
                 Err(Retry::Never(e)) => return Err(e),
                 Ok(c) => return Ok(c),

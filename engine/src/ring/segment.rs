@@ -13,6 +13,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use memmap2::{MmapOptions, MmapRaw};
 
@@ -156,11 +157,26 @@ pub fn free_bytes(fd: &OwnedFd) -> Option<u64> {
     Some(sv.f_bavail as u64 * sv.f_frsize as u64)
 }
 
-/// Allocates every byte of the file now, so that a full /dev/shm is an error
-/// here and never a SIGBUS later.
-pub fn allocate(fd: &OwnedFd, bytes: u64) -> io::Result<()> {
+/// Sets the file's size (its bytes are holes until allocated).
+pub fn set_len(fd: &OwnedFd, bytes: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    // SAFETY: `fd` is open; ftruncate touches only the file.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Allocates `len` bytes of the file at `offset` now, so that a full /dev/shm
+/// is an error here and never a SIGBUS when the range is written later.
+/// Allocating a range twice is harmless.
+pub fn allocate(fd: &OwnedFd, offset: u64, len: u64) -> io::Result<()> {
+    let (Ok(off), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    };
     // SAFETY: `fd` is open; posix_fallocate touches only the file.
-    let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, bytes as libc::off_t) };
+    let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), off, len) };
     if rc == 0 {
         Ok(())
     } else {
@@ -175,6 +191,53 @@ pub fn map(fd: &OwnedFd, len: u64) -> io::Result<MmapRaw> {
     let dup = fd.try_clone()?;
     let file = File::from(dup);
     MmapOptions::new().len(len).map_raw(&file)
+}
+
+/// Watches /dev/shm for new entries, so that a consumer started before its
+/// loader attaches the moment the segment appears instead of at its next
+/// poll (a 10 ms poll put 5 ms on average on every such first batch).
+pub struct ShmWatch {
+    fd: OwnedFd,
+}
+
+impl ShmWatch {
+    /// Starts watching. Fails where inotify is unavailable (callers poll).
+    pub fn new() -> io::Result<ShmWatch> {
+        // SAFETY: plain syscall; the result is checked.
+        let raw = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: inotify_init1 returned a fresh descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let dir = CString::new(SHM_DIR).unwrap_or_default();
+        // SAFETY: `fd` is an inotify descriptor and `dir` a valid C string.
+        let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), dir.as_ptr(), libc::IN_CREATE | libc::IN_MOVED_TO) };
+        if wd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(ShmWatch { fd })
+    }
+
+    /// Waits until an entry was created in /dev/shm since the last call (any
+    /// entry: the caller looks for its own), or `timeout`. Returns true when
+    /// one was.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `pfd` is one valid pollfd.
+        let ready = unsafe { libc::poll(&mut pfd, 1, ms) } > 0;
+        // Drain the events; their names do not matter.
+        let mut buf = [0u8; 4096];
+        loop {
+            // SAFETY: `buf` is valid for `buf.len()` bytes of writes.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                break;
+            }
+        }
+        ready
+    }
 }
 
 /// Bytes formatted for people: 1.5 GiB.
