@@ -880,7 +880,7 @@ fn file_table_refuses_relative_paths_and_mismatched_sizes() {
     let ok = FileTable::new(vec![PathBuf::from("/a")], vec![5], true).unwrap();
     assert_eq!(
         (ok.len(), ok.size_bytes(0), ok.path(0), ok.keep_open()),
-        (1, Some(5), Some(Path::new("/a")), true)
+        (1, Some(5), Some(PathBuf::from("/a")), true)
     );
 }
 

@@ -352,7 +352,7 @@ fn open_file(pool: &Pool, file: u32) -> Result<OwnedFd, ReadError> {
     let path = pool.files.c_path(file);
     loop {
         // SAFETY: `path` is a NUL-terminated string that outlives the call.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        let fd = unsafe { libc::openat(pool.files.dir_fd(), path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
         if fd >= 0 {
             // SAFETY: open just returned this descriptor and nobody else owns it.
             return Ok(unsafe { OwnedFd::from_raw_fd(fd) });

@@ -85,7 +85,7 @@ impl Ring {
         // No O_CLOEXEC: the kernel refuses it for direct descriptors, which
         // are never inherited anyway.
         Ok(
-            opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), self.files.c_path(file).as_ptr())
+            opcode::OpenAt::new(types::Fd(self.files.dir_fd()), self.files.c_path(file).as_ptr())
                 .file_index(Some(dest_slot))
                 .flags(libc::O_RDONLY)
                 .build(),
