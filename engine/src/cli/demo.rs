@@ -155,7 +155,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         seed: 42,
         shuffle: true,
         record_bytes: None,
-        slots_per_rank: 4,
+        slots_per_rank: None,
         slot_bytes: None,
         io: a.io,
         reader: ReaderConfig::default(),

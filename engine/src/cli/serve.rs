@@ -37,9 +37,11 @@ pub struct ServeArgs {
     /// Files are concatenations of fixed-size records of N bytes.
     #[arg(long)]
     pub record_bytes: Option<u64>,
-    /// Slots per rank: how many batches each rank may have ready ahead.
-    #[arg(long, default_value_t = 4)]
-    pub slots_per_rank: u32,
+    /// Slots per rank: how many batches each rank may have ready ahead
+    /// (default: 2 x queue depth / batch size, 4 to 16, at most 4 once a
+    /// rank's slots pass 256 MiB).
+    #[arg(long)]
+    pub slots_per_rank: Option<u32>,
     /// Payload bytes per slot (default: the B largest samples).
     #[arg(long)]
     pub slot_bytes: Option<u64>,
@@ -114,7 +116,15 @@ impl ServeArgs {
 pub fn run(args: &ServeArgs) -> Result<u8> {
     signals::install();
     let cfg = args.config()?;
+    let listing = std::time::Instant::now();
     let plan = Plan::new(cfg.clone())?;
+    eprintln!(
+        "ringfeed: manifest: {} samples in {} files ({}), listed and planned in {:.2} s",
+        plan.manifest().len(),
+        plan.manifest().files().len(),
+        human_bytes(plan.manifest().total_bytes()),
+        listing.elapsed().as_secs_f64()
+    );
     let loader = Loader::start(plan)?;
     let layout = *loader.producer().layout();
     let plan = loader.plan();
