@@ -1087,3 +1087,68 @@ fn bench_files_of(label: &str, size: u64) {
     }
     bench_whole_files(label, &paths, size);
 }
+
+/// A table relative to a root directory (what the loader builds): files in
+/// nested directories read byte-exact through openat from the root, and a
+/// vanished file is reported with its full path.
+fn files_under_a_root_read_byte_exact_and_errors_name_the_full_path(choice: IoChoice) {
+    let dir = tempfile::tempdir().unwrap();
+    let rels = ["a/b/one.bin", "a/two.bin", "three.bin", "a/b/c/four.bin"];
+    let sizes: Vec<u64> = vec![5000, 1, 70_000, 4096];
+    let mut contents = Vec::new();
+    for (i, rel) in rels.iter().enumerate() {
+        let path = dir.path().join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let content = pattern(i as u32, sizes[i]);
+        fs::write(&path, &content).unwrap();
+        contents.push(content);
+    }
+    let files = FileTable::under_root(dir.path(), rels.iter().map(|r| r.as_bytes()), sizes.clone(), false).unwrap();
+    assert_eq!(files.path(3), Some(dir.path().join("a/b/c/four.bin")));
+    let Some(mut engine) = engine(choice, Arc::new(files), &ReaderConfig::default()) else {
+        return;
+    };
+    let ranges: Vec<(u32, u64, u64)> = (0..4u32).map(|f| (f, 0, sizes[f as usize])).chain([(2, 1000, 5000)]).collect();
+    let total: u64 = ranges.iter().map(|r| r.2).sum();
+    let mut buf = vec![0u8; total as usize];
+    let ops = ops_into(&mut buf, &ranges);
+    let (results, _) = run_all(engine.as_mut(), &ops);
+    assert!(results.values().all(Result::is_ok), "{results:?}");
+    check_bytes(&buf, &ranges, &contents);
+
+    fs::remove_file(dir.path().join("a/two.bin")).unwrap();
+    let mut one = [0u8; 1];
+    let ops = ops_into(&mut one, &[(1, 0, 1)]);
+    let (results, _) = run_all(engine.as_mut(), &ops);
+    let message = results[&0].as_ref().unwrap_err().to_string();
+    let full = dir.path().join("a/two.bin").display().to_string();
+    assert!(message.contains(&full) && message.contains("vanished"), "{message}");
+}
+
+#[test]
+fn uring_reads_files_under_a_root_byte_exact() {
+    files_under_a_root_read_byte_exact_and_errors_name_the_full_path(IoChoice::Uring);
+}
+
+#[test]
+fn pread_reads_files_under_a_root_byte_exact() {
+    files_under_a_root_read_byte_exact_and_errors_name_the_full_path(IoChoice::Pread);
+}
+
+#[test]
+fn a_table_under_a_root_refuses_bad_paths_and_a_missing_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = |rels: &[&[u8]]| {
+        let e = FileTable::under_root(dir.path(), rels.iter().copied(), vec![1; rels.len()], false).unwrap_err();
+        assert!(matches!(e, ReadError::InvalidFileTable { .. }), "{e:?}");
+        e.to_string()
+    };
+    assert!(bad(&[b"/etc/passwd"]).contains("not a path relative to"));
+    assert!(bad(&[b""]).contains("not a path relative to"));
+    assert!(bad(&[b"a\0b"]).contains("NUL"));
+    let e = FileTable::under_root(dir.path(), [b"a".as_slice()].into_iter(), vec![1, 2], false).unwrap_err();
+    assert!(e.to_string().contains("1 paths but 2 sizes"), "{e}");
+    let missing = dir.path().join("not-there");
+    let e = FileTable::under_root(&missing, std::iter::empty::<&[u8]>(), vec![], false).unwrap_err();
+    assert!(e.to_string().contains(&missing.display().to_string()), "{e}");
+}

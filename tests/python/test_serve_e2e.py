@@ -170,6 +170,34 @@ def test_shm_too_small_is_a_clear_error_with_the_bytes_and_the_fixes(dataset):
     assert "bytes) but only" in text, text
 
 
+def test_two_loaders_on_a_small_shm_one_stops_with_the_clear_error_and_neither_crashes(dataset, tmp_path):
+    # Each ring fits alone, not both. Slot payloads are allocated when first
+    # claimed, so the second loader may pass the check at create and meet the
+    # full /dev/shm only at a claim: either way it must stop with the same
+    # message, never with SIGBUS, and the first loader keeps serving.
+    probe = subprocess.run(["unshare", "-m", "true"], stderr=subprocess.PIPE)
+    if probe.returncode != 0:
+        pytest.skip("cannot make a private mount namespace here: %s" % probe.stderr.decode().strip())
+    script = r"""
+mount -t tmpfs -o size=100m tmpfs /dev/shm || exit 99
+args="--source $2 --batch-size 64 --world-size 2 --slots-per-rank 8 --epochs 100"
+"$1" serve $args --name first 2>"$3/first.err" & a=$!
+"$1" serve $args --name second 2>"$3/second.err" & b=$!
+wait -n $a $b; rc=$?
+sleep 0.5
+alive=0; kill -0 $a 2>/dev/null && alive=$((alive+1)); kill -0 $b 2>/dev/null && alive=$((alive+1))
+kill $a $b 2>/dev/null; wait
+echo "rc=$rc alive=$alive"
+"""
+    p = subprocess.run(["unshare", "-m", "bash", "-c", script, "x", ringfeed_bin(), str(dataset[0]), str(tmp_path)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    out = p.stdout.decode()
+    errs = (tmp_path / "first.err").read_text() + (tmp_path / "second.err").read_text()
+    assert "rc=1 alive=1" in out, out + p.stderr.decode() + errs
+    assert errs.count("/dev/shm is too small") == 1, errs
+    assert "--shm-size=" in errs, errs
+
+
 def test_a_trainer_whose_local_world_size_differs_from_the_loaders_is_refused(dataset):
     name = "e2e-wsize-%s" % uuid.uuid4().hex[:8]
     loader = subprocess.Popen(
@@ -212,7 +240,7 @@ def test_stat_shows_each_rank_its_queue_its_wait_and_the_reader(dataset, c_consu
     name = "e2e-stat-%s" % uuid.uuid4().hex[:8]
     loader = subprocess.Popen(
         [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "4", "--world-size", "2",
-         "--epochs", "1000", "--io", "pread"],
+         "--epochs", "1000", "--io", "pread", "--slots-per-rank", "4"],
         stderr=subprocess.PIPE,
     )
     consumer = subprocess.Popen([c_consumer, name, "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

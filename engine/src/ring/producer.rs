@@ -545,3 +545,42 @@ pub(crate) fn read_loader_pid(fd: &OwnedFd) -> Option<u32> {
     let header = unsafe { &*(map.as_ptr() as *const crate::ring::layout::Header) };
     Some(header.loader_pid.load(Ordering::Relaxed))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// Bytes of the file actually allocated (st_blocks).
+    fn allocated_bytes(fd: &OwnedFd) -> u64 {
+        // SAFETY: stat is plain old data; fstat fills it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open and `st` a valid out-pointer.
+        assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+        st.st_blocks as u64 * 512
+    }
+
+    #[test]
+    fn slot_payloads_are_allocated_by_their_first_claim() {
+        let slot = 1u64 << 20;
+        let g = RingGeometry { world_size: 2, slots_per_rank: 3, max_samples_per_slot: 4, slot_payload_bytes: slot };
+        let mut p = Producer::create(&format!("lazy-alloc-{}", std::process::id()), g).unwrap();
+        let l = *p.layout();
+        assert_eq!(segment::file_size(&p.fd).unwrap(), l.segment_bytes);
+        let base = allocated_bytes(&p.fd);
+        assert!(base >= l.payload_offset && base < l.payload_offset + slot, "{base} bytes allocated at create");
+        let c0 = p.try_claim(0).unwrap().unwrap();
+        let c1 = p.try_claim(1).unwrap().unwrap();
+        assert_eq!(allocated_bytes(&p.fd), base + 2 * slot);
+        p.publish(c0, 0, 0, &[]).unwrap();
+        p.publish(c1, 0, 0, &[]).unwrap();
+        // Second slots of both ranks: two more payloads, and no more.
+        let c0 = p.try_claim(0).unwrap().unwrap();
+        let c1 = p.try_claim(1).unwrap().unwrap();
+        assert_eq!(allocated_bytes(&p.fd), base + 4 * slot);
+        // The payload is writable end to end.
+        let mut c0 = c0;
+        c0.payload_mut().fill(7);
+        drop(c1);
+    }
+}

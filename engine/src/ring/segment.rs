@@ -261,6 +261,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_shm_watch_wakes_on_a_new_entry_and_times_out_without_one() {
+        let watch = ShmWatch::new().expect("inotify on /dev/shm");
+        let path = shm_path(&format!("watch-test-{}", std::process::id()));
+        let creator = std::thread::spawn({
+            let path = path.clone();
+            move || {
+                std::thread::sleep(Duration::from_millis(50));
+                std::fs::write(&path, b"x").unwrap();
+            }
+        });
+        // Other tests may create entries too: wait until ours is there. Each
+        // wait must end with an event, long before its 10 s run out.
+        let t = std::time::Instant::now();
+        while !path.exists() {
+            assert!(watch.wait(Duration::from_secs(10)), "no event for {}", path.display());
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "woke after {:?}", t.elapsed());
+        creator.join().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // A wait with nothing to report ends at its timeout.
+        let t = std::time::Instant::now();
+        watch.wait(Duration::from_millis(50));
+        assert!(t.elapsed() < Duration::from_secs(2), "returned after {:?}", t.elapsed());
+    }
+
+    #[test]
     fn names_outside_the_allowed_alphabet_are_refused() {
         for ok in ["job1", "a", "A.b_c-9", &"x".repeat(64)] {
             assert!(validate_name(ok).is_ok(), "{ok}");
