@@ -313,7 +313,7 @@ def lib_env(args):
     return env
 
 
-def run_ringfeed(args, root, batch, world, io="auto", slots=None, qd=None, touch="none", epochs=1, max_batches=0, kill_after=False, label=""):
+def run_ringfeed(args, root, batch, world, io="auto", slots=None, qd=None, touch="none", epochs=1, max_batches=0, kill_after=False, label="", shuffle=True):
     """One serve + `world` consumer processes. Consumers are started first and
     wait in attach; then serve starts. Returns a dict of figures."""
     _run_counter[0] += 1
@@ -331,6 +331,8 @@ def run_ringfeed(args, root, batch, world, io="auto", slots=None, qd=None, touch
     serve_cmd = [args.bin, "serve", "--source", root, "--name", name, "--batch-size", str(batch), "--world-size", str(world), "--epochs", str(epochs), "--io", io]
     if slots:
         serve_cmd += ["--slots-per-rank", str(slots)]
+    if not shuffle:
+        serve_cmd += ["--no-shuffle"]
     if qd:
         serve_cmd += ["--queue-depth", str(qd)]
     note_cmd([c if c != name else "NAME" for c in serve_cmd])
@@ -396,6 +398,7 @@ def run_ringfeed(args, root, batch, world, io="auto", slots=None, qd=None, touch
         "world": world,
         "batch": batch,
         "io": io,
+        "shuffle": shuffle,
         "slots": int(k_used.group(1)) if k_used else slots,
         "qd": qd or DEFAULT_QD,
         "default": slots is None and qd is None,
@@ -412,6 +415,7 @@ def run_ringfeed(args, root, batch, world, io="auto", slots=None, qd=None, touch
         "ttfb": [r["t_first"] - marks["t_listed"] for r in ok if r["t_first"] and "t_listed" in marks],
         "t_ring": marks.get("t0", float("nan")) - marks.get("t_listed", float("nan")),
         "ttfb_from_start": [r["t_first"] - t_start for r in ok if r["t_first"]],
+        "attached": [r["t_attached"] - marks["t_listed"] for r in ok if "t_listed" in marks],
         "wait_frac": max((r["wait_s"] / max(r["t_last"] - r["t_first"], 1e-9) for r in ok if r["t_first"]), default=float("nan")),
         "ring_bytes": ring_bytes,
         "serve_cpu_cores": (sampler.cpu_secs - marks["cpu0"]) / (t_last - marks["t0"]) if t_last and "t0" in marks else float("nan"),
@@ -447,6 +451,7 @@ def consumer_main(a):
     except Exception as e:  # noqa: BLE001 - reported to the parent
         print(json.dumps({"error": "attach: %s" % e}), flush=True)
         return
+    t_attached = time.time()
     t_first = None
     batches = samples = nbytes = 0
     wait = 0.0
@@ -497,7 +502,7 @@ def consumer_main(a):
         print(json.dumps({"error": "next: %s: %s" % (type(e).__name__, e)}), flush=True)
         return
     t_last = time.time()
-    print(json.dumps({"t_first": t_first, "t_last": t_last, "batches": batches, "samples": samples, "bytes": nbytes, "wait_s": wait, "check": check, "cpu_s": sum(os.times()[:2]) - cpu0, "status": proc_status("self") or {}}), flush=True)
+    print(json.dumps({"t_attached": t_attached, "t_first": t_first, "t_last": t_last, "batches": batches, "samples": samples, "bytes": nbytes, "wait_s": wait, "check": check, "cpu_s": sum(os.times()[:2]) - cpu0, "status": proc_status("self") or {}}), flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -655,9 +660,9 @@ def part_cold(args, R):
     drop_caches()
     run_ringfeed(args, root, 64, 1, label="cold warm-up (untimed)")
     for rep in range(args.cold_reps):
-        for io in ("uring", "pread"):
+        for io, shuffle in (("uring", True), ("pread", True), ("uring", False)):
             drop_caches()
-            rows.append(run_ringfeed(args, root, 64, 1, io=io, label="cold ringfeed --io " + io))
+            rows.append(run_ringfeed(args, root, 64, 1, io=io, shuffle=shuffle, label="cold ringfeed --io " + io + ("" if shuffle else " --no-shuffle")))
         for i, (label, extra) in enumerate(FIO_CONFIGS):
             if (args.quick and i > 0) or (rep > 0 and i >= 2):
                 continue  # the first two fio configurations are repeated; the others run once
@@ -732,7 +737,7 @@ def part_ttfb(args, R):
             runs = []
             for rep in range(args.ttfb_reps):
                 r = run_ringfeed(args, root, batch, w, max_batches=3, kill_after=True, label="ttfb")
-                runs.append({"ttfb": sorted(r["ttfb"]), "from_start": sorted(r["ttfb_from_start"]), "manifest": r["t_manifest"], "ring": r["t_ring"], "k": r["slots"]})
+                runs.append({"ttfb": sorted(r["ttfb"]), "from_start": sorted(r["ttfb_from_start"]), "manifest": r["t_manifest"], "ring": r["t_ring"], "k": r["slots"], "attached": sorted(r["attached"])})
             label = "%s B=%d" % ("100 KB" if size == SIZE_BIG else "4 KiB", batch)
             out["%s W=%d" % (label, w)] = {"w": w, "workload": label, "step_bytes": w * batch * size, "runs": runs}
     R["ttfb"] = out
@@ -755,7 +760,7 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def groups(rows, keys=("world", "slots", "qd", "touch", "io")):
+def groups(rows, keys=("world", "slots", "qd", "touch", "io", "shuffle")):
     """Rows of the same configuration together: median and best GB/s, and the
     run closest to the median (its RSS and CPU figures are shown)."""
     out = {}
@@ -896,7 +901,7 @@ def report(args, R):
         L.append("| reader | runs | GB/s med (ringfeed: first→last batch; fio: its runtime) | GB/s best | GB/s wall med (from serve launch / fio launch) | bytes |")
         L.append("|---|---|---|---|---|---|")
         for g in groups(cold):
-            L.append("| ringfeed serve W=1 B=64 --io %s | %d | %s | %s | %s | %d |" % (g["io"], g["n"], fmt_gb(g["med"]), fmt_gb(g["best"]), fmt_gb(g["med_start"]), g["rep"]["bytes"]))
+            L.append("| ringfeed serve W=1 B=64 --io %s%s | %d | %s | %s | %s | %d |" % (g["io"], "" if g["shuffle"] else " --no-shuffle (manifest order)", g["n"], fmt_gb(g["med"]), fmt_gb(g["best"]), fmt_gb(g["med_start"]), g["rep"]["bytes"]))
         for f in fio_groups(R.get("cold_fio", [])):
             L.append("| fio %s | %d | %s | %s | %s | %d of %d |" % (f["label"], f["n"], fmt_gb(f["med"]), fmt_gb(f["best"]), fmt_gb(f["med_wall"]), f["bytes"], f["expected"]))
         L.append("")
@@ -906,17 +911,18 @@ def report(args, R):
     if tt:
         L.append("## Time to first batch")
         L.append("")
-        L.append("W consumers start first and wait in `ringfeed.attach`; then `ringfeed serve` starts (warm page cache, default K and queue depth). T0 = the moment serve prints `ringfeed: manifest: ...` (the manifest is built; what follows is ring creation, reader start and the reads). Each consumer records `time.time()` at its first batch. Per run: the first rank served (min), the median rank and the last rank (max), ms after T0; the table gives the median of each over the runs. 'first step' = the bytes all W first batches hold together (W x B x sample size), which the loader must read before the last rank has its batch.")
+        L.append("W consumers start first and wait in `ringfeed.attach`; then `ringfeed serve` starts (warm page cache, default K and queue depth). T0 = the moment serve prints `ringfeed: manifest: ...` (the manifest is built; what follows is ring creation, reader start and the reads). Each consumer records `time.time()` when `attach` returns and at its first batch (on 2 cores a consumer woken by the segment's appearance competes for a core with the loader's reader threads: 'attach returned' shows that scheduling delay). Per run: the first rank served (min), the median rank and the last rank (max), ms after T0; the table gives the median of each over the runs. 'first step' = the bytes all W first batches hold together (W x B x sample size), which the loader must read before the last rank has its batch.")
         L.append("")
-        L.append("| workload | W | runs | K | ring + reader start ms | first rank ms | median rank ms | last rank ms | first step MB | last rank ms from serve launch (incl. manifest) | manifest s |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        L.append("| workload | W | runs | K | ring + reader start ms | attach returned, last rank ms | first rank ms | median rank ms | last rank ms | first step MB | last rank ms from serve launch (incl. manifest) | manifest s |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for label, d in tt.items():
             runs = [x for x in d["runs"] if x["ttfb"]]
             if not runs:
                 continue
-            L.append("| %s | %d | %d | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |" % (
+            L.append("| %s | %d | %d | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |" % (
                 d["workload"], d["w"], len(runs), runs[0]["k"],
                 1000 * med([x["ring"] for x in runs]),
+                1000 * med([x["attached"][-1] for x in runs if x.get("attached")]),
                 1000 * med([x["ttfb"][0] for x in runs]),
                 1000 * med([statistics.median(x["ttfb"]) for x in runs]),
                 1000 * med([x["ttfb"][-1] for x in runs]),
@@ -950,11 +956,15 @@ def report(args, R):
             over = worst["serve_hwm"] - worst["ring_bytes"]
             G.append("- serve VmHWM ≤ ring + 64 MiB: worst warm run VmHWM %s MiB with a %s MiB ring → %s MiB over the ring → %s" % (mib(worst["serve_hwm"]), mib(worst["ring_bytes"]), mib(over), "met" if over <= 64 * MiB else "NOT met"))
     if cold:
-        rf = max(groups(cold), key=lambda g: g["med"], default=None)
-        fb = max(fio_groups(R.get("cold_fio", [])), key=lambda f: f["med"], default=None)
-        if rf and fb:
+        fios = fio_groups(R.get("cold_fio", []))
+        fb = max(fios, key=lambda f: f["med"], default=None)
+        for shuffle in (False, True):
+            rf = max((g for g in groups(cold) if g["shuffle"] == shuffle), key=lambda g: g["med"], default=None)
+            if not (rf and fb):
+                continue
             x = rf["med"] / fb["med"]
-            G.append("- **≥90%% of fio, cold**: ringfeed --io %s %.2f GB/s vs the best fio configuration (%s) %.2f GB/s (medians) = **%.0f%%** → %s. Wall clock from launch (ringfeed lists the cold directory tree first): %.2f vs %.2f GB/s = %.0f%%" % (rf["io"], rf["med"], fb["label"], fb["med"], 100 * x, "met" if x >= 0.9 else "NOT met", rf["med_start"], fb["med_wall"], 100 * rf["med_start"] / fb["med_wall"]))
+            what = "in manifest order (--no-shuffle: sorted paths, the order the files were written in)" if not shuffle else "shuffled (each batch 64 files from anywhere in the dataset)"
+            G.append("- **≥90%% of fio, cold**, ringfeed %s: --io %s %.2f GB/s vs the best fio configuration (%s) %.2f GB/s (medians) = **%.0f%%** → %s. Wall clock from launch (ringfeed lists the cold directory tree first): %.2f vs %.2f GB/s = %.0f%%" % (what, rf["io"], rf["med"], fb["label"], fb["med"], 100 * x, "met" if x >= 0.9 else "NOT met", rf["med_start"], fb["med_wall"], 100 * rf["med_start"] / fb["med_wall"]))
     if tt:
         touch = min((m["first_touch_GBps"] for m in mems if "first_touch_GBps" in m), default=None)
         for wl in dict.fromkeys(d["workload"] for d in tt.values()):
