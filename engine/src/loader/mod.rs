@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use crate::manifest::{Manifest, ManifestError, ManifestOptions};
 use crate::reader::{open_engine, Completion, FileTable, IoChoice, ReadEngine, ReadError, ReadOp, ReaderConfig};
-use crate::ring::{CreateError, Producer, PublishError, RingGeometry};
+use crate::ring::segment::{self, human_bytes};
+use crate::ring::{CreateError, Layout, Producer, PublishError, RingGeometry};
 use crate::sampler::{ResumeState, Sampler, SamplerConfig, SamplerError};
 
 use pending::{Pending, RankCursor};
@@ -139,6 +140,37 @@ pub struct Plan {
     files: Arc<FileTable>,
 }
 
+/// Fewest slots per rank the default falls back to when /dev/shm is short.
+pub const AUTO_SLOTS_FLOOR: u32 = 2;
+
+/// The default K, lowered (with a warning) while the ring would not fit in
+/// `free_bytes` of /dev/shm, down to `AUTO_SLOTS_FLOOR`: a default that fits
+/// beats one that fails. A ring that does not fit even then is left to
+/// `Producer::create`, which says how much room it needs.
+fn fit_auto_slots(geometry: RingGeometry, free_bytes: Option<u64>) -> u32 {
+    let Some(free) = free_bytes else {
+        return geometry.slots_per_rank;
+    };
+    let bytes = |k| Layout::compute(RingGeometry { slots_per_rank: k, ..geometry }).map_or(u64::MAX, |l| l.segment_bytes);
+    let want = geometry.slots_per_rank;
+    let mut k = want;
+    while k > AUTO_SLOTS_FLOOR && bytes(k) > free {
+        k -= 1;
+    }
+    if k < want && bytes(k) <= free {
+        tracing::warn!(
+            "/dev/shm has {} free, too little for the default {want} slots per rank ({}): using {k} ({}); \
+             give shared memory more room for more prefetch, or pass --slots-per-rank",
+            human_bytes(free),
+            human_bytes(bytes(want)),
+            human_bytes(bytes(k))
+        );
+        k
+    } else {
+        want
+    }
+}
+
 /// Fewest slots per rank chosen by default.
 pub const AUTO_SLOTS_MIN: u32 = 4;
 /// Most slots per rank chosen by default.
@@ -236,18 +268,23 @@ pub struct Loader {
     warming: bool,
     /// Most reads in flight while `warming`.
     warm_up_in_flight: usize,
+    /// `Producer::reserve_rest` was called.
+    reserving: bool,
 }
 
 impl Loader {
     /// Creates the ring and opens the reader. Consumers may attach from now on.
     pub fn start(plan: Plan) -> Result<Loader, ServeError> {
         let cfg = &plan.cfg;
-        let geometry = RingGeometry {
+        let mut geometry = RingGeometry {
             world_size: cfg.world_size,
             slots_per_rank: plan.slots_per_rank,
             max_samples_per_slot: cfg.batch_size,
             slot_payload_bytes: plan.slot_bytes,
         };
+        if cfg.slots_per_rank.is_none() {
+            geometry.slots_per_rank = fit_auto_slots(geometry, segment::shm_free_bytes());
+        }
         let opened = open_engine(cfg.io, Arc::clone(&plan.files), &cfg.reader)?;
         if let Some(w) = &opened.fallback_warning {
             tracing::warn!("{w}");
@@ -275,6 +312,7 @@ impl Loader {
             next_rank: 0,
             warming: true,
             warm_up_in_flight,
+            reserving: false,
         })
     }
 
@@ -314,6 +352,12 @@ impl Loader {
             }
             let blocked = self.fill_ranks(&mut batch)?;
             self.submit_queued()?;
+            if !self.warming && !self.reserving {
+                // Every rank has its first batch: take the rest of the ring
+                // from /dev/shm now, in the background.
+                self.producer.reserve_rest();
+                self.reserving = true;
+            }
             let in_flight = self.reader.in_flight();
             self.producer.set_reader_info(self.reader.backend_name(), in_flight as u32);
             if in_flight > 0 {
@@ -533,5 +577,17 @@ mod tests {
         assert_eq!(auto_slots_per_rank(32, 256, 40 * mb), 6);
         // Degenerate inputs do not panic.
         assert_eq!(auto_slots_per_rank(0, 1, 0), 4);
+    }
+
+    #[test]
+    fn the_default_slots_shrink_to_fit_dev_shm_down_to_two() {
+        let g = RingGeometry { world_size: 8, slots_per_rank: 8, max_samples_per_slot: 64, slot_payload_bytes: 1 << 20 };
+        let size = |k| Layout::compute(RingGeometry { slots_per_rank: k, ..g }).unwrap().segment_bytes;
+        assert_eq!(fit_auto_slots(g, None), 8, "unknown or unlimited /dev/shm");
+        assert_eq!(fit_auto_slots(g, Some(size(8))), 8);
+        assert_eq!(fit_auto_slots(g, Some(size(8) - 1)), 7);
+        assert_eq!(fit_auto_slots(g, Some(size(3) + 100)), 3);
+        // Not even 2 fit: keep the default and let create say how much is needed.
+        assert_eq!(fit_auto_slots(g, Some(size(2) - 1)), 8);
     }
 }

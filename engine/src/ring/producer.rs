@@ -3,6 +3,8 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::ring::futex;
@@ -49,6 +51,26 @@ pub enum CreateError {
         free: String,
         /// A size to suggest.
         suggest: String,
+    },
+    /// /dev/shm filled up after the ring was created: a slot could not be
+    /// allocated.
+    #[error(
+        "/dev/shm filled up while the loader ran: slot {slot} of the ring {path} ({slot_size}) could not be allocated, \
+         {free} ({free_bytes} bytes) are free. Something else is using /dev/shm (another loader? see `df -h /dev/shm` and \
+         `ringfeed gc`); give shared memory more room (`docker run --shm-size=...`, or a Kubernetes `emptyDir` with \
+         `medium: Memory`), or make the ring smaller (--slots-per-rank, --batch-size)"
+    )]
+    ShmFull {
+        /// The segment path.
+        path: String,
+        /// The slot.
+        slot: u32,
+        /// Human-readable slot size.
+        slot_size: String,
+        /// Bytes free in /dev/shm.
+        free_bytes: u64,
+        /// Human-readable free.
+        free: String,
     },
     /// An OS call failed.
     #[error("{what} {path}: {source}")]
@@ -154,16 +176,46 @@ pub struct Producer {
     published: Vec<u64>,
     /// Set by `abandon`: drop leaves the ring as a dead process would.
     abandoned: bool,
-    /// Per slot: its payload is allocated in /dev/shm. `create` allocates
-    /// the header and tables only, after checking that the whole ring fits;
-    /// each payload is allocated by its first claim. The loader thus never
-    /// writes a page /dev/shm could refuse (no SIGBUS), and a large ring
-    /// starts serving without first spending 100 ms per 400 MiB in
-    /// fallocate: a slot of 6 MiB costs its first claim about 1.6 ms. (A
-    /// thread that allocated and faulted in slots ahead of the claims was
-    /// measured and dropped: on 2 cores it took the CPU the first batches
-    /// needed and made them later, not sooner.)
-    allocated: Vec<bool>,
+    /// Per slot: its payload is allocated in /dev/shm (see `Backing`).
+    backing: Arc<Backing>,
+    /// The thread `reserve_rest` started; Drop stops and joins it.
+    reserver: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Which slot payloads are allocated in /dev/shm. `create` checks that the
+/// whole ring fits and allocates the header and tables only; each payload is
+/// allocated by its first claim, or earlier by `reserve_rest`. The loader thus
+/// never writes a page /dev/shm could refuse (no SIGBUS), and a large ring
+/// serves its first batches without first spending 100 ms per 400 MiB in
+/// fallocate (a 6 MiB slot costs its first claim about 1.6 ms).
+struct Backing {
+    /// Per slot: allocated (Release after the fallocate).
+    allocated: Vec<AtomicBool>,
+    /// Tells the `reserve_rest` thread to stop.
+    stop: AtomicBool,
+}
+
+/// The `reserve_rest` thread.
+fn reserve_slots(fd: &OwnedFd, backing: &Backing, layout: &Layout) {
+    use std::sync::atomic::Ordering as O;
+    let g = layout.geometry;
+    for k in 0..g.slots_per_rank {
+        for r in 0..g.world_size {
+            if backing.stop.load(O::Relaxed) {
+                return;
+            }
+            let slot = r * g.slots_per_rank + k;
+            let flag = &backing.allocated[slot as usize];
+            if flag.load(O::Acquire) {
+                continue;
+            }
+            if let Err(e) = segment::allocate(fd, layout.payload_offset_of(slot), g.slot_payload_bytes) {
+                tracing::debug!("reserving the ring stopped at slot {slot}: {e}");
+                return;
+            }
+            flag.store(true, O::Release);
+        }
+    }
 }
 
 /// `ShmTooSmall` for a ring of `needed_bytes` with `free_bytes` free.
@@ -230,8 +282,8 @@ impl Producer {
         let view = View::new(map, layout);
         Self::write_header(&view);
         let w = layout.geometry.world_size as usize;
-        let allocated = vec![false; layout.slot_count() as usize];
-        let producer = Producer { name: name.to_string(), path, fd, view, next_claim: vec![0; w], published: vec![0; w], abandoned: false, allocated };
+        let backing = Arc::new(Backing { allocated: (0..layout.slot_count()).map(|_| AtomicBool::new(false)).collect(), stop: AtomicBool::new(false) });
+        let producer = Producer { name: name.to_string(), path, fd, view, next_claim: vec![0; w], published: vec![0; w], abandoned: false, backing, reserver: None };
         // SYNC POINT: Release pairs with the consumer's Acquire of `state` in
         // attach: a consumer that reads READY sees every header field.
         producer.view.header().state.store(state::READY, Ordering::Release);
@@ -241,14 +293,44 @@ impl Producer {
 
     /// Allocates slot `slot`'s payload in /dev/shm unless that was done.
     fn ensure_allocated(&mut self, slot: u32) -> Result<(), CreateError> {
-        if self.allocated[slot as usize] {
+        let flag = &self.backing.allocated[slot as usize];
+        if flag.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());
         }
         let l = self.view.layout();
-        segment::allocate(&self.fd, l.payload_offset_of(slot), l.geometry.slot_payload_bytes)
-            .map_err(|e| alloc_error(&self.path, &self.fd, l.segment_bytes, e))?;
-        self.allocated[slot as usize] = true;
+        segment::allocate(&self.fd, l.payload_offset_of(slot), l.geometry.slot_payload_bytes).map_err(|e| {
+            if matches!(e.raw_os_error(), Some(libc::ENOSPC)) {
+                let free_bytes = segment::free_bytes(&self.fd).unwrap_or(0);
+                CreateError::ShmFull { path: self.path.clone(), slot, slot_size: human_bytes(l.geometry.slot_payload_bytes), free_bytes, free: human_bytes(free_bytes) }
+            } else {
+                CreateError::Io { what: "cannot allocate", path: self.path.clone(), source: e }
+            }
+        })?;
+        flag.store(true, std::sync::atomic::Ordering::Release);
         Ok(())
+    }
+
+    /// Allocates, on a thread of its own, every slot payload not allocated
+    /// yet, in claim order (every rank's next slot, then the one after, ...).
+    /// The loader calls it once every rank has its first batch: from then on
+    /// the whole ring is taken from /dev/shm within about 0.1 s per 400 MiB,
+    /// charged to the loader, so that a full /dev/shm shows up at once and a
+    /// trainer that pins the payload region (`cudaHostRegister`) finds the
+    /// pages there. A slot it has not reached is allocated by its claim; an
+    /// error stops it quietly and the claim that needs the slot reports it.
+    pub fn reserve_rest(&mut self) {
+        if self.reserver.is_some() {
+            return;
+        }
+        let Ok(fd) = self.fd.try_clone() else {
+            return;
+        };
+        let backing = Arc::clone(&self.backing);
+        let layout = *self.view.layout();
+        self.reserver = std::thread::Builder::new()
+            .name("ringfeed-reserve".into())
+            .spawn(move || reserve_slots(&fd, &backing, &layout))
+            .ok();
     }
 
     fn remove_if_dead(name: &str) -> Result<(), CreateError> {
@@ -322,8 +404,8 @@ impl Producer {
 
     /// Claims rank's next slot if its previous batch was released: `Ok(None)`
     /// while it is still held. The first claim of a slot allocates its
-    /// payload in /dev/shm unless the prefault thread already did; that fails
-    /// with `ShmTooSmall` when /dev/shm filled up since `create`.
+    /// payload in /dev/shm unless `reserve_rest` already did; that fails with
+    /// `ShmFull` when /dev/shm filled up since `create`.
     pub fn try_claim(&mut self, rank: u32) -> Result<Option<SlotClaim>, CreateError> {
         let l = *self.view.layout();
         let seq = self.next_claim[rank as usize];
@@ -337,7 +419,8 @@ impl Producer {
         Ok(Some(SlotClaim { rank, seq, slot, generation, payload: self.view.payload(slot), payload_bytes: l.geometry.slot_payload_bytes }))
     }
 
-    /// True when `try_claim(rank)` would succeed now.
+    /// True when rank's next slot is free (`try_claim` would take it, unless
+    /// allocating it fails).
     pub fn can_claim(&self, rank: u32) -> bool {
         let l = self.view.layout();
         let seq = self.next_claim[rank as usize];
@@ -513,6 +596,10 @@ impl Producer {
 
 impl Drop for Producer {
     fn drop(&mut self) {
+        self.backing.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.reserver.take() {
+            let _ = t.join();
+        }
         if self.abandoned {
             return;
         }
@@ -561,26 +648,32 @@ mod tests {
     }
 
     #[test]
-    fn slot_payloads_are_allocated_by_their_first_claim() {
-        let slot = 1u64 << 20;
+    fn slot_payloads_are_allocated_by_their_first_claim_and_the_rest_on_request() {
+        // 4 MiB slots, a multiple of a huge page: the figures below hold on a
+        // tmpfs with huge pages too, give or take one 2 MiB page.
+        let slot = 4u64 << 20;
+        let slack = 2u64 << 20;
         let g = RingGeometry { world_size: 2, slots_per_rank: 3, max_samples_per_slot: 4, slot_payload_bytes: slot };
         let mut p = Producer::create(&format!("lazy-alloc-{}", std::process::id()), g).unwrap();
         let l = *p.layout();
         assert_eq!(segment::file_size(&p.fd).unwrap(), l.segment_bytes);
         let base = allocated_bytes(&p.fd);
-        assert!(base >= l.payload_offset && base < l.payload_offset + slot, "{base} bytes allocated at create");
+        assert!(base >= l.payload_offset && base <= l.payload_offset + slack, "{base} bytes allocated at create");
         let c0 = p.try_claim(0).unwrap().unwrap();
         let c1 = p.try_claim(1).unwrap().unwrap();
-        assert_eq!(allocated_bytes(&p.fd), base + 2 * slot);
+        let two = allocated_bytes(&p.fd);
+        assert!(two >= base + 2 * slot - slack && two <= base + 2 * slot + slack, "{two} after two claims");
         p.publish(c0, 0, 0, &[]).unwrap();
         p.publish(c1, 0, 0, &[]).unwrap();
-        // Second slots of both ranks: two more payloads, and no more.
-        let c0 = p.try_claim(0).unwrap().unwrap();
-        let c1 = p.try_claim(1).unwrap().unwrap();
-        assert_eq!(allocated_bytes(&p.fd), base + 4 * slot);
-        // The payload is writable end to end.
-        let mut c0 = c0;
+        // The rest of the ring, on request, in the background.
+        p.reserve_rest();
+        let t = std::time::Instant::now();
+        while allocated_bytes(&p.fd) < l.segment_bytes && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(allocated_bytes(&p.fd) >= l.segment_bytes, "{} of {} bytes allocated", allocated_bytes(&p.fd), l.segment_bytes);
+        // Claims of slots the reserver allocated allocate nothing more.
+        let mut c0 = p.try_claim(0).unwrap().unwrap();
         c0.payload_mut().fill(7);
-        drop(c1);
     }
 }

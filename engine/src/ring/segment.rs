@@ -146,12 +146,25 @@ pub fn file_size(fd: &OwnedFd) -> io::Result<u64> {
     Ok(st.st_size as u64)
 }
 
-/// Free bytes in the filesystem holding `fd` (for the "shm too small" message).
+/// Free bytes in the filesystem holding `fd`; None when unknown or unlimited
+/// (a tmpfs mounted with `size=0` reports no blocks at all).
 pub fn free_bytes(fd: &OwnedFd) -> Option<u64> {
     // SAFETY: statvfs is plain old data.
     let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `fd` is open and `sv` is a valid out-pointer.
-    if unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut sv) } != 0 {
+    if unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut sv) } != 0 || sv.f_blocks == 0 {
+        return None;
+    }
+    Some(sv.f_bavail as u64 * sv.f_frsize as u64)
+}
+
+/// Free bytes in /dev/shm; None when unknown or unlimited.
+pub fn shm_free_bytes() -> Option<u64> {
+    let dir = CString::new(SHM_DIR).ok()?;
+    // SAFETY: statvfs is plain old data.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `dir` is NUL-terminated and `sv` a valid out-pointer.
+    if unsafe { libc::statvfs(dir.as_ptr(), &mut sv) } != 0 || sv.f_blocks == 0 {
         return None;
     }
     Some(sv.f_bavail as u64 * sv.f_frsize as u64)
@@ -175,12 +188,16 @@ pub fn allocate(fd: &OwnedFd, offset: u64, len: u64) -> io::Result<()> {
     let (Ok(off), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
         return Err(io::Error::from_raw_os_error(libc::EFBIG));
     };
-    // SAFETY: `fd` is open; posix_fallocate touches only the file.
-    let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), off, len) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(rc))
+    loop {
+        // SAFETY: `fd` is open; posix_fallocate touches only the file.
+        let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), off, len) };
+        match rc {
+            0 => return Ok(()),
+            // tmpfs stops a fallocate when a signal arrives (SIGINT/SIGTERM
+            // have no SA_RESTART): go on; the stop flag decides.
+            libc::EINTR => continue,
+            _ => return Err(io::Error::from_raw_os_error(rc)),
+        }
     }
 }
 
