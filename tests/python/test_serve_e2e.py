@@ -153,16 +153,24 @@ def test_sigterm_stops_the_loader_removes_its_segment_and_tells_the_trainers(dat
     assert "stopped before the end of the run" in err.decode() and "signal 15" in err.decode(), err.decode()
 
 
-def test_shm_too_small_is_a_clear_error_with_the_bytes_and_the_fixes(dataset):
+def need_private_mounts():
+    """Skips the test where a private mount namespace cannot be made."""
     probe = subprocess.run(["unshare", "-m", "true"], stderr=subprocess.PIPE)
     if probe.returncode != 0:
         pytest.skip("cannot make a private mount namespace here: %s" % probe.stderr.decode().strip())
-    script = 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$0" "$@"'
-    p = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", "e2e-small-shm",
-         "--batch-size", "64", "--world-size", "2", "--slots-per-rank", "8"],
-        stderr=subprocess.PIPE, timeout=60,
-    )
+
+
+def serve_in_small_shm(size, args, stop_after_s=None):
+    """Runs `ringfeed serve ARGS` with /dev/shm a fresh tmpfs of `size`, in a
+    private mount namespace; SIGINT after `stop_after_s` seconds if given."""
+    need_private_mounts()
+    run = 'exec "$0" "$@"' if stop_after_s is None else 'exec timeout --preserve-status -s INT %d "$0" "$@"' % stop_after_s
+    script = "mount -t tmpfs -o size=%s tmpfs /dev/shm && %s" % (size, run)
+    return subprocess.run(["unshare", "-m", "sh", "-c", script, ringfeed_bin(), "serve"] + args, stderr=subprocess.PIPE, timeout=60)
+
+
+def test_shm_too_small_is_a_clear_error_with_the_bytes_and_the_fixes(dataset):
+    p = serve_in_small_shm("1m", ["--source", str(dataset[0]), "--name", "e2e-small-shm", "--batch-size", "64", "--world-size", "2", "--slots-per-rank", "8"])
     text = p.stderr.decode()
     assert p.returncode != 0
     assert "/dev/shm is too small" in text, text
@@ -175,9 +183,7 @@ def test_two_loaders_on_a_small_shm_one_stops_with_the_clear_error_and_neither_c
     # claimed, so the second loader may pass the check at create and meet the
     # full /dev/shm only at a claim: either way it must stop with the same
     # message, never with SIGBUS, and the first loader keeps serving.
-    probe = subprocess.run(["unshare", "-m", "true"], stderr=subprocess.PIPE)
-    if probe.returncode != 0:
-        pytest.skip("cannot make a private mount namespace here: %s" % probe.stderr.decode().strip())
+    need_private_mounts()
     script = r"""
 mount -t tmpfs -o size=100m tmpfs /dev/shm || exit 99
 args="--source $2 --batch-size 64 --world-size 2 --slots-per-rank 8 --epochs 100"
@@ -200,17 +206,9 @@ echo "rc=$rc alive=$alive"
 
 
 def test_the_default_prefetch_shrinks_to_fit_a_small_shm_with_a_warning(dataset):
-    probe = subprocess.run(["unshare", "-m", "true"], stderr=subprocess.PIPE)
-    if probe.returncode != 0:
-        pytest.skip("cannot make a private mount namespace here: %s" % probe.stderr.decode().strip())
     # B=64 over this dataset: 3.2 MiB slots, 8 per rank by default (51.5 MiB
     # for 2 ranks); 20 MiB of /dev/shm holds 3 per rank.
-    script = 'mount -t tmpfs -o size=20m tmpfs /dev/shm && exec timeout --preserve-status -s INT 3 "$0" "$@"'
-    p = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", "e2e-fit-shm",
-         "--batch-size", "64", "--world-size", "2"],
-        stderr=subprocess.PIPE, timeout=60,
-    )
+    p = serve_in_small_shm("20m", ["--source", str(dataset[0]), "--name", "e2e-fit-shm", "--batch-size", "64", "--world-size", "2"], stop_after_s=3)
     text = p.stderr.decode()
     assert "too little for the default 8 slots per rank" in text and "using 3" in text, text
     assert "3 slots/rank" in text, text
