@@ -215,15 +215,19 @@ def ensure_dataset(data_dir, size, n, threads=4):
                 os.close(fd)
 
     t = time.perf_counter()
-    step = 2000
-    with concurrent.futures.ThreadPoolExecutor(threads) as ex:
-        list(ex.map(lambda lo: write_range(lo, min(lo + step, n)), range(0, n, step)))
+    over_ranges(n, threads, write_range)
     subprocess.run(["sync"], check=False)
     secs = time.perf_counter() - t
     log("wrote %s: %d files of %d bytes in %.1f s (%.2f GB/s incl. sync)" % (root, n, size, secs, gbs(n * size, secs)))
     with open(marker, "w") as f:
         json.dump({"files": n, "size": size}, f)
     return root
+
+
+def over_ranges(n, threads, fn, step=2000):
+    """Calls fn(lo, hi) over 0..n in runs of `step`, on `threads` threads."""
+    with concurrent.futures.ThreadPoolExecutor(threads) as ex:
+        list(ex.map(lambda lo: fn(lo, min(lo + step, n)), range(0, n, step)))
 
 
 def warm_cache(root, n, size, threads=4):
@@ -245,9 +249,7 @@ def warm_cache(root, n, size, threads=4):
                 os.close(fd)
 
     t = time.perf_counter()
-    step = 2000
-    with concurrent.futures.ThreadPoolExecutor(threads) as ex:
-        list(ex.map(lambda lo: read_range(lo, min(lo + step, n)), range(0, n, step)))
+    over_ranges(n, threads, read_range)
     secs = time.perf_counter() - t
     log("warmed %s: %.1f s (%.2f GB/s, Python threads)" % (root, secs, gbs(n * size, secs)))
 

@@ -216,7 +216,11 @@ impl Plan {
         })?;
         let derived = manifest.largest_samples_total_bytes(cfg.batch_size as usize).max(1);
         let slot_bytes = cfg.slot_bytes.unwrap_or(derived);
-        let slots_per_rank = cfg.slots_per_rank.unwrap_or_else(|| auto_slots_per_rank(cfg.batch_size, cfg.reader.queue_depth, slot_bytes));
+        let slots_per_rank = cfg.slots_per_rank.unwrap_or_else(|| {
+            let k = auto_slots_per_rank(cfg.batch_size, cfg.reader.queue_depth, slot_bytes);
+            let g = RingGeometry { world_size: cfg.world_size, slots_per_rank: k, max_samples_per_slot: cfg.batch_size, slot_payload_bytes: slot_bytes };
+            fit_auto_slots(g, segment::shm_free_bytes())
+        });
         let rel_paths = manifest.files().iter().map(|f| f.rel_path.as_os_str().as_bytes());
         let sizes = manifest.files().iter().map(|f| f.size_bytes).collect();
         let files = Arc::new(FileTable::under_root(manifest.root(), rel_paths, sizes, cfg.record_bytes.is_some())?);
@@ -243,7 +247,8 @@ impl Plan {
         self.slot_bytes
     }
 
-    /// Slots per rank (given, or [`auto_slots_per_rank`]).
+    /// Slots per rank: given, or [`auto_slots_per_rank`] lowered to fit the
+    /// room free in /dev/shm when the plan was made.
     pub fn slots_per_rank(&self) -> u32 {
         self.slots_per_rank
     }
@@ -276,15 +281,12 @@ impl Loader {
     /// Creates the ring and opens the reader. Consumers may attach from now on.
     pub fn start(plan: Plan) -> Result<Loader, ServeError> {
         let cfg = &plan.cfg;
-        let mut geometry = RingGeometry {
+        let geometry = RingGeometry {
             world_size: cfg.world_size,
             slots_per_rank: plan.slots_per_rank,
             max_samples_per_slot: cfg.batch_size,
             slot_payload_bytes: plan.slot_bytes,
         };
-        if cfg.slots_per_rank.is_none() {
-            geometry.slots_per_rank = fit_auto_slots(geometry, segment::shm_free_bytes());
-        }
         let opened = open_engine(cfg.io, Arc::clone(&plan.files), &cfg.reader)?;
         if let Some(w) = &opened.fallback_warning {
             tracing::warn!("{w}");

@@ -235,7 +235,7 @@ fn shm_too_small(path: &str, needed_bytes: u64, free_bytes: u64) -> CreateError 
 
 /// The error for a failed allocation of part of the segment.
 fn alloc_error(path: &str, fd: &OwnedFd, needed_bytes: u64, e: io::Error) -> CreateError {
-    if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EFBIG)) {
+    if e.raw_os_error() == Some(libc::ENOSPC) {
         shm_too_small(path, needed_bytes, segment::free_bytes(fd).unwrap_or(0))
     } else {
         CreateError::Io { what: "cannot allocate", path: path.to_string(), source: e }
@@ -276,7 +276,7 @@ impl Producer {
                 return Err(shm_too_small(&path, layout.segment_bytes, free_bytes));
             }
         }
-        segment::set_len(&fd, layout.segment_bytes).map_err(|e| alloc_error(&path, &fd, layout.segment_bytes, e))?;
+        segment::set_len(&fd, layout.segment_bytes).map_err(|e| io_err("cannot size", e))?;
         segment::allocate(&fd, 0, layout.payload_offset).map_err(|e| alloc_error(&path, &fd, layout.segment_bytes, e))?;
         let map = segment::map(&fd, layout.segment_bytes).map_err(|e| io_err("cannot map", e))?;
         let view = View::new(map, layout);

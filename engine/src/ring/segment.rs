@@ -149,22 +149,22 @@ pub fn file_size(fd: &OwnedFd) -> io::Result<u64> {
 /// Free bytes in the filesystem holding `fd`; None when unknown or unlimited
 /// (a tmpfs mounted with `size=0` reports no blocks at all).
 pub fn free_bytes(fd: &OwnedFd) -> Option<u64> {
-    // SAFETY: statvfs is plain old data.
-    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `fd` is open and `sv` is a valid out-pointer.
-    if unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut sv) } != 0 || sv.f_blocks == 0 {
-        return None;
-    }
-    Some(sv.f_bavail as u64 * sv.f_frsize as u64)
+    free_of(|sv| unsafe { libc::fstatvfs(fd.as_raw_fd(), sv) })
 }
 
 /// Free bytes in /dev/shm; None when unknown or unlimited.
 pub fn shm_free_bytes() -> Option<u64> {
     let dir = CString::new(SHM_DIR).ok()?;
+    // SAFETY: `dir` is NUL-terminated and `sv` a valid out-pointer.
+    free_of(|sv| unsafe { libc::statvfs(dir.as_ptr(), sv) })
+}
+
+/// Free bytes from a statvfs call; None when it failed or reports no blocks.
+fn free_of(stat: impl FnOnce(&mut libc::statvfs) -> libc::c_int) -> Option<u64> {
     // SAFETY: statvfs is plain old data.
     let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `dir` is NUL-terminated and `sv` a valid out-pointer.
-    if unsafe { libc::statvfs(dir.as_ptr(), &mut sv) } != 0 || sv.f_blocks == 0 {
+    if stat(&mut sv) != 0 || sv.f_blocks == 0 {
         return None;
     }
     Some(sv.f_bavail as u64 * sv.f_frsize as u64)
