@@ -61,6 +61,8 @@ def test_python_and_c_ranks_get_every_sample_with_the_files_bytes(dataset, c_con
     _, loader_err = loader.communicate(timeout=30)
     assert loader.returncode == 0, loader_err.decode()
     assert ("reader %s" % ("io_uring" if io == "uring" else "pread")) in loader_err.decode()
+    # Serve reports when every rank had its first batch (time to first batch).
+    assert "first batch of every rank published" in loader_err.decode() and "all 2 after" in loader_err.decode(), loader_err.decode()
     per_epoch = defaultdict(list)
     counts = []
     for rank, (rc, out, err) in enumerate(results):

@@ -211,6 +211,13 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     );
     let fb = first_batch_us.iter().map(|us| format!("{:.1} ms", *us as f64 / 1e3)).collect::<Vec<_>>().join(", ");
     println!("demo: time from attach to first batch per rank: {fb}");
+    if let (Some(first), Some(all)) = (report.first_publish, report.all_first_published) {
+        println!(
+            "demo: the loader published the first rank's first batch {:.1} ms after creating the ring, and every rank's by {:.1} ms",
+            first.as_secs_f64() * 1e3,
+            all.as_secs_f64() * 1e3
+        );
+    }
     std::io::stdout().flush()?;
     Ok(())
 }

@@ -63,7 +63,7 @@ pub struct ServeConfig {
     pub reader: ReaderConfig,
     /// Where to start.
     pub start: ResumeState,
-    /// Show progress while listing.
+    /// Log progress: while listing, and when every rank has its first batch.
     pub progress: bool,
 }
 
@@ -123,6 +123,8 @@ pub struct ServeReport {
     pub elapsed: Duration,
     /// Time from ring creation to the first publish.
     pub first_publish: Option<Duration>,
+    /// Time from ring creation until every rank had its first batch.
+    pub all_first_published: Option<Duration>,
     /// Reader backend used.
     pub backend: &'static str,
 }
@@ -275,6 +277,10 @@ pub struct Loader {
     warm_up_in_flight: usize,
     /// `Producer::reserve_rest` was called.
     reserving: bool,
+    /// Ranks whose first batch of this run was published.
+    ranks_started: u32,
+    /// Bytes of the first batches published so far.
+    first_step_bytes: u64,
 }
 
 impl Loader {
@@ -315,6 +321,8 @@ impl Loader {
             warming: true,
             warm_up_in_flight,
             reserving: false,
+            ranks_started: 0,
+            first_step_bytes: 0,
         })
     }
 
@@ -525,17 +533,46 @@ impl Loader {
             while let Some(done) = self.pending.pop_ready(r, self.producer.published(r)) {
                 let n = done.samples.len() as u64;
                 let bytes: u64 = done.samples.iter().map(|s| s.len).sum();
+                let rank_starts = self.producer.published(r) == 0;
                 self.producer.publish(done.claim, done.epoch, done.step, &done.samples)?;
                 self.pending.recycle(done.samples);
                 self.report.batches += 1;
                 self.report.samples += n;
                 self.report.bytes += bytes;
-                if self.report.first_publish.is_none() {
-                    self.report.first_publish = Some(self.started.elapsed());
+                let at = self.started.elapsed();
+                self.report.first_publish.get_or_insert(at);
+                if rank_starts {
+                    self.rank_started(r, bytes, at);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Notes rank r's first batch. Once every rank has one, logs how long
+    /// that took: the time to first batch as the loader sees it, which
+    /// grows with the bytes of those batches (each lands in ring pages
+    /// touched for the first time), not with the number of ranks.
+    fn rank_started(&mut self, r: u32, bytes: u64, at: Duration) {
+        self.ranks_started += 1;
+        self.first_step_bytes += bytes;
+        tracing::debug!("rank {r}: first batch published {:.1} ms after the ring was created", at.as_secs_f64() * 1e3);
+        if self.ranks_started == self.plan.cfg.world_size {
+            self.report.all_first_published = Some(at);
+            let first = self.report.first_publish.unwrap_or(at);
+            let line = format!(
+                "first batch of every rank published: the first after {:.1} ms, all {} after {:.1} ms ({} read into the ring)",
+                first.as_secs_f64() * 1e3,
+                self.ranks_started,
+                at.as_secs_f64() * 1e3,
+                human_bytes(self.first_step_bytes)
+            );
+            if self.plan.cfg.progress {
+                tracing::info!("{line}");
+            } else {
+                tracing::debug!("{line}");
+            }
+        }
     }
 
     fn reclaim(&self) {
