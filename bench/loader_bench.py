@@ -733,15 +733,23 @@ def part_ttfb(args, R):
     warm_cache(big, n, SIZE_BIG)
     warm_cache(small, ns, SIZE_SMALL)
     out = {}
-    for root, size, batch in ((big, SIZE_BIG, 64), (small, SIZE_SMALL, args.small_batch)):
-        run_ringfeed(args, root, batch, 1, max_batches=3, kill_after=True, label="ttfb warm-up (untimed)")
-        for w in (1, 2, 8):
+    # The third workload keeps the first step (W x B samples, all of which
+    # the loader must read before the last rank has its batch) at 512
+    # samples while W grows: it separates the number of consumers from the
+    # bytes of their first batches.
+    workloads = (
+        (big, SIZE_BIG, "100 KB B=64", ((1, 64), (2, 64), (8, 64))),
+        (small, SIZE_SMALL, "4 KiB B=%d" % args.small_batch, ((1, args.small_batch), (2, args.small_batch), (8, args.small_batch))),
+        (big, SIZE_BIG, "100 KB W×B=512", ((1, 512), (2, 256), (8, 64))),
+    )
+    for root, size, label, configs in workloads:
+        run_ringfeed(args, root, configs[0][1], 1, max_batches=3, kill_after=True, label="ttfb warm-up (untimed)")
+        for w, batch in configs:
             runs = []
             for rep in range(args.ttfb_reps):
                 r = run_ringfeed(args, root, batch, w, max_batches=3, kill_after=True, label="ttfb")
                 runs.append({"ttfb": sorted(r["ttfb"]), "from_start": sorted(r["ttfb_from_start"]), "manifest": r["t_manifest"], "ring": r["t_ring"], "k": r["slots"], "attached": sorted(r["attached"])})
-            label = "%s B=%d" % ("100 KB" if size == SIZE_BIG else "4 KiB", batch)
-            out["%s W=%d" % (label, w)] = {"w": w, "workload": label, "step_bytes": w * batch * size, "runs": runs}
+            out["%s W=%d" % (label, w)] = {"w": w, "batch": batch, "workload": label, "step_bytes": w * batch * size, "runs": runs}
     R["ttfb"] = out
 
 
@@ -913,16 +921,16 @@ def report(args, R):
     if tt:
         L.append("## Time to first batch")
         L.append("")
-        L.append("W consumers start first and wait in `ringfeed.attach`; then `ringfeed serve` starts (warm page cache, default K and queue depth). T0 = the moment serve prints `ringfeed: manifest: ...` (the manifest is built; what follows is ring creation, reader start and the reads). Each consumer records `time.time()` when `attach` returns and at its first batch (on 2 cores a consumer woken by the segment's appearance competes for a core with the loader's reader threads: 'attach returned' shows that scheduling delay). Per run: the first rank served (min), the median rank and the last rank (max), ms after T0; the table gives the median of each over the runs. 'first step' = the bytes all W first batches hold together (W x B x sample size), which the loader must read before the last rank has its batch.")
+        L.append("W consumers start first and wait in `ringfeed.attach`; then `ringfeed serve` starts (warm page cache, default K and queue depth). T0 = the moment serve prints `ringfeed: manifest: ...` (the manifest is built; what follows is ring creation, reader start and the reads). Each consumer records `time.time()` when `attach` returns and at its first batch (on 2 cores a consumer woken by the segment's appearance competes for a core with the loader's reader threads: 'attach returned' shows that scheduling delay). Per run: the first rank served (min), the median rank and the last rank (max), ms after T0; the table gives the median of each over the runs. 'first step' = the bytes all W first batches hold together (W x B x sample size), which the loader must read before the last rank has its batch. The workload `100 KB W×B=512` holds the first step at 512 samples (51 MB) while W grows (B = 512/W): it separates the number of consumers from the bytes of their first batches.")
         L.append("")
-        L.append("| workload | W | runs | K | ring + reader start ms | attach returned, last rank ms | first rank ms | median rank ms | last rank ms | first step MB | last rank ms from serve launch (incl. manifest) | manifest s |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        L.append("| workload | W | B | runs | K | ring + reader start ms | attach returned, last rank ms | first rank ms | median rank ms | last rank ms | first step MB | last rank ms from serve launch (incl. manifest) | manifest s |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for label, d in tt.items():
             runs = [x for x in d["runs"] if x["ttfb"]]
             if not runs:
                 continue
-            L.append("| %s | %d | %d | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |" % (
-                d["workload"], d["w"], len(runs), runs[0]["k"],
+            L.append("| %s | %d | %d | %d | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |" % (
+                d["workload"], d["w"], d.get("batch", 0), len(runs), runs[0]["k"],
                 1000 * med([x["ring"] for x in runs]),
                 1000 * med([x["attached"][-1] for x in runs if x.get("attached")]),
                 1000 * med([x["ttfb"][0] for x in runs]),
