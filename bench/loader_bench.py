@@ -669,7 +669,7 @@ def part_cold(args, R):
             if (args.quick and i > 0) or (rep > 0 and i >= 2):
                 continue  # the first two fio configurations are repeated; the others run once
             fio_rows.append(run_fio(args, root, n, SIZE_BIG, "cold-" + label, extra, cold=True))
-        if not args.quick and rep == 0:
+        if not args.quick:  # repeated too: the goal compares against the best median
             fio_rows.append(run_fio_shards(args, root, n, SIZE_BIG, "cold-psync-job-per-shard", "psync", cold=True))
     R["cold"] = rows
     R["cold_fio"] = fio_rows
@@ -1059,7 +1059,7 @@ def main():
     p.add_argument("--small-batch", type=int, default=256)
     p.add_argument("--reps", type=int, default=3, help="runs of each default warm configuration (median and best are reported)")
     p.add_argument("--sweep-reps", type=int, default=2, help="runs of every other warm configuration")
-    p.add_argument("--cold-reps", type=int, default=2, help="runs of each cold ringfeed configuration (and of the first two fio ones)")
+    p.add_argument("--cold-reps", type=int, default=2, help="runs of each cold ringfeed configuration, of the first two fio ones and of psync one job per directory")
     p.add_argument("--dl-reps", type=int, default=2, help="DataLoader runs per dataset")
     p.add_argument("--ttfb-reps", type=int, default=5)
     p.add_argument("--dl-workers", type=int, default=2)
