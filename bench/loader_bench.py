@@ -429,6 +429,8 @@ def run_ringfeed(args, root, batch, world, io="auto", slots=None, qd=None, touch
         "cons_anon": max((r["status"].get("RssAnon", 0) for r in ok), default=0),
         "cons_shmem": max((r["status"].get("RssShmem", 0) for r in ok), default=0),
         "serve_done": next((l for l in stderr_lines if "ringfeed: done" in l), ""),
+        # serve's own view: first and last rank's first batch published, ms after the ring was created
+        "loader_first_batches": loader_first_batches(stderr_lines),
         "serve_warnings": [l for l in stderr_lines if "WARN" in l or "warn" in l.lower()][:3],
     }
     log(
@@ -436,6 +438,15 @@ def run_ringfeed(args, root, batch, world, io="auto", slots=None, qd=None, touch
         % (label, world, batch, io, slots, qd, touch, out["gbps_first_last"], out["gbps_from_start"], out["t_manifest"], rc, out["serve_done"].replace("ringfeed: ", ""))
     )
     return out
+
+
+def loader_first_batches(lines):
+    """(first, all) from serve's `first batch of every rank published` line, in seconds."""
+    for l in lines:
+        m = re.search(r"first batch of every rank published: the first ([\d.]+) ms after the ring was created, all \d+ after ([\d.]+) ms", l)
+        if m:
+            return float(m.group(1)) / 1000, float(m.group(2)) / 1000
+    return None
 
 
 def consumer_main(a):
@@ -748,7 +759,7 @@ def part_ttfb(args, R):
             runs = []
             for rep in range(args.ttfb_reps):
                 r = run_ringfeed(args, root, batch, w, max_batches=3, kill_after=True, label="ttfb")
-                runs.append({"ttfb": sorted(r["ttfb"]), "from_start": sorted(r["ttfb_from_start"]), "manifest": r["t_manifest"], "ring": r["t_ring"], "k": r["slots"], "attached": sorted(r["attached"])})
+                runs.append({"ttfb": sorted(r["ttfb"]), "from_start": sorted(r["ttfb_from_start"]), "manifest": r["t_manifest"], "ring": r["t_ring"], "k": r["slots"], "attached": sorted(r["attached"]), "loader": r["loader_first_batches"]})
             out["%s W=%d" % (label, w)] = {"w": w, "batch": batch, "workload": label, "step_bytes": w * batch * size, "runs": runs}
     R["ttfb"] = out
 
@@ -831,7 +842,7 @@ def report(args, R):
         L.append("")
         L.append("numpy copy of 1 GiB, one thread, best of 3 (bytes copied per second; memory traffic is twice that): " + ", ".join("%s **%.2f GB/s** (libc memmove %.2f)" % (w, m["memcpy_GBps"], m["memmove_GBps"]) for w, m in zip(("at start", "at end"), mems)) + ". The goal below uses the higher numpy figure.")
         L.append("")
-        L.append("First touch of fresh shared memory (a new /dev/shm file of 256 MiB mapped with MAP_POPULATE: allocate, zero and map every page; median of 3): " + ", ".join("%s %.2f GB/s" % (w, m["first_touch_GBps"]) for w, m in zip(("at start", "at end"), mems) if "first_touch_GBps" in m) + ". Every byte of a ring goes through this once, on the first pass over its slots: it bounds how fast the first batches can be delivered.")
+        L.append("First touch of fresh shared memory (a new /dev/shm file of 256 MiB mapped with MAP_POPULATE: allocate, zero and map every page; median of 3): " + ", ".join("%s %.2f GB/s" % (w, m["first_touch_GBps"]) for w, m in zip(("at start", "at end"), mems) if "first_touch_GBps" in m) + ". Every page of a ring is touched for the first time once, on the first pass over its slots: a rough cost for the first batches (the loader, allocating one slot at a time, has done the first step a little faster than this rate).")
         L.append("")
     warm = R.get("warm")
     dls = {}
@@ -921,17 +932,19 @@ def report(args, R):
     if tt:
         L.append("## Time to first batch")
         L.append("")
-        L.append("W consumers start first and wait in `ringfeed.attach`; then `ringfeed serve` starts (warm page cache, default K and queue depth). T0 = the moment serve prints `ringfeed: manifest: ...` (the manifest is built; what follows is ring creation, reader start and the reads). Each consumer records `time.time()` when `attach` returns and at its first batch (on 2 cores a consumer woken by the segment's appearance competes for a core with the loader's reader threads: 'attach returned' shows that scheduling delay). Per run: the first rank served (min), the median rank and the last rank (max), ms after T0; the table gives the median of each over the runs. 'first step' = the bytes all W first batches hold together (W x B x sample size), which the loader must read before the last rank has its batch. The workload `100 KB W×B=512` holds the first step at 512 samples (51 MB) while W grows (B = 512/W): it separates the number of consumers from the bytes of their first batches.")
+        L.append("W consumers start first and wait in `ringfeed.attach`; then `ringfeed serve` starts (warm page cache, default K and queue depth). T0 = the moment serve prints `ringfeed: manifest: ...` (the manifest is built; what follows is ring creation, reader start and the reads). Each consumer records `time.time()` when `attach` returns and at its first batch (on 2 cores a consumer woken by the segment's appearance competes for a core with the loader's reader threads: 'attach returned' shows that scheduling delay). Per run: the first rank served (min), the median rank and the last rank (max), ms after T0; the table gives the median of each over the runs. 'serve: first / all' is the loader's own view, from its log line `first batch of every rank published`: when the first and the last rank's first batch were published, ms after the ring was created (T0 plus 'ring + reader start'), before any consumer is scheduled to take them; the difference to the consumers' columns is the consumers' own wake-up and attach. 'first step' = the bytes all W first batches hold together (W x B x sample size), which the loader must read before the last rank has its batch. The workload `100 KB W×B=512` holds the first step at 512 samples (51 MB) while W grows (B = 512/W): it separates the number of consumers from the bytes of their first batches.")
         L.append("")
-        L.append("| workload | W | B | runs | K | ring + reader start ms | attach returned, last rank ms | first rank ms | median rank ms | last rank ms | first step MB | last rank ms from serve launch (incl. manifest) | manifest s |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        L.append("| workload | W | B | runs | K | ring + reader start ms | serve: first / all ranks' first batch published, ms after the ring | attach returned, last rank ms | first rank ms | median rank ms | last rank ms | first step MB | last rank ms from serve launch (incl. manifest) | manifest s |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for label, d in tt.items():
             runs = [x for x in d["runs"] if x["ttfb"]]
             if not runs:
                 continue
-            L.append("| %s | %d | %d | %d | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |" % (
+            lo = [x["loader"] for x in runs if x.get("loader")]
+            L.append("| %s | %d | %d | %d | %s | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |" % (
                 d["workload"], d["w"], d.get("batch", 0), len(runs), runs[0]["k"],
                 1000 * med([x["ring"] for x in runs]),
+                "%.1f / %.1f" % (1000 * med([x[0] for x in lo]), 1000 * med([x[1] for x in lo])) if lo else "-",
                 1000 * med([x["attached"][-1] for x in runs if x.get("attached")]),
                 1000 * med([x["ttfb"][0] for x in runs]),
                 1000 * med([statistics.median(x["ttfb"]) for x in runs]),

@@ -52,6 +52,7 @@ def test_python_and_c_ranks_get_every_sample_with_the_files_bytes(dataset, c_con
         [ringfeed_bin(), "serve", "--source", str(root), "--name", name, "--batch-size", str(batch),
          "--world-size", str(world), "--epochs", str(epochs), "--seed", "7", "--io", io],
         stderr=subprocess.PIPE,
+        env=dict(os.environ, RINGFEED_LOG="info"),  # the first-batch line below is logged at info
     )
     procs = [
         subprocess.Popen(python_consumer("hash_consumer.py", name, 0), stdout=subprocess.PIPE, stderr=subprocess.PIPE),

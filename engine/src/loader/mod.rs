@@ -550,9 +550,10 @@ impl Loader {
     }
 
     /// Notes rank r's first batch. Once every rank has one, logs how long
-    /// that took: the time to first batch as the loader sees it, which
-    /// grows with the bytes of those batches (each lands in ring pages
-    /// touched for the first time), not with the number of ranks.
+    /// that took after the ring was created: the time to first batch on the
+    /// loader's side, before any trainer is scheduled to take it. It
+    /// follows the bytes of those first batches, each of which lands in
+    /// ring pages touched for the first time.
     fn rank_started(&mut self, r: u32, bytes: u64, at: Duration) {
         self.ranks_started += 1;
         self.first_step_bytes += bytes;
@@ -561,7 +562,7 @@ impl Loader {
             self.report.all_first_published = Some(at);
             let first = self.report.first_publish.unwrap_or(at);
             let line = format!(
-                "first batch of every rank published: the first after {:.1} ms, all {} after {:.1} ms ({} read into the ring)",
+                "first batch of every rank published: the first {:.1} ms after the ring was created, all {} after {:.1} ms ({} read into the ring)",
                 first.as_secs_f64() * 1e3,
                 self.ranks_started,
                 at.as_secs_f64() * 1e3,
