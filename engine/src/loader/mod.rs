@@ -271,7 +271,8 @@ pub struct Loader {
     started: Instant,
     /// Rank the next fill pass starts at (round-robin across calls).
     next_rank: u32,
-    /// Some rank still waits for its first batch (see `fill_ranks`).
+    /// Some rank still waits for its first batch (see `fill_ranks`); false
+    /// from the moment `rank_started` counts the last one.
     warming: bool,
     /// Most reads in flight while `warming`.
     warm_up_in_flight: usize,
@@ -318,7 +319,7 @@ impl Loader {
             report,
             started: Instant::now(),
             next_rank: 0,
-            warming: true,
+            warming: per_rank > 0,
             warm_up_in_flight,
             reserving: false,
             ranks_started: 0,
@@ -429,8 +430,7 @@ impl Loader {
         // (time to first batch must not grow with the number of ranks), and
         // claim one batch ahead of the reads in flight only: a claim may
         // allocate its slot first, and the loop must get back to publishing.
-        let warming = (0..world).any(|r| !self.cursors[r as usize].done() && self.producer.published(r) == 0);
-        self.warming = warming;
+        let warming = self.warming;
         let ahead = if warming { self.warm_up_in_flight } else { self.reader.max_in_flight() };
         let full = |l: &Loader| l.queued.len() >= ahead;
         // Each pass gives every open rank one batch, starting where the last
@@ -559,6 +559,7 @@ impl Loader {
         self.first_step_bytes += bytes;
         tracing::debug!("rank {r}: first batch published {:.1} ms after the ring was created", at.as_secs_f64() * 1e3);
         if self.ranks_started == self.plan.cfg.world_size {
+            self.warming = false;
             self.report.all_first_published = Some(at);
             let first = self.report.first_publish.unwrap_or(at);
             let line = format!(

@@ -195,25 +195,34 @@ struct Backing {
     stop: AtomicBool,
 }
 
+impl Backing {
+    /// Allocates slot `slot`'s payload in /dev/shm unless that was done (by
+    /// the claim or by the `reserve_rest` thread; doing it twice is harmless).
+    fn allocate_slot(&self, fd: &OwnedFd, layout: &Layout, slot: u32) -> io::Result<()> {
+        use std::sync::atomic::Ordering as O;
+        let flag = &self.allocated[slot as usize];
+        if flag.load(O::Acquire) {
+            return Ok(());
+        }
+        segment::allocate(fd, layout.payload_offset_of(slot), layout.geometry.slot_payload_bytes)?;
+        flag.store(true, O::Release);
+        Ok(())
+    }
+}
+
 /// The `reserve_rest` thread.
 fn reserve_slots(fd: &OwnedFd, backing: &Backing, layout: &Layout) {
-    use std::sync::atomic::Ordering as O;
     let g = layout.geometry;
     for k in 0..g.slots_per_rank {
         for r in 0..g.world_size {
-            if backing.stop.load(O::Relaxed) {
+            if backing.stop.load(std::sync::atomic::Ordering::Relaxed) {
                 return;
             }
             let slot = r * g.slots_per_rank + k;
-            let flag = &backing.allocated[slot as usize];
-            if flag.load(O::Acquire) {
-                continue;
-            }
-            if let Err(e) = segment::allocate(fd, layout.payload_offset_of(slot), g.slot_payload_bytes) {
+            if let Err(e) = backing.allocate_slot(fd, layout, slot) {
                 tracing::debug!("reserving the ring stopped at slot {slot}: {e}");
                 return;
             }
-            flag.store(true, O::Release);
         }
     }
 }
@@ -293,21 +302,15 @@ impl Producer {
 
     /// Allocates slot `slot`'s payload in /dev/shm unless that was done.
     fn ensure_allocated(&mut self, slot: u32) -> Result<(), CreateError> {
-        let flag = &self.backing.allocated[slot as usize];
-        if flag.load(std::sync::atomic::Ordering::Acquire) {
-            return Ok(());
-        }
         let l = self.view.layout();
-        segment::allocate(&self.fd, l.payload_offset_of(slot), l.geometry.slot_payload_bytes).map_err(|e| {
+        self.backing.allocate_slot(&self.fd, l, slot).map_err(|e| {
             if matches!(e.raw_os_error(), Some(libc::ENOSPC)) {
                 let free_bytes = segment::free_bytes(&self.fd).unwrap_or(0);
                 CreateError::ShmFull { path: self.path.clone(), slot, slot_size: human_bytes(l.geometry.slot_payload_bytes), free_bytes, free: human_bytes(free_bytes) }
             } else {
                 CreateError::Io { what: "cannot allocate", path: self.path.clone(), source: e }
             }
-        })?;
-        flag.store(true, std::sync::atomic::Ordering::Release);
-        Ok(())
+        })
     }
 
     /// Allocates, on a thread of its own, every slot payload not allocated
