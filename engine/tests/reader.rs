@@ -22,6 +22,7 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,7 +123,15 @@ fn run_all(
 }
 
 /// Lays `ranges` (file, offset, len) out one after another in `buf`.
+/// Each op has a spare byte where one lies inside `buf` (as the loader's do:
+/// the next range's first byte, or room after the last).
 fn ops_into(buf: &mut [u8], ranges: &[(u32, u64, u64)]) -> Vec<ReadOp> {
+    ops_into_with(buf, ranges, true)
+}
+
+/// `ops_into`, with spare bytes only if `spare`.
+fn ops_into_with(buf: &mut [u8], ranges: &[(u32, u64, u64)], spare: bool) -> Vec<ReadOp> {
+    let buf_len = buf.len();
     let mut at = 0usize;
     let base = buf.as_mut_ptr();
     ranges
@@ -137,6 +146,7 @@ fn ops_into(buf: &mut [u8], ranges: &[(u32, u64, u64)]) -> Vec<ReadOp> {
                 offset_bytes,
                 len_bytes,
                 dest,
+                spare_byte: spare && at < buf_len,
                 user_data: i as u64,
             }
         })
@@ -428,6 +438,158 @@ fn truncated_file_is_a_changed_size_error(choice: IoChoice, keep_open: bool) {
     assert!(results[&2].is_ok() && results[&3].is_ok(), "{results:?}");
 }
 
+/// A file appended to after the table was built: every read that reaches
+/// the recorded end fails with `Grew`, naming the path and both sizes; reads
+/// that stop short of it, and the other file, still succeed.
+fn grown_file_is_a_grew_error(choice: IoChoice, keep_open: bool) {
+    // Probe byte in the caller's spare byte (a longer READ or pread), then
+    // in the engine's own (READV or preadv).
+    for spare in [true, false] {
+        grown_file_is_a_grew_error_with(choice, keep_open, spare);
+    }
+}
+
+fn grown_file_is_a_grew_error_with(choice: IoChoice, keep_open: bool, spare: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = vec![100_000u64, 100_000];
+    let (paths, _) = make_files(dir.path(), &sizes);
+    let Some(mut engine) = engine(
+        choice,
+        table(&paths, &sizes, keep_open),
+        &ReaderConfig::default(),
+    ) else {
+        return;
+    };
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&paths[0])
+        .unwrap()
+        .write_all(&[7u8; 5000])
+        .unwrap();
+    // Whole file, its last record, a middle range, a range ending one byte
+    // before the recorded end, the other file whole.
+    let ranges = [
+        (0u32, 0u64, 100_000u64),
+        (0, 99_000, 1000),
+        (0, 1000, 5000),
+        (0, 50_000, 49_999),
+        (1, 0, 100_000),
+    ];
+    let mut buf = vec![0u8; 256_000];
+    let ops = ops_into_with(&mut buf, &ranges, spare);
+    let (results, _) = run_all(engine.as_mut(), &ops);
+    for user_data in [0u64, 1] {
+        match &results[&user_data] {
+            Err(
+                e @ ReadError::Grew {
+                    path,
+                    expected_bytes,
+                    actual_bytes,
+                },
+            ) => {
+                assert_eq!(
+                    (path, *expected_bytes, *actual_bytes),
+                    (&paths[0], 100_000, 105_000)
+                );
+                let message = e.to_string();
+                assert!(
+                    message.contains(&paths[0].display().to_string())
+                        && message.contains("100000")
+                        && message.contains("105000")
+                        && message.contains("grew"),
+                    "{message}"
+                );
+            }
+            other => panic!("read {user_data} (spare byte {spare}): {other:?}"),
+        }
+    }
+    for user_data in [2u64, 3, 4] {
+        assert!(results[&user_data].is_ok(), "read {user_data}: {results:?}");
+    }
+    // The bytes of the reads that succeeded are the file's, unchanged.
+    let file1 = fs::read(&paths[1]).unwrap();
+    let at = (100_000 + 1000 + 5000 + 49_999) as usize;
+    assert_eq!(&buf[at..at + 100_000], &file1[..]);
+}
+
+/// A read that ends at the end of an unchanged file never writes its spare
+/// byte: the bytes between ranges keep their sentinel, and every range is
+/// the file's.
+fn spare_byte_is_untouched_when_the_file_did_not_change(choice: IoChoice, keep_open: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let sizes: Vec<u64> = (0..200u64).map(|i| 1 + i * 997 % 20_000).collect();
+    let (paths, contents) = make_files(dir.path(), &sizes);
+    let Some(mut engine) = engine(
+        choice,
+        table(&paths, &sizes, keep_open),
+        &ReaderConfig::default(),
+    ) else {
+        return;
+    };
+    const SENTINEL: u8 = 0xA5;
+    let total: u64 = sizes.iter().map(|s| s + 1).sum();
+    let mut buf = vec![SENTINEL; total as usize];
+    let base = buf.as_mut_ptr();
+    let mut at = 0usize;
+    let mut ops = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        // Whole files, and every third one its second half alone: both end
+        // at end of file.
+        let offset_bytes = if i % 3 == 0 { size / 2 } else { 0 };
+        let len_bytes = size - offset_bytes;
+        ops.push(ReadOp {
+            file: i as u32,
+            offset_bytes,
+            len_bytes,
+            dest: base.wrapping_add(at),
+            spare_byte: true,
+            user_data: i as u64,
+        });
+        at += len_bytes as usize + 1;
+    }
+    let (results, _) = run_all(engine.as_mut(), &ops);
+    let mut at = 0usize;
+    for (i, op) in ops.iter().enumerate() {
+        assert!(results[&(i as u64)].is_ok(), "read {i}: {:?}", results[&(i as u64)]);
+        let (o, n) = (op.offset_bytes as usize, op.len_bytes as usize);
+        assert!(buf[at..at + n] == contents[i][o..o + n], "read {i}: bytes differ from the file");
+        assert_eq!(buf[at + n], SENTINEL, "read {i} wrote its spare byte");
+        at += n + 1;
+    }
+}
+
+#[test]
+fn uring_spare_byte_is_untouched_when_the_file_did_not_change() {
+    spare_byte_is_untouched_when_the_file_did_not_change(IoChoice::Uring, false);
+    spare_byte_is_untouched_when_the_file_did_not_change(IoChoice::Uring, true);
+}
+
+#[test]
+fn pread_spare_byte_is_untouched_when_the_file_did_not_change() {
+    spare_byte_is_untouched_when_the_file_did_not_change(IoChoice::Pread, false);
+    spare_byte_is_untouched_when_the_file_did_not_change(IoChoice::Pread, true);
+}
+
+#[test]
+fn uring_grown_file_is_a_grew_error() {
+    grown_file_is_a_grew_error(IoChoice::Uring, false);
+}
+
+#[test]
+fn uring_grown_kept_open_file_is_a_grew_error() {
+    grown_file_is_a_grew_error(IoChoice::Uring, true);
+}
+
+#[test]
+fn pread_grown_file_is_a_grew_error() {
+    grown_file_is_a_grew_error(IoChoice::Pread, false);
+}
+
+#[test]
+fn pread_grown_kept_open_file_is_a_grew_error() {
+    grown_file_is_a_grew_error(IoChoice::Pread, true);
+}
+
 #[test]
 fn uring_truncated_file_is_a_changed_size_error() {
     truncated_file_is_a_changed_size_error(IoChoice::Uring, false);
@@ -463,6 +625,7 @@ fn zero_length_read_completes_without_io(choice: IoChoice) {
         offset_bytes: 10,
         len_bytes: 0,
         dest: std::ptr::null_mut(),
+        spare_byte: false,
         user_data: 7,
     }];
     let (results, _) = run_all(engine.as_mut(), &ops);

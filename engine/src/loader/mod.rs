@@ -80,7 +80,7 @@ pub enum ServeError {
     #[error(transparent)]
     Ring(#[from] CreateError),
     /// A read failed: the sample is named, nothing is skipped.
-    #[error("{0}")]
+    #[error(transparent)]
     Read(#[from] ReadError),
     /// A batch does not fit a slot of the given size.
     #[error("sample {index} ({path}, {len} bytes) does not fit: batch (epoch {epoch}, step {step}, rank {rank}) needs {needed} bytes but --slot-bytes is {slot_bytes}; raise --slot-bytes or leave it out to size slots from the data")]
@@ -491,7 +491,12 @@ impl Loader {
                 }
                 let dest = self.pending.sample(id, offset, loc.len_bytes, index);
                 if loc.len_bytes > 0 {
-                    self.queued.push_back(ReadOp { file: loc.file, offset_bytes: loc.offset_bytes, len_bytes: loc.len_bytes, dest, user_data: id as u64 });
+                    // The byte after this sample is the next sample's first
+                    // or unused room in this slot, and a failed read stops
+                    // the run before the slot is published; only a batch
+                    // that fills its slot exactly has no such byte.
+                    let spare_byte = end < slot_bytes;
+                    self.queued.push_back(ReadOp { file: loc.file, offset_bytes: loc.offset_bytes, len_bytes: loc.len_bytes, dest, spare_byte, user_data: id as u64 });
                     self.pending.expect_read(id);
                 }
                 offset = end;

@@ -49,6 +49,23 @@ pub enum ReadError {
         /// Bytes that did arrive.
         read_bytes: u64,
     },
+    /// A read that ended at the recorded end of the file found more bytes
+    /// there: the file grew since the manifest recorded its size.
+    #[error(
+        "{}: file changed size since the manifest was built: expected {expected_bytes} bytes, \
+         found {actual_bytes} (it grew; restart the loader to list the dataset again, or leave \
+         its files unchanged while it runs)",
+        path.display()
+    )]
+    Grew {
+        /// The file.
+        path: PathBuf,
+        /// Size the file table says the file has.
+        expected_bytes: u64,
+        /// Size the file has now (from `stat`; where that failed, one byte
+        /// more than expected, which is what the read saw).
+        actual_bytes: u64,
+    },
     /// Any other OS error while opening or reading a file.
     #[error("{}: {op} failed: {source}", path.display())]
     Io {
@@ -145,6 +162,17 @@ impl ReadError {
             offset_bytes,
             len_bytes,
             read_bytes,
+        }
+    }
+
+    /// The error for a read that found bytes past the recorded end of the
+    /// file (`expected_bytes`). Looks at the file's size now (error path only).
+    pub(crate) fn grew(path: PathBuf, expected_bytes: u64) -> ReadError {
+        let actual_bytes = std::fs::metadata(&path).map_or(expected_bytes + 1, |m| m.len());
+        ReadError::Grew {
+            path,
+            expected_bytes,
+            actual_bytes,
         }
     }
 }

@@ -13,7 +13,8 @@ use super::{ReadError, ReadOp};
 ///
 /// Built once by the caller from the manifest and shared (`Arc`) with the
 /// engine. The sizes are what the manifest saw; a read that meets end of file
-/// before them is `ReadError::ChangedSize`.
+/// before them is `ReadError::ChangedSize`, and one that finds bytes past
+/// them is `ReadError::Grew`.
 ///
 /// The paths are stored end to end in one buffer, NUL-terminated, so that a
 /// table of millions of files costs two allocations (a `CString` each cost
@@ -44,7 +45,7 @@ impl FileTable {
     /// reads of files past that limit open, read and close. Use it for few,
     /// large files read many times (record mode). A kept file is read as it
     /// was opened: deleting or replacing its path afterwards goes unnoticed
-    /// (shrinking it does not). Without it, every read opens and closes its
+    /// (shrinking or growing it does not). Without it, every read opens and closes its
     /// file, so a file that vanished is reported on its next read.
     ///
     /// Refused: lengths that differ, more than `u32::MAX` files, a path that

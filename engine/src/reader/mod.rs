@@ -32,8 +32,13 @@
 //! - A read that meets end of file early is never accepted: the remainder is
 //!   read again (a regular file returns fewer bytes than asked only at end of
 //!   file), and a read that then returns 0 bytes is
-//!   `ReadError::ChangedSize`, naming the path and both sizes. A file that
-//!   grew is not detected: the reader reads the recorded range.
+//!   `ReadError::ChangedSize`, naming the path and both sizes.
+//! - A read whose range ends at the recorded end of the file also asks for
+//!   one byte past it, with no extra operation: into `dest[len_bytes]` when
+//!   `ReadOp::spare_byte` allows, else into a probe buffer of the engine's
+//!   (READV or `preadv` with a second, one-byte buffer). If that byte
+//!   arrives the file grew, and the read is `ReadError::Grew`. An empty file is never read, so its growth goes
+//!   unnoticed; so does a change that keeps the size.
 //! - A read longer than `READ_CHUNK_BYTES_MAX` is split into several reads
 //!   (io_uring lengths are 32-bit, and Linux caps one read at about 2 GiB).
 //! - A zero-length read completes successfully without I/O.
@@ -207,6 +212,15 @@ pub struct ReadOp {
     pub len_bytes: u64,
     /// Where the bytes go; valid for `len_bytes` writes (see `ReadEngine::submit`).
     pub dest: *mut u8,
+    /// `dest[len_bytes]`, the byte after the range, may be written too, but
+    /// only by a read that then fails with `ReadError::Grew`. The caller
+    /// sets it where that byte is valid memory whose contents it throws
+    /// away when this read fails (the start of the next sample of the same
+    /// batch, or spare room in the slot). It makes the growth check of a
+    /// range that ends at the end of its file one plain read of
+    /// `len_bytes + 1`, instead of a vectored read with a probe buffer
+    /// (measured: 8 to 12% of the throughput of 4 KiB files).
+    pub spare_byte: bool,
     /// Returned in the completion, untouched.
     pub user_data: u64,
 }

@@ -256,6 +256,12 @@ impl Fd<'_> {
 fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
     let files = &pool.files;
     let fd = file_fd(pool, op.file)?;
+    let size_bytes = files.size_bytes(op.file).unwrap_or(0);
+    let ends_at_eof = op.offset_bytes + op.len_bytes == size_bytes;
+    // The read that reaches the recorded end of the file also asks for one
+    // byte past it (see ReadOp::spare_byte): if that byte arrives, the file
+    // grew.
+    let mut probe = 0u8;
     let mut done_bytes = 0u64;
     let mut short_reads = 0u32;
     while done_bytes < op.len_bytes {
@@ -263,16 +269,30 @@ fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
         // check_op bounded offset + len by the file size, a u64 that fits i64
         // for any real file; the cast cannot wrap for ranges that passed it.
         let offset = (op.offset_bytes + done_bytes) as libc::off_t;
+        let iov = [
+            libc::iovec {
+                // SAFETY (of the add): done_bytes < len_bytes, inside `dest`.
+                iov_base: unsafe { op.dest.add(done_bytes as usize) }.cast(),
+                iov_len: chunk_bytes as usize,
+            },
+            libc::iovec {
+                iov_base: std::ptr::addr_of_mut!(probe).cast(),
+                iov_len: 1,
+            },
+        ];
+        let probe = ends_at_eof && done_bytes + chunk_bytes == op.len_bytes;
         // SAFETY: submit's contract makes `dest` valid for `len_bytes` writes
         // and ours alone; `done_bytes + chunk_bytes <= len_bytes`, so the
-        // range written is inside it. `fd` is open for the whole call.
+        // first buffer is inside it. The probe byte is `dest[len_bytes]`
+        // where `spare_byte` allows it (written only if the read then fails
+        // with Grew), else `probe`, on this stack. `fd` is open for the
+        // whole call.
         let n = unsafe {
-            libc::pread(
-                fd.raw(),
-                op.dest.add(done_bytes as usize).cast(),
-                chunk_bytes as usize,
-                offset,
-            )
+            match (probe, op.spare_byte) {
+                (true, true) => libc::pread(fd.raw(), iov[0].iov_base, chunk_bytes as usize + 1, offset),
+                (true, false) => libc::preadv(fd.raw(), iov.as_ptr(), 2, offset),
+                (false, _) => libc::pread(fd.raw(), iov[0].iov_base, chunk_bytes as usize, offset),
+            }
         };
         if n < 0 {
             let err = io::Error::last_os_error();
@@ -286,12 +306,14 @@ fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
             ));
         }
         let n = n as u64;
+        if n > chunk_bytes {
+            return Err(ReadError::grew(files.path_buf(op.file), size_bytes));
+        }
         done_bytes += n;
         if n == 0 {
-            let expected = files.size_bytes(op.file).unwrap_or(0);
             return Err(ReadError::changed_size(
                 files.path_buf(op.file),
-                expected,
+                size_bytes,
                 op.offset_bytes,
                 op.len_bytes,
                 done_bytes,

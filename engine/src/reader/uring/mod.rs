@@ -33,7 +33,9 @@
 //! A read that returns fewer bytes than asked (end of file: the file shrank)
 //! is retried for the remainder as a new attempt; an attempt that reads 0
 //! bytes is `ChangedSize`. Reads longer than `READ_CHUNK_BYTES_MAX` go as
-//! several attempts, one after the other.
+//! several attempts, one after the other. The attempt that reaches the
+//! recorded end of the file is a READV with a one-byte probe buffer after
+//! the range; a result one byte longer than asked is `Grew`.
 
 use std::collections::VecDeque;
 use std::io;

@@ -107,16 +107,54 @@ impl Ring {
         ))
     }
 
+    /// The SQE of op `idx`'s next read from the file in direct slot `slot`,
+    /// and the bytes it asks.
+    ///
+    /// The read that reaches the recorded end of the file asks for one byte
+    /// more: if the kernel delivers it, the file grew since the manifest was
+    /// built (`Grew`, in `advance`). Without it a grown file would be read
+    /// to its old size and the change missed. That byte lands in
+    /// `dest[chunk_bytes]` when the op has a spare byte (a plain READ one
+    /// byte longer), else in the ring's probe byte (a READV of two
+    /// buffers). It costs no extra SQE.
+    fn read_sqe(&mut self, idx: u32, slot: u32) -> Result<(squeue::Entry, u32), ReadError> {
+        let probe: *mut u8 = &mut *self.probe_buf;
+        let (dest, offset_bytes, chunk_bytes) = self.next_read(idx)?;
+        let state = self.state(idx)?;
+        let last = state.done_bytes + u64::from(chunk_bytes) == state.op.len_bytes;
+        let probe_len = u32::from(state.ends_at_eof && last);
+        if probe_len == 0 || state.op.spare_byte {
+            // With a spare byte the probe lands at dest[chunk_bytes], which
+            // the op allows only when the read then fails (`Grew`).
+            let read = opcode::Read::new(types::Fixed(slot), dest, chunk_bytes + probe_len)
+                .offset(offset_bytes)
+                .build();
+            return Ok((read, chunk_bytes));
+        }
+        state.iov = [
+            libc::iovec {
+                iov_base: dest.cast(),
+                iov_len: chunk_bytes as usize,
+            },
+            libc::iovec {
+                iov_base: probe.cast(),
+                iov_len: 1,
+            },
+        ];
+        let read = opcode::Readv::new(types::Fixed(slot), state.iov.as_ptr(), 2)
+            .offset(offset_bytes)
+            .build();
+        Ok((read, chunk_bytes))
+    }
+
     fn push_chain(&mut self, idx: u32, slot: u32) -> Result<(), ReadError> {
         let file = self.state(idx)?.op.file;
-        let (dest, offset_bytes, chunk_bytes) = self.next_read(idx)?;
         let open = self
             .open_sqe(file, slot)?
             .flags(squeue::Flags::IO_LINK)
             .user_data(Kind::ChainOpen.tag(idx));
-        let read = opcode::Read::new(types::Fixed(slot), dest, chunk_bytes)
-            .offset(offset_bytes)
-            .build()
+        let (read, chunk_bytes) = self.read_sqe(idx, slot)?;
+        let read = read
             .flags(squeue::Flags::IO_HARDLINK)
             .user_data(Kind::ChainRead.tag(idx));
         let close = opcode::Close::new(types::Fixed(slot))
@@ -133,11 +171,8 @@ impl Ring {
     }
 
     fn push_kept_read(&mut self, idx: u32, slot: u32) -> Result<(), ReadError> {
-        let (dest, offset_bytes, chunk_bytes) = self.next_read(idx)?;
-        let read = opcode::Read::new(types::Fixed(slot), dest, chunk_bytes)
-            .offset(offset_bytes)
-            .build()
-            .user_data(Kind::KeptRead.tag(idx));
+        let (read, chunk_bytes) = self.read_sqe(idx, slot)?;
+        let read = read.user_data(Kind::KeptRead.tag(idx));
         self.state(idx)?.attempt = Attempt::Kept { chunk_bytes };
         self.push(&[read])
     }
@@ -318,8 +353,14 @@ impl Ring {
     /// Counts `read_bytes` of an attempt that asked `chunk_bytes`, then
     /// finishes the op or starts its next attempt.
     fn advance(&mut self, idx: u32, read_bytes: u32, chunk_bytes: u32) -> Result<(), ReadError> {
-        debug_assert!(read_bytes <= chunk_bytes);
         let state = self.state(idx)?;
+        if read_bytes > chunk_bytes {
+            // Only a read with the probe byte can return more than asked.
+            let file = state.op.file;
+            let expected = self.files.size_bytes(file).unwrap_or(0);
+            let error = ReadError::grew(self.files.path_buf(file), expected);
+            return self.finish(idx, Err(error));
+        }
         state.done_bytes += u64::from(read_bytes);
         if read_bytes < chunk_bytes && read_bytes > 0 {
             state.short_reads += 1;

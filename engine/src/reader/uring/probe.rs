@@ -124,6 +124,7 @@ fn check_opcodes(ring: &IoUring) -> Result<(), String> {
         (opcode::Nop::CODE, "NOP"),
         (opcode::OpenAt::CODE, "OPENAT"),
         (opcode::Read::CODE, "READ"),
+        (opcode::Readv::CODE, "READV"),
         (opcode::Close::CODE, "CLOSE"),
     ];
     let missing: Vec<&str> = needed

@@ -77,6 +77,13 @@ pub(super) enum Attempt {
 
 pub(super) struct OpState {
     pub(super) op: ReadOp,
+    /// The op's range ends at the recorded end of its file, so its last
+    /// attempt also reads one probe byte past it (see `ops::read_sqe`).
+    pub(super) ends_at_eof: bool,
+    /// The buffers of that READV: the rest of the range, then the probe
+    /// byte. The kernel reads them while the SQE is in flight; `ops` never
+    /// reallocates, so they stay where they are.
+    pub(super) iov: [libc::iovec; 2],
     pub(super) done_bytes: u64,
     pub(super) short_reads: u32,
     pub(super) attempt: Attempt,
@@ -120,12 +127,15 @@ pub(super) struct Ring {
     pub(super) wake: Arc<Wake>,
     /// Where that READ puts the eventfd's counter.
     pub(super) wake_buf: Box<u64>,
+    /// Where probe bytes land: read past the recorded end of a file to find
+    /// out it grew. Never read by us; concurrent reads may all write it.
+    pub(super) probe_buf: Box<u8>,
     /// The wake-up READ completed since the last `reap`.
     pub(super) woken: bool,
 }
 
 // SAFETY: the fields that are not Send are the `dest` pointers inside the
-// ReadOps. The ring never dereferences them; it only hands them to the
+// ReadOps and the iovecs that repeat them. The ring never dereferences them; it only hands them to the
 // kernel, which writes through them whichever thread drives the ring, and
 // `accept`'s contract keeps that memory valid and unshared until the
 // completion is reaped. A ring is moved once, to its shard thread, before it
@@ -171,6 +181,7 @@ impl Ring {
             cqes_expected: 0,
             wake,
             wake_buf: Box::new(0),
+            probe_buf: Box::new(0),
             woken: false,
         })
     }
@@ -204,8 +215,14 @@ impl Ring {
                     io::Error::other("no free read index"),
                 ));
             };
+            let empty = libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            };
             let state = OpState {
                 op: *op,
+                ends_at_eof: self.files.size_bytes(op.file) == Some(op.offset_bytes + op.len_bytes),
+                iov: [empty, empty],
                 done_bytes: 0,
                 short_reads: 0,
                 attempt: Attempt::Waiting,
