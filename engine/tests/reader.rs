@@ -610,7 +610,8 @@ fn pread_truncated_kept_open_file_is_a_changed_size_error() {
     truncated_file_is_a_changed_size_error(IoChoice::Pread, true);
 }
 
-/// A zero-length read succeeds without I/O: even its file's absence is not seen.
+/// A zero-length read inside its file succeeds without I/O: even the file's
+/// absence is not seen.
 fn zero_length_read_completes_without_io(choice: IoChoice) {
     let paths = vec![PathBuf::from("/nonexistent/ringfeed-test/never-there.bin")];
     let Some(mut engine) = engine(
@@ -622,7 +623,7 @@ fn zero_length_read_completes_without_io(choice: IoChoice) {
     };
     let ops = [ReadOp {
         file: 0,
-        offset_bytes: 10,
+        offset_bytes: 4,
         len_bytes: 0,
         dest: std::ptr::null_mut(),
         spare_byte: false,
@@ -630,6 +631,62 @@ fn zero_length_read_completes_without_io(choice: IoChoice) {
     }];
     let (results, _) = run_all(engine.as_mut(), &ops);
     assert!(matches!(results[&7], Ok(())), "{results:?}");
+}
+
+/// An empty file is read for one byte: unchanged it succeeds, grown it is
+/// `Grew`, gone it is `Vanished`; with and without a spare byte.
+fn empty_file_is_probed(choice: IoChoice, keep_open: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = vec![0u64, 0, 0, 0, 0, 0];
+    let (paths, _) = make_files(dir.path(), &sizes);
+    let Some(mut engine) = engine(
+        choice,
+        table(&paths, &sizes, keep_open),
+        &ReaderConfig::default(),
+    ) else {
+        return;
+    };
+    for i in [2, 3] {
+        fs::write(&paths[i], b"now with bytes").unwrap();
+    }
+    fs::remove_file(&paths[4]).unwrap();
+    let mut buf = [0xA5u8; 8];
+    let base = buf.as_mut_ptr();
+    let ops: Vec<ReadOp> = (0..6u32)
+        .map(|i| ReadOp {
+            file: i,
+            offset_bytes: 0,
+            len_bytes: 0,
+            dest: if i % 2 == 0 { base.wrapping_add(i as usize) } else { std::ptr::null_mut() },
+            spare_byte: i % 2 == 0,
+            user_data: u64::from(i),
+        })
+        .collect();
+    let (results, _) = run_all(engine.as_mut(), &ops);
+    for i in [0u64, 1, 5] {
+        assert!(results[&i].is_ok(), "empty file {i}: {:?}", results[&i]);
+    }
+    for i in [2u64, 3] {
+        assert!(
+            matches!(&results[&i], Err(ReadError::Grew { expected_bytes: 0, actual_bytes: 14, .. })),
+            "grown file {i}: {:?}",
+            results[&i]
+        );
+    }
+    assert!(matches!(&results[&4], Err(ReadError::Vanished { .. })), "{:?}", results[&4]);
+    assert_eq!(buf[0], 0xA5, "an unchanged empty file's probe wrote its spare byte");
+}
+
+#[test]
+fn uring_empty_file_is_probed() {
+    empty_file_is_probed(IoChoice::Uring, false);
+    empty_file_is_probed(IoChoice::Uring, true);
+}
+
+#[test]
+fn pread_empty_file_is_probed() {
+    empty_file_is_probed(IoChoice::Pread, false);
+    empty_file_is_probed(IoChoice::Pread, true);
 }
 
 #[test]

@@ -259,10 +259,11 @@ def test_a_file_that_vanishes_during_the_run_stops_the_loader_with_its_path(tmp_
 
 
 @pytest.mark.parametrize("io", ["uring", "pread"])
-@pytest.mark.parametrize("change", ["grows", "shrinks"])
+@pytest.mark.parametrize("change", ["grows", "shrinks", "empty one grows"])
 def test_a_file_that_changes_size_during_the_run_stops_the_loader_with_its_path_and_sizes(tmp_path, c_consumer, io, change):
+    size = 0 if change == "empty one grows" else 1000
     for i in range(64):
-        (tmp_path / ("f%02d" % i)).write_bytes(b"x" * 1000)
+        (tmp_path / ("f%02d" % i)).write_bytes(b"x" * (size if i == 17 else 1000))
     name = "e2e-resize-%s" % uuid.uuid4().hex[:8]
     loader = subprocess.Popen(
         [ringfeed_bin(), "serve", "--source", str(tmp_path), "--name", name, "--batch-size", "4", "--world-size", "1",
@@ -273,17 +274,17 @@ def test_a_file_that_changes_size_during_the_run_stops_the_loader_with_its_path_
     import time
     time.sleep(1.0)
     with open(tmp_path / "f17", "r+b") as f:
-        if change == "grows":
+        if change == "shrinks":
+            f.truncate(600)
+        else:
             f.seek(0, 2)
             f.write(b"y" * 24)
-        else:
-            f.truncate(600)
     _, err = loader.communicate(timeout=30)
     text = err.decode()
     assert loader.returncode != 0, text
     assert str(tmp_path / "f17") in text, text
-    assert "changed size" in text and "expected 1000 bytes" in text, text
-    assert ("found 1024" in text and "grew" in text) if change == "grows" else "found 600" in text, text
+    assert "changed size" in text and "expected %d bytes" % size in text, text
+    assert "found 600" in text if change == "shrinks" else ("found %d" % (size + 24) in text and "grew" in text), text
     (rc, _, cerr), = wait_all([consumer], 10)
     assert rc != 0 and "stopped before the end of the run" in cerr.decode(), cerr.decode()
 

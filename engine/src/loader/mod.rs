@@ -490,15 +490,14 @@ impl Loader {
                     });
                 }
                 let dest = self.pending.sample(id, offset, loc.len_bytes, index);
-                if loc.len_bytes > 0 {
-                    // The byte after this sample is the next sample's first
-                    // or unused room in this slot, and a failed read stops
-                    // the run before the slot is published; only a batch
-                    // that fills its slot exactly has no such byte.
-                    let spare_byte = end < slot_bytes;
-                    self.queued.push_back(ReadOp { file: loc.file, offset_bytes: loc.offset_bytes, len_bytes: loc.len_bytes, dest, spare_byte, user_data: id as u64 });
-                    self.pending.expect_read(id);
-                }
+                // The byte after this sample is the next sample's first or
+                // unused room in this slot, and a failed read stops the run
+                // before the slot is published; only a batch that fills its
+                // slot exactly has no such byte. An empty sample is read
+                // too: one byte, to see that its file is still empty.
+                let spare_byte = end < slot_bytes;
+                self.queued.push_back(ReadOp { file: loc.file, offset_bytes: loc.offset_bytes, len_bytes: loc.len_bytes, dest, spare_byte, user_data: id as u64 });
+                self.pending.expect_read(id);
                 offset = end;
             }
         }

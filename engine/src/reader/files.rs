@@ -164,6 +164,19 @@ impl FileTable {
         self.root.join(OsStr::from_bytes(self.c_path(file).to_bytes()))
     }
 
+    /// Whether `op`'s range ends at the recorded end of its file, so that
+    /// the reader also checks for growth. `op` must have passed `check_op`.
+    pub(crate) fn ends_at_eof(&self, op: &ReadOp) -> bool {
+        self.size_bytes(op.file) == Some(op.offset_bytes + op.len_bytes)
+    }
+
+    /// Whether `op` completes without I/O: a zero-length range inside its
+    /// file. (One at the end of its file, an empty file's, still reads one
+    /// byte to see whether the file grew.)
+    pub(crate) fn needs_no_io(&self, op: &ReadOp) -> bool {
+        op.len_bytes == 0 && !self.ends_at_eof(op)
+    }
+
     /// Checks a read against the table before it is started.
     pub(crate) fn check_op(&self, op: &ReadOp) -> Result<(), ReadError> {
         let invalid = |reason: String| ReadError::InvalidOp {
@@ -194,7 +207,7 @@ impl FileTable {
                 op.len_bytes
             )));
         }
-        if op.len_bytes > 0 && op.dest.is_null() {
+        if (op.len_bytes > 0 || op.spare_byte) && op.dest.is_null() {
             return Err(invalid("destination pointer is null".to_string()));
         }
         Ok(())

@@ -37,11 +37,12 @@
 //!   one byte past it, with no extra operation: into `dest[len_bytes]` when
 //!   `ReadOp::spare_byte` allows, else into a probe buffer of the engine's
 //!   (READV or `preadv` with a second, one-byte buffer). If that byte
-//!   arrives the file grew, and the read is `ReadError::Grew`. An empty file is never read, so its growth goes
-//!   unnoticed; so does a change that keeps the size.
+//!   arrives the file grew, and the read is `ReadError::Grew`. A change
+//!   that keeps the size goes unnoticed.
 //! - A read longer than `READ_CHUNK_BYTES_MAX` is split into several reads
 //!   (io_uring lengths are 32-bit, and Linux caps one read at about 2 GiB).
-//! - A zero-length read completes successfully without I/O.
+//! - A zero-length read inside its file completes successfully without I/O;
+//!   one at the end of its file (an empty file's) reads that one probe byte.
 //! - `submit` refuses a call that would put more than `max_in_flight()` reads
 //!   in flight (`ReadError::Busy`), starting none of them.
 //! - Dropping an engine waits for every read the kernel or a thread is still

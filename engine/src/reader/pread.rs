@@ -51,7 +51,7 @@ pub(crate) struct PreadEngine {
     done: Receiver<Completion>,
     workers: Vec<JoinHandle<()>>,
     pool: Arc<Pool>,
-    /// Completions that needed no worker (zero-length reads).
+    /// Completions that needed no worker (zero-length reads inside a file).
     ready: VecDeque<Completion>,
     in_flight: usize,
     max_in_flight: usize,
@@ -138,7 +138,7 @@ impl ReadEngine for PreadEngine {
         };
         for op in ops {
             self.in_flight += 1;
-            if op.len_bytes == 0 {
+            if self.pool.files.needs_no_io(op) {
                 self.ready.push_back(Completion {
                     user_data: op.user_data,
                     result: Ok(()),
@@ -257,22 +257,22 @@ fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
     let files = &pool.files;
     let fd = file_fd(pool, op.file)?;
     let size_bytes = files.size_bytes(op.file).unwrap_or(0);
-    let ends_at_eof = op.offset_bytes + op.len_bytes == size_bytes;
+    let ends_at_eof = files.ends_at_eof(op);
     // The read that reaches the recorded end of the file also asks for one
     // byte past it (see ReadOp::spare_byte): if that byte arrives, the file
-    // grew.
+    // grew. A zero-length op got here only for that probe (an empty file).
     let mut probe = 0u8;
     let mut done_bytes = 0u64;
     let mut short_reads = 0u32;
-    while done_bytes < op.len_bytes {
+    loop {
         let chunk_bytes = (op.len_bytes - done_bytes).min(READ_CHUNK_BYTES_MAX);
         // check_op bounded offset + len by the file size, a u64 that fits i64
         // for any real file; the cast cannot wrap for ranges that passed it.
         let offset = (op.offset_bytes + done_bytes) as libc::off_t;
         let iov = [
             libc::iovec {
-                // SAFETY (of the add): done_bytes < len_bytes, inside `dest`.
-                iov_base: unsafe { op.dest.add(done_bytes as usize) }.cast(),
+                // Address arithmetic only; done_bytes <= len_bytes.
+                iov_base: op.dest.wrapping_add(done_bytes as usize).cast(),
                 iov_len: chunk_bytes as usize,
             },
             libc::iovec {
@@ -310,6 +310,9 @@ fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
             return Err(ReadError::grew(files.path_buf(op.file), size_bytes));
         }
         done_bytes += n;
+        if done_bytes == op.len_bytes {
+            return Ok(());
+        }
         if n == 0 {
             return Err(ReadError::changed_size(
                 files.path_buf(op.file),
@@ -319,7 +322,7 @@ fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
                 done_bytes,
             ));
         }
-        if n < chunk_bytes && done_bytes < op.len_bytes {
+        if n < chunk_bytes {
             short_reads += 1;
             if short_reads > SHORT_READS_MAX {
                 let source = io::Error::other(format!("{short_reads} short reads"));
@@ -331,7 +334,6 @@ fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
             }
         }
     }
-    Ok(())
 }
 
 /// The kept descriptor of `file`, opening and keeping it if there is room,

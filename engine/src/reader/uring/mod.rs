@@ -70,7 +70,7 @@ pub(crate) struct UringEngine {
     files: Arc<FileTable>,
     shards: Vec<ShardHandle>,
     msgs: Receiver<ShardMsg>,
-    /// Completions that needed no I/O (zero-length reads).
+    /// Completions that needed no I/O (zero-length reads inside a file).
     ready: VecDeque<Completion>,
     in_flight: usize,
     max_in_flight: usize,
@@ -164,7 +164,7 @@ impl ReadEngine for UringEngine {
         let mut batches: Vec<Vec<ReadOp>> = vec![Vec::new(); self.shards.len()];
         for op in ops {
             self.in_flight += 1;
-            if op.len_bytes == 0 {
+            if self.files.needs_no_io(op) {
                 self.ready.push_back(Completion {
                     user_data: op.user_data,
                     result: Ok(()),

@@ -199,14 +199,15 @@ impl Ring {
         self.active + self.ready.len()
     }
 
-    /// Queues the SQEs of `ops` (checked, non-empty reads); `reap` submits them.
+    /// Queues the SQEs of `ops` (checked, and not `needs_no_io`); `reap`
+    /// submits them.
     ///
     /// # Safety
     /// As `ReadEngine::submit`: each `dest` valid for `len_bytes` writes and
     /// unshared until its completion is reaped or the ring dropped.
     pub(super) unsafe fn accept(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
         for op in ops {
-            debug_assert!(op.len_bytes > 0);
+            debug_assert!(!self.files.needs_no_io(op));
             // The engine keeps each ring under queue_depth reads, the number
             // of op indices, so this fails only on a bug.
             let Some(idx) = self.free_ops.pop() else {
@@ -221,7 +222,7 @@ impl Ring {
             };
             let state = OpState {
                 op: *op,
-                ends_at_eof: self.files.size_bytes(op.file) == Some(op.offset_bytes + op.len_bytes),
+                ends_at_eof: self.files.ends_at_eof(op),
                 iov: [empty, empty],
                 done_bytes: 0,
                 short_reads: 0,
