@@ -702,7 +702,9 @@ fn pread_zero_length_read_completes_without_io() {
 static ZEROS: [u8; 1 << 16] = [0; 1 << 16];
 
 /// A read longer than one read system call allows is split, and its tail
-/// lands where it belongs. The file is sparse: zeros, then a marked tail.
+/// lands where it belongs, its spare byte untouched. The file is sparse:
+/// zeros, then a marked tail. Grown by a byte, the last chunk's probe finds
+/// it, with the spare byte and with the engine's own probe buffer.
 fn read_longer_than_one_chunk_is_split(choice: IoChoice) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big.bin");
@@ -718,16 +720,29 @@ fn read_longer_than_one_chunk_is_split(choice: IoChoice) {
     let Some(mut engine) = engine(choice, table(&[path], &[size], false), &cfg) else {
         return;
     };
-    let mut buf = vec![1u8; size as usize];
+    let mut buf = vec![1u8; size as usize + 1];
     let ops = ops_into(&mut buf, &[(0, 0, size)]);
+    assert!(ops[0].spare_byte);
     let (results, _) = run_all(engine.as_mut(), &ops);
     assert!(results[&0].is_ok(), "{results:?}");
+    assert_eq!(buf.pop(), Some(1), "the spare byte was written");
     let (head, end) = buf.split_at(buf.len() - tail.len());
     assert!(
         head.chunks(1 << 16).all(|c| c == &ZEROS[..c.len()]),
         "the sparse head is not all zeros"
     );
     assert_eq!(end, &tail[..]);
+    fs::OpenOptions::new().append(true).open(dir.path().join("big.bin")).unwrap().write_all(b"+").unwrap();
+    buf.push(1);
+    for spare in [true, false] {
+        let ops = ops_into_with(&mut buf, &[(0, 0, size)], spare);
+        assert_eq!(ops[0].spare_byte, spare);
+        let (results, _) = run_all(engine.as_mut(), &ops);
+        assert!(
+            matches!(&results[&0], Err(ReadError::Grew { actual_bytes, .. }) if *actual_bytes == size + 1),
+            "spare byte {spare}: {results:?}"
+        );
+    }
 }
 
 #[test]

@@ -262,31 +262,49 @@ def test_a_file_that_vanishes_during_the_run_stops_the_loader_with_its_path(tmp_
 @pytest.mark.parametrize("change", ["grows", "shrinks", "empty one grows"])
 def test_a_file_that_changes_size_during_the_run_stops_the_loader_with_its_path_and_sizes(tmp_path, c_consumer, io, change):
     size = 0 if change == "empty one grows" else 1000
-    for i in range(64):
-        (tmp_path / ("f%02d" % i)).write_bytes(b"x" * (size if i == 17 else 1000))
+    src = tmp_path / "src"
+    src.mkdir()
+    contents = [b"" if (i == 17 and size == 0) else (b"%02d" % i) * 500 for i in range(64)]
+    for i, data in enumerate(contents):
+        (src / ("f%02d" % i)).write_bytes(data)
     name = "e2e-resize-%s" % uuid.uuid4().hex[:8]
     loader = subprocess.Popen(
-        [ringfeed_bin(), "serve", "--source", str(tmp_path), "--name", name, "--batch-size", "4", "--world-size", "1",
+        [ringfeed_bin(), "serve", "--source", str(src), "--name", name, "--batch-size", "4", "--world-size", "1",
          "--epochs", "100000", "--slots-per-rank", "1", "--io", io],
         stderr=subprocess.PIPE,
     )
-    consumer = subprocess.Popen([c_consumer, name, "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    import time
-    time.sleep(1.0)
-    with open(tmp_path / "f17", "r+b") as f:
-        if change == "shrinks":
-            f.truncate(600)
-        else:
-            f.seek(0, 2)
-            f.write(b"y" * 24)
-    _, err = loader.communicate(timeout=30)
+    # The consumer's lines go to a file: a full pipe would stop it, and the loader with it.
+    with open(tmp_path / "delivered.txt", "wb") as out:
+        consumer = subprocess.Popen([c_consumer, name, "0"], stdout=out, stderr=subprocess.PIPE)
+    try:
+        import time
+        time.sleep(1.0)
+        with open(src / "f17", "r+b") as f:
+            if change == "shrinks":
+                f.truncate(600)
+            else:
+                f.seek(0, 2)
+                f.write(b"y" * 24)
+        _, err = loader.communicate(timeout=30)
+        (rc, _, cerr), = wait_all([consumer], 10)
+    finally:
+        for p in (loader, consumer):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     text = err.decode()
     assert loader.returncode != 0, text
-    assert str(tmp_path / "f17") in text, text
+    assert str(src / "f17") in text, text
     assert "changed size" in text and "expected %d bytes" % size in text, text
     assert "found 600" in text if change == "shrinks" else ("found %d" % (size + 24) in text and "grew" in text), text
-    (rc, _, cerr), = wait_all([consumer], 10)
     assert rc != 0 and "stopped before the end of the run" in cerr.decode(), cerr.decode()
+    # Every sample delivered before the stop holds its file's original bytes:
+    # the probe byte of the failed read reached no published batch.
+    rows = parse((tmp_path / "delivered.txt").read_bytes())
+    assert len(rows) > 64, "the consumer took %d samples before the change" % len(rows)
+    bad = [(index, length) for _, _, index, length, h in rows
+           if (length, h) != (len(contents[index]), crc32(contents[index]))]
+    assert not bad, bad[:10]
 
 
 def test_stat_shows_each_rank_its_queue_its_wait_and_the_reader(dataset, c_consumer):

@@ -469,6 +469,8 @@ impl Loader {
             let Some(claim) = self.producer.try_claim(r)? else {
                 return Ok(false);
             };
+            // Page-rounded, so at least slot_bytes: room for spare bytes.
+            let payload_bytes = claim.payload_bytes();
             let (epoch, step) = self.cursors[r as usize].advance(&self.plan.sampler);
             self.plan.sampler.batch_into(epoch, step, r, batch);
             let id = self.pending.add(claim, epoch, step);
@@ -491,11 +493,12 @@ impl Loader {
                 }
                 let dest = self.pending.sample(id, offset, loc.len_bytes, index);
                 // The byte after this sample is the next sample's first or
-                // unused room in this slot, and a failed read stops the run
-                // before the slot is published; only a batch that fills its
-                // slot exactly has no such byte. An empty sample is read
+                // unused room in this slot's payload, and a failed read
+                // stops the run before the slot is published (`complete`);
+                // only a batch that fills its payload exactly has no such
+                // byte. An empty sample is read
                 // too: one byte, to see that its file is still empty.
-                let spare_byte = end < slot_bytes;
+                let spare_byte = end < payload_bytes;
                 self.queued.push_back(ReadOp { file: loc.file, offset_bytes: loc.offset_bytes, len_bytes: loc.len_bytes, dest, spare_byte, user_data: id as u64 });
                 self.pending.expect_read(id);
                 offset = end;
@@ -520,12 +523,21 @@ impl Loader {
         // SAFETY: each dest lies inside a slot payload claimed by this loader
         // and not yet published: no consumer can see it, and the Producer
         // (which owns the mapping) outlives the reader (dropped first in run).
+        // A spare byte is the next sample's first byte or room in the same
+        // payload; it is written only by a read that fails with Grew, and
+        // `complete` stops the run on that failure, before the slot can be
+        // published (it needs every one of its reads to succeed).
         unsafe { self.reader.submit(&ops) }?;
         Ok(())
     }
 
     fn complete(&mut self) -> Result<(), ServeError> {
         for c in self.completions.drain(..) {
+            // Every failed read ends the run, and the failed read's slot is
+            // never published. `ReadOp::spare_byte` relies on it: the read
+            // that finds a grown file may have overwritten the first byte of
+            // the next sample in its slot. An option to skip bad samples
+            // would have to drop the whole batch, not the sample.
             c.result?;
             self.pending.read_done(c.user_data as usize);
         }

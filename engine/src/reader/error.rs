@@ -62,8 +62,9 @@ pub enum ReadError {
         path: PathBuf,
         /// Size the file table says the file has.
         expected_bytes: u64,
-        /// Size the file has now (from `stat`; where that failed, one byte
-        /// more than expected, which is what the read saw).
+        /// Size the file has now, from `stat`, but at least one byte more
+        /// than expected, which is what the read saw (the file may have
+        /// changed again before the `stat`).
         actual_bytes: u64,
     },
     /// Any other OS error while opening or reading a file.
@@ -168,7 +169,8 @@ impl ReadError {
     /// The error for a read that found bytes past the recorded end of the
     /// file (`expected_bytes`). Looks at the file's size now (error path only).
     pub(crate) fn grew(path: PathBuf, expected_bytes: u64) -> ReadError {
-        let actual_bytes = std::fs::metadata(&path).map_or(expected_bytes + 1, |m| m.len());
+        let seen_bytes = expected_bytes + 1;
+        let actual_bytes = std::fs::metadata(&path).map_or(seen_bytes, |m| m.len().max(seen_bytes));
         ReadError::Grew {
             path,
             expected_bytes,

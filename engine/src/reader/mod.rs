@@ -253,7 +253,10 @@ pub trait ReadEngine: Send {
     /// # Safety
     /// Each `dest` must be valid for `len_bytes` writes, and nobody else may
     /// read or write it until its completion has been reaped (or the engine
-    /// dropped: drop waits for reads under way).
+    /// dropped: drop waits for reads under way). Where `spare_byte` is set,
+    /// `dest` must be valid for `len_bytes + 1` writes; that last byte may
+    /// belong to another read's range, and is written only when this read
+    /// completes with `ReadError::Grew` (the caller then discards both).
     unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError>;
 
     /// Appends completions to `out` and returns how many. Blocks until at

@@ -261,7 +261,7 @@ fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
     // The read that reaches the recorded end of the file also asks for one
     // byte past it (see ReadOp::spare_byte): if that byte arrives, the file
     // grew. A zero-length op got here only for that probe (an empty file).
-    let mut probe = 0u8;
+    let mut probe_byte = 0u8;
     let mut done_bytes = 0u64;
     let mut short_reads = 0u32;
     loop {
@@ -276,19 +276,19 @@ fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
                 iov_len: chunk_bytes as usize,
             },
             libc::iovec {
-                iov_base: std::ptr::addr_of_mut!(probe).cast(),
+                iov_base: std::ptr::addr_of_mut!(probe_byte).cast(),
                 iov_len: 1,
             },
         ];
-        let probe = ends_at_eof && done_bytes + chunk_bytes == op.len_bytes;
+        let wants_probe = ends_at_eof && done_bytes + chunk_bytes == op.len_bytes;
         // SAFETY: submit's contract makes `dest` valid for `len_bytes` writes
         // and ours alone; `done_bytes + chunk_bytes <= len_bytes`, so the
         // first buffer is inside it. The probe byte is `dest[len_bytes]`
         // where `spare_byte` allows it (written only if the read then fails
-        // with Grew), else `probe`, on this stack. `fd` is open for the
+        // with Grew), else `probe_byte`, on this stack. `fd` is open for the
         // whole call.
         let n = unsafe {
-            match (probe, op.spare_byte) {
+            match (wants_probe, op.spare_byte) {
                 (true, true) => libc::pread(fd.raw(), iov[0].iov_base, chunk_bytes as usize + 1, offset),
                 (true, false) => libc::preadv(fd.raw(), iov.as_ptr(), 2, offset),
                 (false, _) => libc::pread(fd.raw(), iov[0].iov_base, chunk_bytes as usize, offset),

@@ -34,8 +34,9 @@
 //! is retried for the remainder as a new attempt; an attempt that reads 0
 //! bytes is `ChangedSize`. Reads longer than `READ_CHUNK_BYTES_MAX` go as
 //! several attempts, one after the other. The attempt that reaches the
-//! recorded end of the file is a READV with a one-byte probe buffer after
-//! the range; a result one byte longer than asked is `Grew`.
+//! recorded end of the file asks for one byte more: a READ one byte longer
+//! when the op has a spare byte, else a READV with a one-byte probe buffer
+//! after the range. A result one byte longer than the range is `Grew`.
 
 use std::collections::VecDeque;
 use std::io;

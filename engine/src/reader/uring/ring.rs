@@ -81,8 +81,8 @@ pub(super) struct OpState {
     /// attempt also reads one probe byte past it (see `ops::read_sqe`).
     pub(super) ends_at_eof: bool,
     /// The buffers of that READV: the rest of the range, then the probe
-    /// byte. The kernel reads them while the SQE is in flight; `ops` never
-    /// reallocates, so they stay where they are.
+    /// byte. The kernel reads them while the SQE is in flight; `ops` is a
+    /// boxed slice, so they stay where they are.
     pub(super) iov: [libc::iovec; 2],
     pub(super) done_bytes: u64,
     pub(super) short_reads: u32,
@@ -103,7 +103,7 @@ pub(super) struct Ring {
     pub(super) ring: IoUring,
     pub(super) files: Arc<FileTable>,
     /// Ops accepted and not finished, indexed by the op index in `user_data`.
-    pub(super) ops: Vec<Option<OpState>>,
+    pub(super) ops: Box<[Option<OpState>]>,
     pub(super) free_ops: Vec<u32>,
     /// Transient slots not in use.
     pub(super) free_slots: Vec<u32>,
@@ -203,8 +203,10 @@ impl Ring {
     /// submits them.
     ///
     /// # Safety
-    /// As `ReadEngine::submit`: each `dest` valid for `len_bytes` writes and
-    /// unshared until its completion is reaped or the ring dropped.
+    /// As `ReadEngine::submit`: each `dest` valid for `len_bytes` writes
+    /// (`len_bytes + 1` with `spare_byte`, the last one written only on
+    /// `Grew`) and unshared until its completion is reaped or the ring
+    /// dropped.
     pub(super) unsafe fn accept(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
         for op in ops {
             debug_assert!(!self.files.needs_no_io(op));
@@ -278,8 +280,11 @@ impl Ring {
         loop {
             // SAFETY: every SQE built here points at (a) a path owned by
             // `self.files`, which the ring keeps alive, (b) `dest` memory
-            // that `accept`'s contract keeps valid until the op's completion
-            // is reaped, or (c) `wake_buf`, owned by the ring. An op
+            // (and its spare byte) that `accept`'s contract keeps valid until
+            // the op's completion is reaped, (c) an op's `iov`, inside
+            // `ops`, a boxed slice that never moves, rewritten only between
+            // attempts and dropped in `finish`, after the op's last CQE, or
+            // (d) `wake_buf` or `probe_buf`, owned by the ring. An op
             // completes only after all CQEs of its SQEs arrived, and drop
             // waits for every CQE, so none of it is freed under the kernel.
             let pushed = unsafe { self.ring.submission().push_multiple(entries) };
