@@ -379,25 +379,44 @@ fn pread_vanished_kept_open_file_is_an_error_that_names_it() {
     vanished_file_is_an_error_that_names_it(IoChoice::Pread, true);
 }
 
-/// A file truncated after the table was built: a read past the new end,
-/// and one that straddles it, both fail with `ChangedSize`.
-fn truncated_file_is_a_changed_size_error(choice: IoChoice, keep_open: bool) {
+/// Two files of 100,000 bytes in a table, an engine over it, then `change`
+/// applied to the first file. None where io_uring is refused.
+fn two_files_then_change(
+    choice: IoChoice,
+    keep_open: bool,
+    change: impl FnOnce(&Path),
+) -> Option<(tempfile::TempDir, Vec<PathBuf>, Box<dyn ReadEngine>)> {
     let dir = tempfile::tempdir().unwrap();
     let sizes = vec![100_000u64, 100_000];
     let (paths, _) = make_files(dir.path(), &sizes);
-    let Some(mut engine) = engine(
-        choice,
-        table(&paths, &sizes, keep_open),
-        &ReaderConfig::default(),
-    ) else {
+    let engine = engine(choice, table(&paths, &sizes, keep_open), &ReaderConfig::default())?;
+    change(&paths[0]);
+    Some((dir, paths, engine))
+}
+
+/// Asserts that `result` is the size error for `path` (`Grew` if `grew`,
+/// else `ChangedSize`) with both sizes, and that its message names them.
+fn assert_size_error(result: &Result<(), ReadError>, path: &Path, expected: u64, actual: u64, grew: bool) {
+    let fields = match result {
+        Err(ReadError::ChangedSize { path, expected_bytes, actual_bytes, .. }) if !grew => (path, *expected_bytes, *actual_bytes),
+        Err(ReadError::Grew { path, expected_bytes, actual_bytes }) if grew => (path, *expected_bytes, *actual_bytes),
+        other => panic!("expected a size error (grew: {grew}), got {other:?}"),
+    };
+    assert_eq!(fields, (&path.to_path_buf(), expected, actual));
+    let message = result.as_ref().unwrap_err().to_string();
+    for part in [path.display().to_string(), expected.to_string(), actual.to_string()] {
+        assert!(message.contains(&part), "{message} lacks {part}");
+    }
+    assert_eq!(message.contains("grew"), grew, "{message}");
+}
+
+/// A file truncated after the table was built: a read past the new end,
+/// and one that straddles it, both fail with `ChangedSize`.
+fn truncated_file_is_a_changed_size_error(choice: IoChoice, keep_open: bool) {
+    let truncate = |path: &Path| fs::OpenOptions::new().write(true).open(path).unwrap().set_len(60_000).unwrap();
+    let Some((_dir, paths, mut engine)) = two_files_then_change(choice, keep_open, truncate) else {
         return;
     };
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&paths[0])
-        .unwrap()
-        .set_len(60_000)
-        .unwrap();
     // Whole file (short read, then 0), past the new end, inside what is left, the other file.
     let ranges = [
         (0u32, 0u64, 100_000u64),
@@ -409,107 +428,45 @@ fn truncated_file_is_a_changed_size_error(choice: IoChoice, keep_open: bool) {
     let ops = ops_into(&mut buf, &ranges);
     let (results, _) = run_all(engine.as_mut(), &ops);
     for user_data in [0u64, 1] {
-        match &results[&user_data] {
-            Err(
-                e @ ReadError::ChangedSize {
-                    path,
-                    expected_bytes,
-                    actual_bytes,
-                    ..
-                },
-            ) => {
-                assert_eq!(
-                    (path, *expected_bytes, *actual_bytes),
-                    (&paths[0], 100_000, 60_000)
-                );
-                let message = e.to_string();
-                assert!(
-                    message.contains(&paths[0].display().to_string()),
-                    "{message}"
-                );
-                assert!(
-                    message.contains("100000") && message.contains("60000"),
-                    "{message}"
-                );
-            }
-            other => panic!("read {user_data}: {other:?}"),
-        }
+        assert_size_error(&results[&user_data], &paths[0], 100_000, 60_000, false);
     }
     assert!(results[&2].is_ok() && results[&3].is_ok(), "{results:?}");
 }
 
 /// A file appended to after the table was built: every read that reaches
 /// the recorded end fails with `Grew`, naming the path and both sizes; reads
-/// that stop short of it, and the other file, still succeed.
+/// that stop short of it, and the other file, still succeed. The probe byte
+/// goes to the caller's spare byte (a longer READ or pread), then to the
+/// engine's own (READV or preadv).
 fn grown_file_is_a_grew_error(choice: IoChoice, keep_open: bool) {
-    // Probe byte in the caller's spare byte (a longer READ or pread), then
-    // in the engine's own (READV or preadv).
     for spare in [true, false] {
-        grown_file_is_a_grew_error_with(choice, keep_open, spare);
-    }
-}
-
-fn grown_file_is_a_grew_error_with(choice: IoChoice, keep_open: bool, spare: bool) {
-    let dir = tempfile::tempdir().unwrap();
-    let sizes = vec![100_000u64, 100_000];
-    let (paths, _) = make_files(dir.path(), &sizes);
-    let Some(mut engine) = engine(
-        choice,
-        table(&paths, &sizes, keep_open),
-        &ReaderConfig::default(),
-    ) else {
-        return;
-    };
-    fs::OpenOptions::new()
-        .append(true)
-        .open(&paths[0])
-        .unwrap()
-        .write_all(&[7u8; 5000])
-        .unwrap();
-    // Whole file, its last record, a middle range, a range ending one byte
-    // before the recorded end, the other file whole.
-    let ranges = [
-        (0u32, 0u64, 100_000u64),
-        (0, 99_000, 1000),
-        (0, 1000, 5000),
-        (0, 50_000, 49_999),
-        (1, 0, 100_000),
-    ];
-    let mut buf = vec![0u8; 256_000];
-    let ops = ops_into_with(&mut buf, &ranges, spare);
-    let (results, _) = run_all(engine.as_mut(), &ops);
-    for user_data in [0u64, 1] {
-        match &results[&user_data] {
-            Err(
-                e @ ReadError::Grew {
-                    path,
-                    expected_bytes,
-                    actual_bytes,
-                },
-            ) => {
-                assert_eq!(
-                    (path, *expected_bytes, *actual_bytes),
-                    (&paths[0], 100_000, 105_000)
-                );
-                let message = e.to_string();
-                assert!(
-                    message.contains(&paths[0].display().to_string())
-                        && message.contains("100000")
-                        && message.contains("105000")
-                        && message.contains("grew"),
-                    "{message}"
-                );
-            }
-            other => panic!("read {user_data} (spare byte {spare}): {other:?}"),
+        let append = |path: &Path| fs::OpenOptions::new().append(true).open(path).unwrap().write_all(&[7u8; 5000]).unwrap();
+        let Some((_dir, paths, mut engine)) = two_files_then_change(choice, keep_open, append) else {
+            return;
+        };
+        // Whole file, its last record, a middle range, a range ending one
+        // byte before the recorded end, the other file whole.
+        let ranges = [
+            (0u32, 0u64, 100_000u64),
+            (0, 99_000, 1000),
+            (0, 1000, 5000),
+            (0, 50_000, 49_999),
+            (1, 0, 100_000),
+        ];
+        let mut buf = vec![0u8; 256_000];
+        let ops = ops_into_with(&mut buf, &ranges, spare);
+        let (results, _) = run_all(engine.as_mut(), &ops);
+        for user_data in [0u64, 1] {
+            assert_size_error(&results[&user_data], &paths[0], 100_000, 105_000, true);
         }
+        for user_data in [2u64, 3, 4] {
+            assert!(results[&user_data].is_ok(), "read {user_data} (spare byte {spare}): {results:?}");
+        }
+        // The bytes of the reads that succeeded are the file's, unchanged.
+        let file1 = fs::read(&paths[1]).unwrap();
+        let at = (100_000 + 1000 + 5000 + 49_999) as usize;
+        assert_eq!(&buf[at..at + 100_000], &file1[..]);
     }
-    for user_data in [2u64, 3, 4] {
-        assert!(results[&user_data].is_ok(), "read {user_data}: {results:?}");
-    }
-    // The bytes of the reads that succeeded are the file's, unchanged.
-    let file1 = fs::read(&paths[1]).unwrap();
-    let at = (100_000 + 1000 + 5000 + 49_999) as usize;
-    assert_eq!(&buf[at..at + 100_000], &file1[..]);
 }
 
 /// A read that ends at the end of an unchanged file never writes its spare
