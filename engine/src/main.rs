@@ -42,9 +42,21 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    use std::io::IsTerminal;
+    // A RINGFEED_LOG that does not parse would otherwise drop every log line
+    // without a word: say so, and keep the default.
+    let filter = match std::env::var("RINGFEED_LOG") {
+        Ok(v) => tracing_subscriber::EnvFilter::try_new(&v).unwrap_or_else(|e| {
+            eprintln!("ringfeed: warning: RINGFEED_LOG={v:?} is not a log filter ({e}); using \"info\" (try debug, info, warn or error)");
+            "info".into()
+        }),
+        Err(_) => "info".into(),
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RINGFEED_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal, not in log files.
+        .with_ansi(std::io::stderr().is_terminal())
         .without_time()
         .init();
     let cli = Cli::parse();
@@ -56,8 +68,14 @@ fn main() -> ExitCode {
         },
         Command::Demo(a) => cli::demo::run(&a),
         Command::DemoConsumer(a) => cli::demo::run_consumer(&a),
-        Command::Stat { name, interval, once } => cli::stat::run(&name, Duration::from_secs_f64(interval.max(0.05)), once),
-        Command::Gc => cli::gc::run(),
+        Command::Stat { name, interval, once } => {
+            restore_sigpipe();
+            stat_interval(interval).and_then(|interval| cli::stat::run(&name, interval, once))
+        }
+        Command::Gc => {
+            restore_sigpipe();
+            cli::gc::run()
+        }
         Command::RingTestProducer(a) => cli::testing::run_producer(&a),
         Command::RingTestConsumer(a) => cli::testing::run_consumer(&a),
     };
@@ -86,4 +104,23 @@ fn error_chain(e: &anyhow::Error) -> String {
         message.push_str(&text);
     }
     message
+}
+
+/// `stat` and `gc` print to stdout and hold nothing to clean up: let a closed
+/// pipe (`ringfeed stat job | head`) end them quietly, as it ends other
+/// tools, instead of a panic on EPIPE. `serve` keeps SIGPIPE ignored: a
+/// closed stderr must not kill it before it removes its segment.
+fn restore_sigpipe() {
+    // SAFETY: setting a signal's disposition to the default; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// `stat --interval` in seconds, from 0.05 to 3600.
+fn stat_interval(seconds: f64) -> anyhow::Result<Duration> {
+    if !(0.05..=3600.0).contains(&seconds) {
+        anyhow::bail!("--interval {seconds}: give the seconds between refreshes, from 0.05 to 3600");
+    }
+    Ok(Duration::from_secs_f64(seconds))
 }

@@ -200,8 +200,16 @@ pub enum SamplerError {
         /// `MAX_BATCH_SIZE`.
         max: u32,
     },
+    /// More steps over the run than a u64 counts (an absurd `--epochs`).
+    #[error("{epochs} epochs of {steps_per_epoch} steps each is more than 2^64 steps; lower --epochs")]
+    TooManySteps {
+        /// The requested epochs.
+        epochs: u64,
+        /// Steps in a whole epoch.
+        steps_per_epoch: u64,
+    },
     /// `world_size == 0`.
-    #[error("world size is 0; pass --world-size of at least 1 (or set WORLD_SIZE)")]
+    #[error("world size is 0; pass --world-size of at least 1 (or set LOCAL_WORLD_SIZE, which wins over WORLD_SIZE)")]
     ZeroWorldSize,
     /// `world_size > MAX_WORLD_SIZE`.
     #[error("world size {world_size} is above the limit of {max} ranks per loader; run one loader per node with --world-size at most {max}")]
@@ -326,7 +334,25 @@ impl Sampler {
                 epochs,
             });
         }
-        Ok(Sampler { cfg, step_samples })
+        let sampler = Sampler { cfg, step_samples };
+        if sampler.total_steps().is_none() {
+            return Err(SamplerError::TooManySteps { epochs, steps_per_epoch: n_samples / step_samples });
+        }
+        Ok(sampler)
+    }
+
+    /// Steps each rank is served over the whole run (from the start state to
+    /// the end of the last epoch), in constant time; None where that passes
+    /// 2^64 (`new` refuses such a run).
+    pub fn total_steps(&self) -> Option<u64> {
+        let first = self.first_epoch();
+        if first >= self.epochs_end() {
+            return Some(0);
+        }
+        let full_epochs = self.epochs_end() - first - 1;
+        (self.cfg.n_samples / self.step_samples)
+            .checked_mul(full_epochs)?
+            .checked_add(self.steps_in_epoch(first))
     }
 
     /// The configuration this sampler was built from.

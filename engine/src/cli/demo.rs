@@ -140,7 +140,29 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     result
 }
 
+/// The demo's arguments checked before anything is written.
+fn check(a: &DemoArgs) -> Result<()> {
+    const MAX_SAMPLE_BYTES_LIMIT: u64 = 64 << 20;
+    if !(1..=MAX_SAMPLE_BYTES_LIMIT).contains(&a.max_sample_bytes) {
+        anyhow::bail!("--max-sample-bytes {}: must be from 1 to {MAX_SAMPLE_BYTES_LIMIT}", a.max_sample_bytes);
+    }
+    if a.world_size == 0 || a.batch_size == 0 || a.epochs == 0 {
+        anyhow::bail!(
+            "--world-size {}, --batch-size {}, --epochs {}: each must be at least 1",
+            a.world_size,
+            a.batch_size,
+            a.epochs
+        );
+    }
+    let step = u64::from(a.world_size) * u64::from(a.batch_size);
+    if a.files < step {
+        anyhow::bail!("--files {} cannot fill one step of W×B = {step} samples; give at least {step} files", a.files);
+    }
+    Ok(())
+}
+
 fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
+    check(a)?;
     let data_dir = dir.join("data");
     let t = Instant::now();
     let total = make_dataset(&data_dir, a.files, a.max_sample_bytes)?;

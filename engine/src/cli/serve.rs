@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 
 use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
@@ -58,8 +58,8 @@ pub struct ServeArgs {
 
 fn parse_resume(s: &str) -> Result<ResumeState, String> {
     let (e, c) = s.split_once(':').ok_or_else(|| format!("--resume {s:?}: expected EPOCH:SAMPLES, e.g. 3:81920"))?;
-    let epoch = e.parse().map_err(|_| format!("--resume {s:?}: epoch {e:?} is not a number"))?;
-    let samples_consumed = c.parse().map_err(|_| format!("--resume {s:?}: samples {c:?} is not a number"))?;
+    let epoch = e.parse().map_err(|_| format!("--resume {s:?}: epoch {e:?} is not a whole number from 0 to {}", u64::MAX))?;
+    let samples_consumed = c.parse().map_err(|_| format!("--resume {s:?}: samples {c:?} is not a whole number from 0 to {}", u64::MAX))?;
     Ok(ResumeState { epoch, samples_consumed })
 }
 
@@ -70,7 +70,11 @@ pub fn world_size_from(flag: Option<u32>) -> Result<u32> {
     }
     for var in ["LOCAL_WORLD_SIZE", "WORLD_SIZE"] {
         if let Ok(v) = std::env::var(var) {
-            return v.trim().parse().with_context(|| format!("{var}={v:?} is not a number; pass --world-size"));
+            let w: u32 = v.trim().parse().map_err(|_| anyhow::anyhow!("{var}={v:?} is not a world size (a whole number from 1 to {}); fix it or pass --world-size", crate::sampler::MAX_WORLD_SIZE))?;
+            if w == 0 {
+                bail!("{var}=0: the world size must be at least 1; fix {var} or pass --world-size");
+            }
+            return Ok(w);
         }
     }
     Ok(1)
@@ -90,6 +94,25 @@ pub fn local_source(source: &str) -> Result<PathBuf> {
 }
 
 impl ServeArgs {
+    /// Checks the flags that need no dataset, so that a mistake is reported
+    /// before a long listing, in the flag's own name.
+    fn check_before_listing(&self) -> Result<()> {
+        if self.epochs == 0 {
+            bail!("--epochs 0 serves nothing; pass at least 1");
+        }
+        if self.slots_per_rank == Some(0) {
+            bail!("--slots-per-rank 0: each rank needs at least 1 slot (2 or more lets the loader read ahead)");
+        }
+        if self.slot_bytes == Some(0) {
+            bail!("--slot-bytes 0: a slot must hold at least one byte; leave it out to size slots from the data");
+        }
+        if !(1..=crate::reader::QUEUE_DEPTH_MAX).contains(&self.queue_depth) {
+            bail!("--queue-depth {}: must be from 1 to {}", self.queue_depth, crate::reader::QUEUE_DEPTH_MAX);
+        }
+        crate::ring::segment::validate_name(&self.name)?;
+        Ok(())
+    }
+
     /// The loader configuration these arguments describe.
     pub fn config(&self) -> Result<ServeConfig> {
         Ok(ServeConfig {
@@ -116,6 +139,7 @@ impl ServeArgs {
 pub fn run(args: &ServeArgs) -> Result<u8> {
     signals::install();
     let cfg = args.config()?;
+    args.check_before_listing()?;
     let listing = std::time::Instant::now();
     let plan = Plan::new(cfg.clone())?;
     eprintln!(
@@ -125,6 +149,17 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         human_bytes(plan.manifest().total_bytes()),
         listing.elapsed().as_secs_f64()
     );
+    if plan.batches_per_rank() == 0 {
+        // A trainer would wait for a loader that never appears.
+        let start = cfg.start;
+        bail!(
+            "nothing to serve: the run starts at epoch {}, {} samples consumed, which is the end of a run of --epochs {}; \
+             raise --epochs to train further (or leave out --resume)",
+            start.epoch,
+            start.samples_consumed,
+            cfg.epochs
+        );
+    }
     let loader = Loader::start(plan)?;
     let layout = *loader.producer().layout();
     let plan = loader.plan();

@@ -9,6 +9,15 @@ use crate::ring::segment::human_bytes;
 
 /// Prints the loader's state every `interval` (once if `once`).
 pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
+    crate::ring::segment::validate_name(name)?;
+    let path = crate::ring::segment::shm_path(name);
+    if !path.exists() {
+        anyhow::bail!(
+            "no loader named {name:?} is running here ({} does not exist): it has not started yet, \
+             it has finished, or it was given another --name",
+            path.display()
+        );
+    }
     let obs = Observer::open(name)?;
     let mut prev = obs.snapshot();
     let mut prev_at = Instant::now();
@@ -33,14 +42,28 @@ pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
     }
 }
 
+/// The loader's state as a user reads it: what it is doing, and whether its
+/// process is still there.
+fn state_words(s: &Snapshot) -> &'static str {
+    match (s.state_name(), s.loader_alive) {
+        ("creating", true) => "creating the ring",
+        ("running", true) => "running",
+        ("ended", true) => "running: every batch published, waiting for trainers to take and release the last",
+        ("ended", false) => "finished: every batch was published and the loader exited",
+        ("aborted", true) => "stopping: the run was aborted",
+        ("aborted", false) => "aborted: the loader stopped before the end of the run",
+        (_, false) => "DEAD: the loader exited without finishing (run `ringfeed gc`)",
+        _ => "in an unknown state",
+    }
+}
+
 fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &[Duration]) {
     let secs = dt.as_secs_f64();
     let rate = |now: u64, before: u64| if secs > 0.0 { (now - before.min(now)) as f64 / secs } else { 0.0 };
     println!(
-        "loader {name:?} pid {} {}{} | reader {} ({} reads in flight) | {} slots/rank × {} | ring {}",
+        "loader {name:?} pid {} {} | reader {} ({} reads in flight) | {} slots/rank × {} | ring {}",
         s.loader_pid,
-        s.state_name(),
-        if s.loader_alive { "" } else { " (DEAD)" },
+        state_words(s),
         if s.reader_backend.is_empty() { "-" } else { &s.reader_backend },
         s.reads_in_flight,
         s.slots_per_rank,

@@ -82,6 +82,20 @@ pub enum ServeError {
     /// A read failed: the sample is named, nothing is skipped.
     #[error(transparent)]
     Read(#[from] ReadError),
+    /// A sample is larger than the given slot size.
+    #[error("sample {index} ({path}, {len} bytes) does not fit a slot: it is larger than --slot-bytes {slot_bytes}; raise --slot-bytes to {derived} (the batch-size largest samples together) or leave it out to size slots from the data")]
+    SlotTooSmall {
+        /// Sample index.
+        index: u64,
+        /// Its file.
+        path: String,
+        /// Its length.
+        len: u64,
+        /// The given slot size.
+        slot_bytes: u64,
+        /// The slot size derived from the data.
+        derived: u64,
+    },
     /// A batch does not fit a slot of the given size.
     #[error("sample {index} ({path}, {len} bytes) does not fit: batch (epoch {epoch}, step {step}, rank {rank}) needs {needed} bytes but --slot-bytes is {slot_bytes}; raise --slot-bytes or leave it out to size slots from the data")]
     SampleTooLarge {
@@ -218,6 +232,20 @@ impl Plan {
         })?;
         let derived = manifest.largest_samples_total_bytes(cfg.batch_size as usize).max(1);
         let slot_bytes = cfg.slot_bytes.unwrap_or(derived);
+        // A sample larger than a slot fails whichever batch it lands in:
+        // say so now, not after the ring is made and hours of training.
+        if manifest.max_sample_bytes() > slot_bytes {
+            if let Some(index) = (0..manifest.len()).find(|&i| manifest.sample(i).len_bytes > slot_bytes) {
+                let loc = manifest.sample(index);
+                return Err(ServeError::SlotTooSmall {
+                    index,
+                    path: manifest.abs_path(loc.file).display().to_string(),
+                    len: loc.len_bytes,
+                    slot_bytes,
+                    derived,
+                });
+            }
+        }
         let slots_per_rank = cfg.slots_per_rank.unwrap_or_else(|| {
             let k = auto_slots_per_rank(cfg.batch_size, cfg.reader.queue_depth, slot_bytes);
             let g = RingGeometry { world_size: cfg.world_size, slots_per_rank: k, max_samples_per_slot: cfg.batch_size, slot_payload_bytes: slot_bytes };
@@ -241,7 +269,8 @@ impl Plan {
 
     /// Batches each rank gets in the whole run.
     pub fn batches_per_rank(&self) -> u64 {
-        (self.sampler.first_epoch()..self.sampler.epochs_end()).map(|e| self.sampler.steps_in_epoch(e)).sum()
+        // Sampler::new refused runs whose count does not fit a u64.
+        self.sampler.total_steps().unwrap_or(u64::MAX)
     }
 
     /// Payload bytes of each slot.

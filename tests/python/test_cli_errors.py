@@ -1,0 +1,74 @@
+"""Mistakes on the command line end at once, before a ring is made, with a
+message that names the flag or variable and how to fix it: no hang, no
+panic, no segment left behind."""
+
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from e2e_util import ringfeed_bin
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("small")
+    for i in range(40):
+        (root / ("f%02d" % i)).write_bytes(bytes([i]) * 1000)
+    return root
+
+
+def run(args, env=None, timeout=20):
+    p = subprocess.run([ringfeed_bin()] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                       env=dict(os.environ, **(env or {})))
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+CASES = [
+    # (extra serve flags, environment, words the message must hold)
+    (["--epochs", str(2**64 - 1)], {}, ["epochs", "lower --epochs"]),
+    (["--epochs", "0"], {}, ["--epochs 0"]),
+    (["--epochs", "1", "--resume", "1:0"], {}, ["nothing to serve", "raise --epochs"]),
+    (["--slots-per-rank", "0"], {}, ["--slots-per-rank 0"]),
+    (["--slot-bytes", "0"], {}, ["--slot-bytes 0"]),
+    (["--queue-depth", "0"], {}, ["--queue-depth 0"]),
+    (["--slot-bytes", "100"], {}, ["f00", "1000 bytes", "--slot-bytes 100", "4000"]),
+    ([], {"LOCAL_WORLD_SIZE": "0", "WORLD_SIZE": "2"}, ["LOCAL_WORLD_SIZE=0", "--world-size"]),
+    ([], {"LOCAL_WORLD_SIZE": "-1"}, ["LOCAL_WORLD_SIZE=\"-1\"", "--world-size"]),
+]
+
+
+@pytest.mark.parametrize("flags,env,words", CASES, ids=[" ".join(c[0]) or str(c[1]) for c in CASES])
+def test_serve_refuses_a_bad_flag_at_once_naming_it(small_dataset, flags, env, words):
+    name = "clierr-%s" % uuid.uuid4().hex[:8]
+    rc, _, err = run(["serve", "--source", str(small_dataset), "--name", name, "--batch-size", "4"] + flags, env=env)
+    assert rc == 1, err
+    assert "panicked" not in err, err
+    for w in words:
+        assert w in err, (w, err)
+    assert not os.path.exists("/dev/shm/ringfeed-" + name)
+
+
+def test_demo_refuses_a_bad_sample_size_before_writing_anything():
+    rc, out, err = run(["demo", "--max-sample-bytes", "0"])
+    assert rc == 1 and "--max-sample-bytes 0" in err and "panicked" not in err, err
+    assert "wrote" not in out
+
+
+@pytest.mark.parametrize("interval", ["inf", "0", "-1", "nan"])
+def test_stat_refuses_an_interval_out_of_range(interval):
+    rc, _, err = run(["stat", "--interval=" + interval, "nobody"])
+    assert rc == 1 and "--interval" in err and "panicked" not in err, err
+
+
+def test_stat_of_a_name_nobody_serves_says_so():
+    name = "clierr-%s" % uuid.uuid4().hex[:8]
+    rc, _, err = run(["stat", "--once", name])
+    assert rc == 1 and "no loader named" in err and "is running here" in err, err
+
+
+def test_gc_into_a_closed_pipe_ends_quietly():
+    p = subprocess.run("%s gc | head -c 0" % ringfeed_bin(), shell=True, stderr=subprocess.PIPE, timeout=20,
+                       executable="/bin/bash")
+    assert "panicked" not in p.stderr.decode() and "Broken pipe" not in p.stderr.decode(), p.stderr.decode()
