@@ -137,7 +137,6 @@ impl ServeArgs {
 /// Runs a loader until every batch was delivered and released. Returns the
 /// exit code: 0, or 128 + signal when stopped by SIGINT/SIGTERM.
 pub fn run(args: &ServeArgs) -> Result<u8> {
-    signals::install();
     let cfg = args.config()?;
     args.check_before_listing()?;
     let listing = std::time::Instant::now();
@@ -160,6 +159,11 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             cfg.epochs
         );
     }
+    // From here on SIGINT/SIGTERM only set a flag that the loader acts on,
+    // so that it removes its segment and tells the trainers. Before, during
+    // a listing that may take minutes, they end the process at once: there
+    // is nothing to clean up yet.
+    signals::install();
     let loader = Loader::start(plan)?;
     let layout = *loader.producer().layout();
     let plan = loader.plan();
