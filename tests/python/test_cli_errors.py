@@ -38,6 +38,21 @@ CASES = [
     ([], {"LOCAL_WORLD_SIZE": "-1"}, ["LOCAL_WORLD_SIZE=\"-1\"", "--world-size"]),
 ]
 
+# clap's own errors (exit 2): the value reaches our parser even when it starts with '-'.
+CLAP_CASES = [
+    (["--resume", "-1:0"], ['epoch "-1" is not a whole number']),
+    (["--resume", "0:-4"], ['samples "-4" is not a whole number']),
+    (["--resume", "99999999999999999999:0"], ["is not a whole number from 0 to"]),
+]
+
+
+@pytest.mark.parametrize("flags,words", CLAP_CASES, ids=[" ".join(c[0]) for c in CLAP_CASES])
+def test_serve_refuses_a_bad_resume_state_naming_the_part(small_dataset, flags, words):
+    rc, _, err = run(["serve", "--source", str(small_dataset), "--name", "clierr-x", "--batch-size", "4"] + flags)
+    assert rc == 2, err
+    for w in words:
+        assert w in err, (w, err)
+
 
 @pytest.mark.parametrize("flags,env,words", CASES, ids=[" ".join(c[0]) or str(c[1]) for c in CASES])
 def test_serve_refuses_a_bad_flag_at_once_naming_it(small_dataset, flags, env, words):

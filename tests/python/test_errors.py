@@ -41,6 +41,12 @@ def test_attach_with_a_rank_from_a_bad_environment_raises_rank_error(monkeypatch
         ringfeed.attach(unused_name, timeout=0)
 
 
+def test_attach_with_a_negative_rank_from_the_environment_names_the_variable(monkeypatch, unused_name):
+    monkeypatch.setenv("LOCAL_RANK", "-1")
+    with pytest.raises(ringfeed.RankError, match="LOCAL_RANK=-1 is negative"):
+        ringfeed.attach(unused_name, timeout=0)
+
+
 @pytest.mark.parametrize("timeout", [-1, float("nan"), "soon"])
 def test_attach_with_a_bad_timeout_raises_invalid_argument(timeout, unused_name):
     with pytest.raises(ringfeed.InvalidArgumentError):

@@ -89,9 +89,12 @@ def _rank_from_env():
         if text is None or text.strip() == "":
             continue
         try:
-            return int(text)
+            rank = int(text)
         except ValueError:
             raise errors.RankError("%s=%r is not an integer rank" % (var, text)) from None
+        if rank < 0:
+            raise errors.RankError("%s=%d is negative; a rank is 0 or more (torchrun sets it)" % (var, rank))
+        return rank
     return 0
 
 

@@ -52,7 +52,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub queue_depth: u32,
     /// Resume from EPOCH:SAMPLES (samples consumed in that epoch, all ranks together).
-    #[arg(long, value_parser = parse_resume)]
+    #[arg(long, value_parser = parse_resume, allow_hyphen_values = true)]
     pub resume: Option<ResumeState>,
 }
 

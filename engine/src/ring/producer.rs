@@ -25,11 +25,11 @@ pub enum CreateError {
     #[error("cannot build a ring of this shape: {0}")]
     Geometry(#[from] GeometryError),
     /// Another live loader has this name.
-    #[error("a loader named {name:?} is already running (pid {pid}); stop it or choose another --name")]
+    #[error("a loader named {name:?} is already running ({}); stop it or choose another --name", running_pid(*pid))]
     AlreadyRunning {
         /// The name.
         name: String,
-        /// Its pid, as recorded in its segment.
+        /// Its pid, as recorded in its segment (0: not recorded yet).
         pid: u32,
     },
     /// /dev/shm has not enough room.
@@ -82,6 +82,15 @@ pub enum CreateError {
         /// The OS error.
         source: io::Error,
     },
+}
+
+/// The other loader's pid in words: 0 means it is still creating its segment.
+fn running_pid(pid: u32) -> String {
+    if pid == 0 {
+        "it is creating its segment right now".to_string()
+    } else {
+        format!("pid {pid}")
+    }
 }
 
 /// A slot claimed for filling: the loader owns its payload until `publish`.
