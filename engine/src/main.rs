@@ -43,8 +43,8 @@ enum Command {
 
 fn main() -> ExitCode {
     use std::io::IsTerminal;
-    // A RINGFEED_LOG that does not parse would otherwise drop every log line
-    // without a word: say so, and keep the default.
+    // A RINGFEED_LOG that does not parse falls back to "info"; say so
+    // rather than ignore the setting without a word.
     let filter = match std::env::var("RINGFEED_LOG") {
         Ok(v) => tracing_subscriber::EnvFilter::try_new(&v).unwrap_or_else(|e| {
             eprintln!("ringfeed: warning: RINGFEED_LOG={v:?} is not a log filter ({e}); using \"info\" (try debug, info, warn or error)");

@@ -4,21 +4,21 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+use crate::ring::consumer::AttachError;
 use crate::ring::observer::{Observer, Snapshot};
 use crate::ring::segment::human_bytes;
 
 /// Prints the loader's state every `interval` (once if `once`).
 pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
-    crate::ring::segment::validate_name(name)?;
-    let path = crate::ring::segment::shm_path(name);
-    if !path.exists() {
-        anyhow::bail!(
-            "no loader named {name:?} is running here ({} does not exist): it has not started yet, \
-             it has finished, or it was given another --name",
-            path.display()
-        );
-    }
-    let obs = Observer::open(name)?;
+    // Observer::open reports a missing segment as an attach timeout of
+    // 0 ms; for a command that does not wait, say what it means.
+    let obs = match Observer::open(name) {
+        Err(AttachError::Timeout { path, .. }) => anyhow::bail!(
+            "no loader named {name:?} is running here ({path} does not exist): it has not started yet, \
+             it has finished, or it was given another --name"
+        ),
+        other => other?,
+    };
     let mut prev = obs.snapshot();
     let mut prev_at = Instant::now();
     let mut recent_wait: Vec<Duration> = vec![Duration::ZERO; prev.ranks.len()];

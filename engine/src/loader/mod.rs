@@ -525,8 +525,8 @@ impl Loader {
                 // unused room in this slot's payload, and a failed read
                 // stops the run before the slot is published (`complete`);
                 // only a batch that fills its payload exactly has no such
-                // byte. An empty sample is read
-                // too: one byte, to see that its file is still empty.
+                // byte. An empty sample is read too: one byte, to see that
+                // its file is still empty.
                 let spare_byte = end < payload_bytes;
                 self.queued.push_back(ReadOp { file: loc.file, offset_bytes: loc.offset_bytes, len_bytes: loc.len_bytes, dest, spare_byte, user_data: id as u64 });
                 self.pending.expect_read(id);

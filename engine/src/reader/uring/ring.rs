@@ -135,9 +135,10 @@ pub(super) struct Ring {
 }
 
 // SAFETY: the fields that are not Send are the `dest` pointers inside the
-// ReadOps and the iovecs that repeat them. The ring never dereferences them; it only hands them to the
-// kernel, which writes through them whichever thread drives the ring, and
-// `accept`'s contract keeps that memory valid and unshared until the
+// ReadOps and the iovecs that repeat them. The ring never dereferences
+// them; it only hands them to the kernel, which writes through them
+// whichever thread drives the ring, and `accept`'s contract keeps that
+// memory valid and unshared until the
 // completion is reaped. A ring is moved once, to its shard thread, before it
 // holds any read (the kernel ties a request to the thread that submitted it).
 unsafe impl Send for Ring {}
