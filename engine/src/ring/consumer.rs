@@ -30,7 +30,7 @@ pub const WAIT_SLICE: Duration = Duration::from_millis(100);
 const ATTACH_POLL: Duration = Duration::from_millis(10);
 /// First pause of an attach that waits for a segment to be finished or a
 /// rank to be freed; it doubles up to `ATTACH_POLL`.
-const ATTACH_RETRY_FIRST: Duration = Duration::from_millis(1);
+const ATTACH_RETRY_FIRST: Duration = Duration::from_micros(200);
 
 /// Why attach failed.
 #[derive(Debug, thiserror::Error)]
