@@ -46,10 +46,21 @@ fn main() -> ExitCode {
     // A RINGFEED_LOG that does not parse falls back to "info"; say so
     // rather than ignore the setting without a word.
     let filter = match std::env::var("RINGFEED_LOG") {
-        Ok(v) => tracing_subscriber::EnvFilter::try_new(&v).unwrap_or_else(|e| {
-            eprintln!("ringfeed: warning: RINGFEED_LOG={v:?} is not a log filter ({e}); using \"info\" (try debug, info, warn or error)");
-            "info".into()
-        }),
+        Ok(v) => match tracing_subscriber::EnvFilter::try_new(&v) {
+            Ok(filter) => {
+                if let Some(word) = silencing_directive(&v) {
+                    eprintln!(
+                        "ringfeed: warning: RINGFEED_LOG={v:?}: {word:?} is neither a level nor a ringfeed module, so ringfeed's \
+                         own log stays silent; try debug, info, warn or error (or ringfeed=debug)"
+                    );
+                }
+                filter
+            }
+            Err(e) => {
+                eprintln!("ringfeed: warning: RINGFEED_LOG={v:?} is not a log filter ({e}); using \"info\" (try debug, info, warn or error)");
+                "info".into()
+            }
+        },
         Err(_) => "info".into(),
     };
     tracing_subscriber::fmt()
@@ -88,6 +99,28 @@ fn main() -> ExitCode {
     }
 }
 
+/// A directive of a RINGFEED_LOG filter that the filter syntax takes as a
+/// module name although the user likely meant a level (`verbose`, `bogus`):
+/// such a filter parses, and ringfeed's own log then says nothing at all.
+fn silencing_directive(filter: &str) -> Option<&str> {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    let mut suspect = None;
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        // `target=level`, `target[span]=level` or a span filter: deliberate.
+        if directive.contains('=') || directive.contains('[') {
+            if directive.starts_with("ringfeed") || directive.starts_with('[') {
+                return None;
+            }
+            continue;
+        }
+        if LEVELS.iter().any(|l| directive.eq_ignore_ascii_case(l)) || directive.parse::<u8>().is_ok() || directive.starts_with("ringfeed") {
+            return None;
+        }
+        suspect.get_or_insert(directive);
+    }
+    suspect
+}
+
 /// The error and its causes, joined by ": ", leaving out a cause whose text
 /// the message already holds: most of ringfeed's errors name their OS error
 /// in their own message, and anyhow's `{:#}` printed it twice.
@@ -123,4 +156,18 @@ fn stat_interval(seconds: f64) -> anyhow::Result<Duration> {
         anyhow::bail!("--interval {seconds}: give the seconds between refreshes, from 0.05 to 3600");
     }
     Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::silencing_directive;
+
+    #[test]
+    fn a_log_filter_that_leaves_ringfeed_silent_is_named() {
+        assert_eq!(silencing_directive("bogus"), Some("bogus"));
+        assert_eq!(silencing_directive("verbose,tokio=debug"), Some("verbose"));
+        for ok in ["debug", "INFO", "warn,hyper=off", "ringfeed=debug", "ringfeed::loader", "info,bogus", "3", "[serve]=debug", ""] {
+            assert_eq!(silencing_directive(ok), None, "{ok}");
+        }
+    }
 }

@@ -87,3 +87,11 @@ def test_gc_into_a_closed_pipe_ends_quietly():
     p = subprocess.run("%s gc | head -c 0" % ringfeed_bin(), shell=True, stderr=subprocess.PIPE, timeout=20,
                        executable="/bin/bash")
     assert "panicked" not in p.stderr.decode() and "Broken pipe" not in p.stderr.decode(), p.stderr.decode()
+
+
+def test_a_log_filter_that_would_silence_ringfeed_is_named():
+    # "bogus" parses as a filter (a module named bogus) and turns ringfeed's own log off.
+    rc, _, err = run(["stat", "nobody", "--once"], env={"RINGFEED_LOG": "bogus"})
+    assert 'RINGFEED_LOG="bogus"' in err and "stays silent" in err and "try debug" in err, err
+    rc, _, err = run(["stat", "nobody", "--once"], env={"RINGFEED_LOG": "ringfeed=debug"})
+    assert "RINGFEED_LOG" not in err, err
