@@ -354,6 +354,10 @@ def test_gc_removes_a_dead_loaders_segment_and_says_so(dataset):
     assert "kept    /dev/shm/ringfeed-%s" % name in alive, alive
     loader.kill()
     loader.wait()
+    # stat of the dead loader says so, with no reads left in flight.
+    st = subprocess.run([ringfeed_bin(), "stat", name, "--once"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=20)
+    text = st.stdout.decode()
+    assert "DEAD" in text and "ringfeed gc" in text and "(no reads in flight)" in text, (text, st.stderr.decode())
     p = subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.PIPE, timeout=20)
     assert p.returncode == 0
     assert "removed /dev/shm/ringfeed-%s" % name in p.stdout.decode(), p.stdout.decode()

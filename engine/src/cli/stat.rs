@@ -60,12 +60,13 @@ fn state_words(s: &Snapshot) -> &'static str {
 fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &[Duration]) {
     let secs = dt.as_secs_f64();
     let rate = |now: u64, before: u64| if secs > 0.0 { (now - before.min(now)) as f64 / secs } else { 0.0 };
+    // A loader that exited left its last count behind: no read is under way.
+    let in_flight = if s.loader_alive { s.reads_in_flight.to_string() } else { "no".to_string() };
     println!(
-        "loader {name:?} pid {} {} | reader {} ({} reads in flight) | {} slots/rank × {} | ring {}",
+        "loader {name:?} pid {} {} | reader {} ({in_flight} reads in flight) | {} slots/rank × {} | ring {}",
         s.loader_pid,
         state_words(s),
         if s.reader_backend.is_empty() { "-" } else { &s.reader_backend },
-        s.reads_in_flight,
         s.slots_per_rank,
         human_bytes(s.slot_payload_bytes),
         human_bytes(s.segment_bytes),
