@@ -27,7 +27,7 @@ enum Command {
         /// Seconds between refreshes.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
-        /// Print once and exit.
+        /// Print one report, its rates taken over one --interval, and exit.
         #[arg(long)]
         once: bool,
     },

@@ -8,6 +8,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use proptest::prelude::*;
+use ringfeed::ring::observer::Observer;
 use ringfeed::ring::{AttachOptions, BatchRef, Consumer, Producer, ReleaseError, RingGeometry, SampleEntry};
 
 #[derive(Clone, Debug)]
@@ -38,10 +39,18 @@ fn op(w: u32) -> impl Strategy<Value = Op> {
 struct RankModel {
     published: u64,
     consumed: u64,
+    /// Payload bytes of the batches taken (what `stat` shows per rank).
+    bytes_consumed: u64,
     released: BTreeSet<u64>,
     held: VecDeque<(u64, BatchRef)>,
     released_handles: Vec<BatchRef>,
     attached: bool,
+}
+
+/// Payload bytes of batch `seq`: 12 to 16, so that the byte counters see
+/// batches of different sizes.
+fn batch_len(seq: u64) -> u64 {
+    12 + seq % 5
 }
 
 fn attach(name: &str, rank: u32) -> Consumer {
@@ -52,6 +61,7 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let name = format!("model-{}-{}", std::process::id(), rand_suffix());
     let g = RingGeometry { world_size: w, slots_per_rank: k, max_samples_per_slot: 4, slot_payload_bytes: 4096 };
     let mut p = Producer::create(&name, g).expect("create");
+    let observer = Observer::open(&name).expect("observer");
     let mut consumers: Vec<Option<Consumer>> = (0..w).map(|r| Some(attach(&name, r))).collect();
     let mut model: Vec<RankModel> = (0..w).map(|_| RankModel { attached: true, ..Default::default() }).collect();
     let kk = u64::from(k);
@@ -67,7 +77,7 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     let buf = c.payload_mut();
                     buf[..8].copy_from_slice(&seq.to_le_bytes());
                     buf[8..12].copy_from_slice(&r.to_le_bytes());
-                    let s = [SampleEntry { offset: 0, len: 12, index: seq * u64::from(w) + u64::from(r) }];
+                    let s = [SampleEntry { offset: 0, len: batch_len(seq), index: seq * u64::from(w) + u64::from(r) }];
                     p.publish(c, 0, seq, &s).expect("publish");
                     m.published += 1;
                 }
@@ -86,8 +96,10 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     prop_assert_eq!(&bytes[8..12], &r.to_le_bytes());
                     // SAFETY: as above.
                     prop_assert_eq!(unsafe { b.sample_table() }[0].index, m.consumed * u64::from(w) + u64::from(r));
+                    prop_assert_eq!(b.data_len, batch_len(m.consumed));
                     m.held.push_back((m.consumed, b));
                     m.consumed += 1;
+                    m.bytes_consumed += batch_len(m.consumed - 1);
                 }
             }
             Op::Release(r, i) => {
@@ -142,6 +154,13 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 m.attached = true;
             }
+        }
+        // `stat`'s view: batches and bytes taken per rank, across crashes
+        // and re-attaches.
+        let snap = observer.snapshot();
+        for (r, m) in model.iter().enumerate() {
+            prop_assert_eq!(snap.ranks[r].consumed, m.consumed, "rank {} consumed", r);
+            prop_assert_eq!(snap.ranks[r].bytes_consumed, m.bytes_consumed, "rank {} bytes consumed", r);
         }
     }
     drop(consumers);

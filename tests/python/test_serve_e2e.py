@@ -321,7 +321,8 @@ def test_stat_shows_each_rank_its_queue_its_wait_and_the_reader(dataset, c_consu
         text = ""
         rows = []
         while time.time() < deadline:
-            p = subprocess.run([ringfeed_bin(), "stat", name, "--once"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=20)
+            p = subprocess.run([ringfeed_bin(), "stat", name, "--once", "--interval", "0.2"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=20)
             text = p.stdout.decode()
             rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
             # Steady state: rank 0's trainer attached, rank 1's 4 slots full.
@@ -332,6 +333,10 @@ def test_stat_shows_each_rank_its_queue_its_wait_and_the_reader(dataset, c_consu
         assert [r[0] for r in rows] == ["0", "1"], text
         assert rows[0][1:3] == ["pid", str(consumer.pid)], text   # rank 0 has its trainer
         assert rows[1][1] == "none" and rows[1][2] == "4", text    # rank 1: nobody, 4 batches queued
+        # Rates over the 0.2 s interval: rank 0's trainer takes batches and
+        # bytes; rank 1 takes nothing.
+        assert float(rows[0][6]) > 0 and float(rows[0][7]) > 0, text
+        assert float(rows[1][5]) == 0 and float(rows[1][6]) == 0, text
     finally:
         for p in (consumer, loader):
             p.kill()

@@ -22,9 +22,13 @@ pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
     let mut prev = obs.snapshot();
     let mut prev_at = Instant::now();
     let mut recent_wait: Vec<Duration> = vec![Duration::ZERO; prev.ranks.len()];
-    print(name, &prev, &prev, Duration::ZERO, &recent_wait);
-    if once {
-        return Ok(());
+    // One report has rates only over an interval: --once waits one, unless
+    // the loader is gone and nothing can move.
+    if !once || !prev.loader_alive {
+        print(name, &prev, &prev, Duration::ZERO, &recent_wait);
+        if once {
+            return Ok(());
+        }
     }
     loop {
         std::thread::sleep(interval);
@@ -34,7 +38,7 @@ pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
             recent_wait[i] = r.wait.saturating_sub(prev.ranks[i].wait);
         }
         print(name, &now, &prev, dt, &recent_wait);
-        if !now.loader_alive || now.state_name() == "ended" || now.state_name() == "aborted" {
+        if once || !now.loader_alive || now.state_name() == "ended" || now.state_name() == "aborted" {
             return Ok(());
         }
         prev = now;
@@ -78,17 +82,22 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         s.batches_published,
         human_bytes(s.bytes_published)
     );
-    println!("  rank  consumer   queued  published   consumed   batches/s   waited(total)  waited(last {secs:.1}s)");
+    let recent = format!("waited(last {secs:.1}s)");
+    println!(
+        "  {:>4}  {:<9} {:>7}  {:>15}  {:>9}  {:>9}  {:>8}  {:>14}  {recent:>17}",
+        "rank", "consumer", "queued", "published", "consumed", "batches/s", "MB/s", "waited(total)"
+    );
     for (i, r) in s.ranks.iter().enumerate() {
         let consumer = if r.attached { format!("pid {}", r.consumer_pid) } else { "none".to_string() };
         let expected = if r.batches_expected == u64::MAX { String::new() } else { format!("/{}", r.batches_expected) };
         let p = prev.ranks.get(i).copied().unwrap_or_default();
         println!(
-            "  {i:>4}  {consumer:<9} {:>7}  {:>9}{expected}  {:>9}  {:>10.1}  {:>13.3}s  {:>10.3}s",
+            "  {i:>4}  {consumer:<9} {:>7}  {:>15}  {:>9}  {:>9.1}  {:>8.1}  {:>13.3}s  {:>16.3}s",
             r.published.saturating_sub(r.consumed),
-            r.published,
+            format!("{}{expected}", r.published),
             r.consumed,
             rate(r.consumed, p.consumed),
+            rate(r.bytes_consumed, p.bytes_consumed) / 1e6,
             r.wait.as_secs_f64(),
             recent_wait.get(i).copied().unwrap_or_default().as_secs_f64(),
         );

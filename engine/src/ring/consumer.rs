@@ -466,7 +466,10 @@ impl Consumer {
         }
         let batch = self.read_slot(self.consumed)?;
         self.consumed += 1;
-        self.view.rank(self.rank).consumed.store(self.consumed, Ordering::Release);
+        let block = self.view.rank(self.rank);
+        // Only the rank's holder writes it; `stat` reads it.
+        block.bytes_consumed.store(block.bytes_consumed.load(Ordering::Relaxed).wrapping_add(batch.data_len), Ordering::Relaxed);
+        block.consumed.store(self.consumed, Ordering::Release);
         Ok(Some(batch))
     }
 

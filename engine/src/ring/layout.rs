@@ -139,7 +139,9 @@ pub struct RankBlock {
     pub wait_ns_total: AtomicU64,
     /// Batches released so far (for `stat`).
     pub released_total: AtomicU64,
-    _consumer_pad: [AtomicU64; 3],
+    /// Payload bytes of the batches taken by `next` so far (for `stat`).
+    pub bytes_consumed: AtomicU64,
+    _consumer_pad: [AtomicU64; 2],
     // --- offset 128 to 256: reserved ---
     _reserved: [AtomicU64; 16],
 }
@@ -206,6 +208,7 @@ mod model {
                 attach_count: AtomicU32::new(0),
                 wait_ns_total: AtomicU64::new(0),
                 released_total: AtomicU64::new(0),
+                bytes_consumed: AtomicU64::new(0),
                 _consumer_pad: zeros(),
                 _reserved: zeros(),
             }
@@ -265,6 +268,7 @@ const _: () = {
     assert!(offset_of!(RankBlock, attach_count) == 84);
     assert!(offset_of!(RankBlock, wait_ns_total) == 88);
     assert!(offset_of!(RankBlock, released_total) == 96);
+    assert!(offset_of!(RankBlock, bytes_consumed) == 104);
     assert!(size_of::<SlotMeta>() as u64 == SLOT_META_FIXED_BYTES);
     assert!(offset_of!(SlotMeta, epoch) == 8);
     assert!(offset_of!(SlotMeta, step) == 16);

@@ -20,6 +20,8 @@ pub struct RankSnapshot {
     pub consumed: u64,
     /// Batches its consumer released.
     pub released: u64,
+    /// Payload bytes of the batches its consumers took.
+    pub bytes_consumed: u64,
     /// Batches expected in the whole run (u64::MAX: unknown).
     pub batches_expected: u64,
     /// Total time its consumer waited inside `next`.
@@ -119,6 +121,7 @@ impl Observer {
                     published: b.published.load(r),
                     consumed: b.consumed.load(r),
                     released: b.released_total.load(r),
+                    bytes_consumed: b.bytes_consumed.load(r),
                     batches_expected: b.batches_expected.load(r),
                     wait: Duration::from_nanos(b.wait_ns_total.load(r)),
                     attached: segment::byte_is_locked(&self.fd, segment::rank_lock_byte(rank)).unwrap_or(false),
