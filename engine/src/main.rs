@@ -46,12 +46,15 @@ fn main() -> ExitCode {
     // A RINGFEED_LOG that does not parse falls back to "info"; say so
     // rather than ignore the setting without a word.
     let filter = match std::env::var("RINGFEED_LOG") {
+        // Set but empty, as unset: the default.
+        Ok(v) if v.trim().is_empty() => "info".into(),
         Ok(v) => match tracing_subscriber::EnvFilter::try_new(&v) {
             Ok(filter) => {
-                if let Some(word) = silencing_directive(&v) {
+                if filter_silences_ringfeed(&v) {
+                    let spaces = if v.trim() != v { " (spaces around a word make it part of a module name)" } else { "" };
                     eprintln!(
-                        "ringfeed: warning: RINGFEED_LOG={v:?}: {word:?} is neither a level nor a ringfeed module, so ringfeed's \
-                         own log stays silent; try debug, info, warn or error (or ringfeed=debug)"
+                        "ringfeed: warning: RINGFEED_LOG={v:?} leaves ringfeed's own log silent, errors included: a word \
+                         that is not a level names a module{spaces}; try debug, info, warn or error (or ringfeed=debug)"
                     );
                 }
                 filter
@@ -99,26 +102,30 @@ fn main() -> ExitCode {
     }
 }
 
-/// A directive of a RINGFEED_LOG filter that the filter syntax takes as a
-/// module name although the user likely meant a level (`verbose`, `bogus`):
-/// such a filter parses, and ringfeed's own log then says nothing at all.
-fn silencing_directive(filter: &str) -> Option<&str> {
-    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
-    let mut suspect = None;
-    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-        // `target=level`, `target[span]=level` or a span filter: deliberate.
-        if directive.contains('=') || directive.contains('[') {
-            if directive.starts_with("ringfeed") || directive.starts_with('[') {
-                return None;
-            }
-            continue;
-        }
-        if LEVELS.iter().any(|l| directive.eq_ignore_ascii_case(l)) || directive.parse::<u8>().is_ok() || directive.starts_with("ringfeed") {
-            return None;
-        }
-        suspect.get_or_insert(directive);
+/// Whether the RINGFEED_LOG filter `v` (which parses) leaves ringfeed's own
+/// log silent, errors included, though the user did not write "off": a word
+/// that is not a level is a module name to the filter syntax (`bogus`,
+/// `verbose`, `7`), and so is a level with spaces around it (" debug").
+/// The parsed filter itself is asked, for each of ringfeed's modules.
+fn filter_silences_ringfeed(v: &str) -> bool {
+    use tracing_subscriber::layer::SubscriberExt;
+    if v.split(',').any(|d| d.trim().eq_ignore_ascii_case("off") || d.trim().to_ascii_lowercase().ends_with("=off")) {
+        return false;
     }
-    suspect
+    let Ok(filter) = tracing_subscriber::EnvFilter::try_new(v) else {
+        return false;
+    };
+    let subscriber = tracing_subscriber::registry().with(filter);
+    tracing::subscriber::with_default(subscriber, || {
+        use tracing::{enabled, Level};
+        let any = enabled!(target: "ringfeed", Level::ERROR)
+            || enabled!(target: "ringfeed::cli::serve", Level::ERROR)
+            || enabled!(target: "ringfeed::loader", Level::ERROR)
+            || enabled!(target: "ringfeed::reader", Level::ERROR)
+            || enabled!(target: "ringfeed::manifest", Level::ERROR)
+            || enabled!(target: "ringfeed::ring", Level::ERROR);
+        !any
+    })
 }
 
 /// The error and its causes, joined by ": ", leaving out a cause whose text
@@ -160,14 +167,15 @@ fn stat_interval(seconds: f64) -> anyhow::Result<Duration> {
 
 #[cfg(test)]
 mod tests {
-    use super::silencing_directive;
+    use super::filter_silences_ringfeed;
 
     #[test]
     fn a_log_filter_that_leaves_ringfeed_silent_is_named() {
-        assert_eq!(silencing_directive("bogus"), Some("bogus"));
-        assert_eq!(silencing_directive("verbose,tokio=debug"), Some("verbose"));
-        for ok in ["debug", "INFO", "warn,hyper=off", "ringfeed=debug", "ringfeed::loader", "info,bogus", "3", "[serve]=debug", ""] {
-            assert_eq!(silencing_directive(ok), None, "{ok}");
+        for silent in ["bogus", "verbose,tokio=debug", " debug", "debug ", "7", "tokio=debug", "ringfeedx=debug", "Ringfeed=debug"] {
+            assert!(filter_silences_ringfeed(silent), "{silent:?} should be named");
+        }
+        for fine in ["debug", "INFO", "error", "3", "warn,hyper=off", "ringfeed=debug", "ringfeed::loader=trace", "info,ringfeed::loader=trace", "ringfeed=debug,warn", "off", "ringfeed=off", "info,bogus"] {
+            assert!(!filter_silences_ringfeed(fine), "{fine:?} should pass");
         }
     }
 }

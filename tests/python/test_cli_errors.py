@@ -92,6 +92,8 @@ def test_gc_into_a_closed_pipe_ends_quietly():
 def test_a_log_filter_that_would_silence_ringfeed_is_named():
     # "bogus" parses as a filter (a module named bogus) and turns ringfeed's own log off.
     rc, _, err = run(["stat", "nobody", "--once"], env={"RINGFEED_LOG": "bogus"})
-    assert 'RINGFEED_LOG="bogus"' in err and "stays silent" in err and "try debug" in err, err
+    assert 'RINGFEED_LOG="bogus"' in err and "leaves ringfeed's own log silent" in err and "try debug" in err, err
+    rc, _, err = run(["stat", "nobody", "--once"], env={"RINGFEED_LOG": "debug "})
+    assert "leaves ringfeed's own log silent" in err and "spaces around a word" in err, err
     rc, _, err = run(["stat", "nobody", "--once"], env={"RINGFEED_LOG": "ringfeed=debug"})
     assert "RINGFEED_LOG" not in err, err

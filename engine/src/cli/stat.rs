@@ -91,13 +91,18 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         let consumer = if r.attached { format!("pid {}", r.consumer_pid) } else { "none".to_string() };
         let expected = if r.batches_expected == u64::MAX { String::new() } else { format!("/{}", r.batches_expected) };
         let p = prev.ranks.get(i).copied().unwrap_or_default();
+        // A consumer built before bytes_consumed existed leaves it 0.
+        let mbps = if r.consumed > p.consumed && r.bytes_consumed == p.bytes_consumed {
+            "-".to_string()
+        } else {
+            format!("{:.1}", rate(r.bytes_consumed, p.bytes_consumed) / 1e6)
+        };
         println!(
-            "  {i:>4}  {consumer:<9} {:>7}  {:>15}  {:>9}  {:>9.1}  {:>8.1}  {:>13.3}s  {:>16.3}s",
+            "  {i:>4}  {consumer:<9} {:>7}  {:>15}  {:>9}  {:>9.1}  {mbps:>8}  {:>13.3}s  {:>16.3}s",
             r.published.saturating_sub(r.consumed),
             format!("{}{expected}", r.published),
             r.consumed,
             rate(r.consumed, p.consumed),
-            rate(r.bytes_consumed, p.bytes_consumed) / 1e6,
             r.wait.as_secs_f64(),
             recent_wait.get(i).copied().unwrap_or_default().as_secs_f64(),
         );
