@@ -747,11 +747,12 @@ def part_ttfb(args, R):
     # The third workload keeps the first step (W x B samples, all of which
     # the loader must read before the last rank has its batch) at 512
     # samples while W grows: it separates the number of consumers from the
-    # bytes of their first batches.
+    # bytes of their first batches; 16 and 32 consumers go beyond the 8 GPUs
+    # of a typical machine to show what more consumers alone cost.
     workloads = (
         (big, SIZE_BIG, "100 KB B=64", ((1, 64), (2, 64), (8, 64))),
         (small, SIZE_SMALL, "4 KiB B=%d" % args.small_batch, ((1, args.small_batch), (2, args.small_batch), (8, args.small_batch))),
-        (big, SIZE_BIG, "100 KB W×B=512", ((1, 512), (2, 256), (8, 64))),
+        (big, SIZE_BIG, "100 KB W×B=512", ((1, 512), (2, 256), (8, 64), (16, 32), (32, 16))),
     )
     for root, size, label, configs in workloads:
         run_ringfeed(args, root, configs[0][1], 1, max_batches=3, kill_after=True, label="ttfb warm-up (untimed)")
@@ -932,7 +933,7 @@ def report(args, R):
     if tt:
         L.append("## Time to first batch")
         L.append("")
-        L.append("W consumers start first and wait in `ringfeed.attach`; then `ringfeed serve` starts (warm page cache, default K and queue depth). T0 = the moment serve prints `ringfeed: manifest: ...` (the manifest is built; what follows is ring creation, reader start and the reads). Each consumer records `time.time()` when `attach` returns and at its first batch ('attach returned': the consumer holds its feed and can call next(); the loader's segment is ready about 1 ms after T0). Per run: the first rank served (min), the median rank and the last rank (max), ms after T0; the table gives the median of each over the runs. 'serve: first / all' is the loader's own view, from its log line `first batch of every rank published`: when the first and the last rank's first batch were published, ms after the ring was created (T0 plus 'ring + reader start'), before any consumer is scheduled to take them (each column is a median of its own, so columns need not add up). 'first step' = the bytes all W first batches hold together (W x B x sample size), which the loader must read before the last rank has its batch. The workload `100 KB W×B=512` holds the first step at 512 samples (51 MB) while W grows (B = 512/W): it separates the number of consumers from the bytes of their first batches.")
+        L.append("W consumers start first and wait in `ringfeed.attach`; then `ringfeed serve` starts (warm page cache, default K and queue depth). T0 = the moment serve prints `ringfeed: manifest: ...` (the manifest is built; what follows is ring creation, reader start and the reads). Each consumer records `time.time()` when `attach` returns and at its first batch ('attach returned': the consumer holds its feed and can call next(); the loader's segment is ready about 1 ms after T0). Per run: the first rank served (min), the median rank and the last rank (max), ms after T0; the table gives the median of each over the runs. 'serve: first / all' is the loader's own view, from its log line `first batch of every rank published`: when the first and the last rank's first batch were published, ms after the ring was created (T0 plus 'ring + reader start'), before any consumer is scheduled to take them (each column is a median of its own, so columns need not add up). 'first step' = the bytes all W first batches hold together (W x B x sample size), which the loader must read before the last rank has its batch. The workload `100 KB W×B=512` holds the first step at 512 samples (51 MB) while W grows from 1 to 32 (B = 512/W): it separates the number of consumers from the bytes of their first batches.")
         L.append("")
         L.append("| workload | W | B | runs | K | ring + reader start ms | serve: first / all ranks' first batch published, ms after the ring | attach returned, last rank ms | first rank ms | median rank ms | last rank ms | first step MB | last rank ms from serve launch (incl. manifest) | manifest s |")
         L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
