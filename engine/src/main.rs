@@ -109,7 +109,12 @@ fn main() -> ExitCode {
 /// The parsed filter itself is asked, for each of ringfeed's modules.
 fn filter_silences_ringfeed(v: &str) -> bool {
     use tracing_subscriber::layer::SubscriberExt;
-    if v.split(',').any(|d| d.trim().eq_ignore_ascii_case("off") || d.trim().to_ascii_lowercase().ends_with("=off")) {
+    // "off", or ringfeed=off, silences ringfeed on purpose.
+    let deliberate = |d: &str| {
+        let d = d.trim().to_ascii_lowercase();
+        d == "off" || (d.starts_with("ringfeed") && d.ends_with("=off"))
+    };
+    if v.split(',').any(deliberate) {
         return false;
     }
     let Ok(filter) = tracing_subscriber::EnvFilter::try_new(v) else {
@@ -171,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_log_filter_that_leaves_ringfeed_silent_is_named() {
-        for silent in ["bogus", "verbose,tokio=debug", " debug", "debug ", "7", "tokio=debug", "ringfeedx=debug", "Ringfeed=debug"] {
+        for silent in ["bogus", "verbose,tokio=debug", " debug", "debug ", "7", "tokio=debug", "ringfeedx=debug", "Ringfeed=debug", "tokio=off"] {
             assert!(filter_silences_ringfeed(silent), "{silent:?} should be named");
         }
         for fine in ["debug", "INFO", "error", "3", "warn,hyper=off", "ringfeed=debug", "ringfeed::loader=trace", "info,ringfeed::loader=trace", "ringfeed=debug,warn", "off", "ringfeed=off", "info,bogus"] {

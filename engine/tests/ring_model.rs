@@ -97,9 +97,9 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     // SAFETY: as above.
                     prop_assert_eq!(unsafe { b.sample_table() }[0].index, m.consumed * u64::from(w) + u64::from(r));
                     prop_assert_eq!(b.data_len, batch_len(m.consumed));
+                    m.bytes_consumed += batch_len(m.consumed);
                     m.held.push_back((m.consumed, b));
                     m.consumed += 1;
-                    m.bytes_consumed += batch_len(m.consumed - 1);
                 }
             }
             Op::Release(r, i) => {
