@@ -48,6 +48,11 @@ def _pick_library():
     return str(max(built, key=lambda p: p.stat().st_mtime))
 
 
+# Loaders started by the tests keep their manifest cache here, not in the
+# user's ~/.cache (and every test run starts with an empty one).
+_CACHE_DIR = tempfile.TemporaryDirectory(prefix="ringfeed-test-cache-")
+os.environ["RINGFEED_CACHE_DIR"] = _CACHE_DIR.name
+
 if os.environ.get("RINGFEED_TEST_INSTALLED") != "1":
     sys.path.insert(0, str(BINDINGS))
     # Python subprocesses of the tests (tests/python/procs) import it too.

@@ -2,11 +2,14 @@
 
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
 use anyhow::{bail, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
-use crate::reader::{IoChoice, ReaderConfig};
+use crate::manifest::{Manifest, ManifestCache, ManifestOptions, ManifestOrigin};
+use crate::reader::{IoChoice, ReadError, ReaderConfig};
 use crate::ring::segment::human_bytes;
 use crate::sampler::ResumeState;
 
@@ -54,6 +57,26 @@ pub struct ServeArgs {
     /// Resume from EPOCH:SAMPLES (samples consumed in that epoch, all ranks together).
     #[arg(long, value_parser = parse_resume, allow_hyphen_values = true)]
     pub resume: Option<ResumeState>,
+    /// Manifest cache: use (a cached listing while the directories are
+    /// unchanged, else list and store), refresh (list and store), off.
+    #[arg(long, value_enum, default_value_t = CacheUse::Use)]
+    pub manifest_cache: CacheUse,
+    /// Cache directory (default: RINGFEED_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/ringfeed, else ~/.cache/ringfeed); manifests go to its
+    /// manifests/ directory.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// `--manifest-cache`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CacheUse {
+    /// Use a valid cached manifest; list and store otherwise.
+    Use,
+    /// List, and store the new listing.
+    Refresh,
+    /// Neither read nor write the cache.
+    Off,
 }
 
 fn parse_resume(s: &str) -> Result<ResumeState, String> {
@@ -113,6 +136,22 @@ impl ServeArgs {
         Ok(())
     }
 
+    /// The manifest cache these arguments ask for; None when off or when no
+    /// cache directory is known.
+    pub fn manifest_cache(&self) -> Option<ManifestCache> {
+        if self.manifest_cache == CacheUse::Off {
+            return None;
+        }
+        let dir = match &self.cache_dir {
+            Some(dir) => Some(dir.join("manifests")),
+            None => ManifestCache::default_dir(),
+        };
+        if dir.is_none() {
+            tracing::info!("no manifest cache: neither RINGFEED_CACHE_DIR, XDG_CACHE_HOME nor HOME is set (pass --cache-dir)");
+        }
+        dir.map(ManifestCache::at)
+    }
+
     /// The loader configuration these arguments describe.
     pub fn config(&self) -> Result<ServeConfig> {
         Ok(ServeConfig {
@@ -140,9 +179,33 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     let cfg = args.config()?;
     args.check_before_listing()?;
     let listing = std::time::Instant::now();
-    let plan = Plan::new(cfg.clone())?;
+    let cache = args.manifest_cache();
+    let opts = ManifestOptions { record_bytes: cfg.record_bytes, threads: 0, progress: cfg.progress };
+    let (manifest, origin) = match &cache {
+        Some(cache) => {
+            let (manifest, origin) = Manifest::build_cached(&cfg.source, &opts, cache, args.manifest_cache == CacheUse::Refresh)?;
+            (manifest, Some(origin))
+        }
+        None => (Manifest::build(&cfg.source, &opts)?, None),
+    };
+    let plan = Plan::with_manifest(cfg.clone(), Arc::new(manifest))?;
+    let how = match &origin {
+        Some(ManifestOrigin::Cached { path, dirs_checked, files_checked }) => {
+            let files = if *files_checked > 0 { format!(" and {files_checked} file sizes") } else { String::new() };
+            format!("from the cache {} ({dirs_checked} directories{files} unchanged)", path.display())
+        }
+        Some(ManifestOrigin::Listed { cache_miss, stored, not_stored }) => {
+            tracing::info!("manifest cache not used: {cache_miss}");
+            match (stored, not_stored) {
+                (Some(path), _) => format!("listed (cached in {})", path.display()),
+                (None, Some(why)) => format!("listed (not cached: {why})"),
+                (None, None) => "listed".to_owned(),
+            }
+        }
+        None => "listed (manifest cache off)".to_owned(),
+    };
     eprintln!(
-        "ringfeed: manifest: {} samples in {} files ({}), listed and planned in {:.2} s",
+        "ringfeed: manifest: {} samples in {} files ({}), {how}, planned in {:.2} s",
         plan.manifest().len(),
         plan.manifest().files().len(),
         human_bytes(plan.manifest().total_bytes()),
@@ -198,6 +261,19 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         Err(ServeError::Signal(sig)) => {
             eprintln!("ringfeed: stopped by signal {sig}: trainers were told (once they have taken what was published, next fails with \"stopped before the end of the run\"), segment removed");
             Ok(128u8.saturating_add(sig as u8))
+        }
+        Err(ServeError::Read(err)) => {
+            // A file changed since it was listed: the cached manifest (if
+            // this run used or wrote one) is stale, so the next start lists.
+            let stale = matches!(err, ReadError::Vanished { .. } | ReadError::ChangedSize { .. } | ReadError::Grew { .. });
+            let forgotten = match (&cache, stale) {
+                (Some(cache), true) => std::fs::canonicalize(&cfg.source).ok().and_then(|root| cache.forget(&root).ok()),
+                _ => None,
+            };
+            if forgotten == Some(true) {
+                bail!("{err}; the manifest cache of {} was removed, so the next start lists it again", cfg.source.display());
+            }
+            Err(ServeError::Read(err).into())
         }
         Err(e) => Err(e.into()),
     }

@@ -20,14 +20,22 @@
 //!
 //! Listing is a parallel, work-stealing directory walk (see `walk`), then
 //! one sort; the result does not depend on the thread count.
+//! [`Manifest::build_cached`] keeps the result on local disk and uses it
+//! again while the tree's directories are unchanged (see `cache`).
 
+mod cache;
 mod walk;
+
+pub use cache::{ManifestCache, DEFAULT_RACY_WINDOW, DEFAULT_STAT_FILES_MAX};
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::fs::Metadata;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use thiserror::Error;
 
@@ -65,6 +73,59 @@ pub struct FileEntry {
     pub rel_path: PathBuf,
     /// Size when listed (the target's size for a link to a file).
     pub size_bytes: u64,
+}
+
+/// A directory as it was when listed. A name added to it, removed or
+/// renamed moves its mtime and ctime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DirStamp {
+    /// Path relative to the manifest root; empty for the root.
+    pub rel_path: PathBuf,
+    pub dev: u64,
+    pub ino: u64,
+    /// (seconds, nanoseconds) since the Unix epoch.
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
+}
+
+impl DirStamp {
+    fn of(rel_path: PathBuf, meta: &Metadata) -> DirStamp {
+        // The kernel keeps nanoseconds below 10^9.
+        let nanos = |n: i64| n.clamp(0, 999_999_999) as u32;
+        DirStamp {
+            rel_path,
+            dev: meta.dev(),
+            ino: meta.ino(),
+            mtime: (meta.mtime(), nanos(meta.mtime_nsec())),
+            ctime: (meta.ctime(), nanos(meta.ctime_nsec())),
+        }
+    }
+}
+
+/// Where a manifest from [`Manifest::build_cached`] came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ManifestOrigin {
+    /// Read from the cache file `path`; `dirs_checked` directories (and
+    /// `files_checked` files, 0 past `ManifestCache::stat_files_max`) were
+    /// found unchanged.
+    Cached {
+        /// The cache file.
+        path: PathBuf,
+        /// Directories found unchanged.
+        dirs_checked: usize,
+        /// Files whose size was checked.
+        files_checked: usize,
+    },
+    /// Listed. `cache_miss` says why the cache was not used, `stored` where
+    /// the listing was cached, `not_stored` why it was not.
+    Listed {
+        /// Why the cache was not used.
+        cache_miss: String,
+        /// The cache file written.
+        stored: Option<PathBuf>,
+        /// Why no cache file was written (a warning when it is an error).
+        not_stored: Option<String>,
+    },
 }
 
 /// Where one sample's bytes are.
@@ -174,10 +235,68 @@ impl Manifest {
             return Err(ManifestError::ZeroRecordBytes);
         }
         check_root(root)?;
-        let threads = list_threads(opts.threads);
-        let mut files = walk::list_files(root, threads, opts.progress)?;
-        files.sort_unstable_by(|a, b| rel_path_bytes(a).cmp(rel_path_bytes(b)));
+        let (files, _) = Self::list_sorted(root, opts)?;
         Self::from_sorted_files(root, files, opts.record_bytes)
+    }
+
+    /// Like [`Manifest::build`], but takes the manifest from `cache` when
+    /// the cached one of `root` is still valid, and stores a new listing
+    /// there. `relist` lists even when the cache is valid (and stores the
+    /// result). A cache that cannot be read or written never fails the
+    /// build: the listing is the fallback, and `ManifestOrigin` says why.
+    pub fn build_cached(
+        root: &Path,
+        opts: &ManifestOptions,
+        cache: &ManifestCache,
+        relist: bool,
+    ) -> Result<(Manifest, ManifestOrigin), ManifestError> {
+        if opts.record_bytes == Some(0) {
+            return Err(ManifestError::ZeroRecordBytes);
+        }
+        check_root(root)?;
+        let canonical = std::fs::canonicalize(root).map_err(|source| ManifestError::Metadata {
+            path: root.to_path_buf(),
+            source,
+        })?;
+        let cache_miss = if relist {
+            "asked to list again".to_owned()
+        } else {
+            match cache.lookup(&canonical) {
+                cache::Lookup::Hit { files, dirs_checked, files_checked } => {
+                    let manifest = Self::from_sorted_files(root, files, opts.record_bytes)?;
+                    let origin = ManifestOrigin::Cached { path: cache.entry_path(&canonical), dirs_checked, files_checked };
+                    return Ok((manifest, origin));
+                }
+                cache::Lookup::Miss(why) => why,
+            }
+        };
+        let listed_at = SystemTime::now();
+        let (files, dirs) = Self::list_sorted(root, opts)?;
+        // Check the files before storing them: a listing that is not a
+        // manifest is not cached.
+        let manifest = Self::from_sorted_files(root, files, opts.record_bytes)?;
+        let (stored, not_stored) = match cache.store(&canonical, listed_at, &dirs, manifest.files()) {
+            Ok(None) => (Some(cache.entry_path(&canonical)), None),
+            Ok(Some(why)) => (None, Some(why)),
+            Err(err) => {
+                tracing::warn!(
+                    "cannot write the manifest cache in {}: {err}; every start will list {} again \
+                     (set RINGFEED_CACHE_DIR or --cache-dir to a writable directory, or pass --manifest-cache off)",
+                    cache.dir.display(),
+                    root.display()
+                );
+                (None, Some(format!("cannot write in {}: {err}", cache.dir.display())))
+            }
+        };
+        Ok((manifest, ManifestOrigin::Listed { cache_miss, stored, not_stored }))
+    }
+
+    /// The walk, sorted into manifest order.
+    fn list_sorted(root: &Path, opts: &ManifestOptions) -> Result<(Vec<FileEntry>, Vec<DirStamp>), ManifestError> {
+        let threads = list_threads(opts.threads);
+        let walk::Listing { mut files, dirs } = walk::list_files(root, threads, opts.progress)?;
+        files.sort_unstable_by(|a, b| rel_path_bytes(a).cmp(rel_path_bytes(b)));
+        Ok((files, dirs))
     }
 
     /// Builds a manifest from a listing already in manifest order.

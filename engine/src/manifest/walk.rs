@@ -9,7 +9,8 @@
 //! anywhere. The first error stops every thread.
 //!
 //! The caller's thread only waits and reports progress; the files come back
-//! unsorted (the caller sorts once).
+//! unsorted (the caller sorts once), with a stamp of every directory listed
+//! (taken before its entries are read) for the manifest cache.
 
 use std::fs;
 use std::io::IsTerminal;
@@ -23,7 +24,7 @@ use crossbeam_channel::RecvTimeoutError;
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use indicatif::ProgressBar;
 
-use super::{FileEntry, ManifestError, MAX_FILES};
+use super::{DirStamp, FileEntry, ManifestError, MAX_FILES};
 
 /// Listing shorter than this shows no progress at all.
 const PROGRESS_AFTER_MS: u64 = 1_000;
@@ -51,12 +52,19 @@ struct Walk<'a> {
     first_error: Mutex<Option<ManifestError>>,
 }
 
-/// Lists every regular file under `root` with `threads` threads, unsorted.
+/// What a walk found, unsorted.
+pub(super) struct Listing {
+    pub files: Vec<FileEntry>,
+    /// Every directory listed, the root included (empty relative path).
+    pub dirs: Vec<DirStamp>,
+}
+
+/// Lists every regular file under `root` with `threads` threads.
 pub(super) fn list_files(
     root: &Path,
     threads: usize,
     progress: bool,
-) -> Result<Vec<FileEntry>, ManifestError> {
+) -> Result<Listing, ManifestError> {
     debug_assert!(threads >= 1);
     let workers: Vec<Worker<PathBuf>> = (0..threads).map(|_| Worker::new_lifo()).collect();
     let walk = Walk {
@@ -72,6 +80,7 @@ pub(super) fn list_files(
 
     let started = Instant::now();
     let mut files = Vec::new();
+    let mut dirs = Vec::new();
     thread::scope(|scope| {
         // Each thread holds a sender; the channel disconnects when the last
         // one is done, which wakes the waiting thread at once.
@@ -99,7 +108,10 @@ pub(super) fn list_files(
         report_progress(&walk, &done_rx, started, progress);
         for handle in handles {
             match handle.join() {
-                Ok(found) => files.extend(found),
+                Ok((found_files, found_dirs)) => {
+                    files.extend(found_files);
+                    dirs.extend(found_dirs);
+                }
                 // A panic in a listing thread is a bug: carry it on.
                 Err(payload) => std::panic::resume_unwind(payload),
             }
@@ -115,7 +127,7 @@ pub(super) fn list_files(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "listed source directory"
     );
-    Ok(files)
+    Ok(Listing { files, dirs })
 }
 
 /// Waits for the threads to finish; after `PROGRESS_AFTER_MS`, shows a
@@ -163,8 +175,9 @@ fn report_progress(
 
 impl Walk<'_> {
     /// One listing thread: take directories until none is left anywhere.
-    fn run_thread(&self, local: &Worker<PathBuf>) -> Vec<FileEntry> {
+    fn run_thread(&self, local: &Worker<PathBuf>) -> (Vec<FileEntry>, Vec<DirStamp>) {
         let mut files = Vec::new();
+        let mut dirs = Vec::new();
         let mut idle_rounds = 0u32;
         while !self.stop.load(Ordering::Relaxed) {
             let Some(dir) = self.find_job(local) else {
@@ -179,7 +192,7 @@ impl Walk<'_> {
                 continue;
             };
             idle_rounds = 0;
-            if let Err(err) = self.list_dir(local, &dir, &mut files) {
+            if let Err(err) = self.list_dir(local, dir, &mut files, &mut dirs) {
                 self.fail(err);
             }
             // SYNC POINT: the children of `dir` were counted (and pushed)
@@ -187,7 +200,7 @@ impl Walk<'_> {
             // directory is still queued.
             self.pending_dirs.fetch_sub(1, Ordering::AcqRel);
         }
-        files
+        (files, dirs)
     }
 
     /// Own deque first, then a batch from the injector, then a peer.
@@ -206,18 +219,36 @@ impl Walk<'_> {
         })
     }
 
-    /// Lists one directory: subdirectories become jobs, files go to `files`.
+    /// Lists one directory: subdirectories become jobs, files go to `files`,
+    /// the directory's own stamp to `dirs`.
     fn list_dir(
         &self,
         local: &Worker<PathBuf>,
-        rel_dir: &Path,
+        rel_dir: PathBuf,
         files: &mut Vec<FileEntry>,
+        dirs: &mut Vec<DirStamp>,
     ) -> Result<(), ManifestError> {
+        let rel_dir = rel_dir.as_path();
         let abs_dir = self.root.join(rel_dir);
         let read_dir_error = |source| ManifestError::ReadDir {
             path: abs_dir.clone(),
             source,
         };
+        // The stamp comes before the entries: a change made while they are
+        // read moves the directory's times past it, so a cache that keeps it
+        // is found stale later. The root may be a link; the others are not
+        // followed (the parent saw a directory).
+        let meta = if rel_dir.as_os_str().is_empty() {
+            fs::metadata(&abs_dir)
+        } else {
+            fs::symlink_metadata(&abs_dir)
+        };
+        let meta = meta.map_err(read_dir_error)?;
+        if !meta.is_dir() {
+            // Replaced by a file or a link since its parent was listed.
+            return Err(read_dir_error(std::io::Error::from_raw_os_error(libc::ENOTDIR)));
+        }
+        dirs.push(DirStamp::of(rel_dir.to_path_buf(), &meta));
         let mut found_here = 0u64;
         for entry in fs::read_dir(&abs_dir).map_err(read_dir_error)? {
             let entry = entry.map_err(read_dir_error)?;

@@ -1,0 +1,118 @@
+"""The manifest cache through `ringfeed serve`: a second start takes the
+manifest from the cache, a changed tree is listed again, and a file changed
+in place (which the cache cannot see past a few thousand files) stops the
+loader with its path and removes the cache entry, so the next start lists."""
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from e2e_util import ringfeed_bin
+
+# Directories changed less than this before a listing are not cached (the
+# loader's default window is 2 s).
+RACY_WINDOW_S = 2.1
+# Past this many files (the loader's default) only directories are checked.
+STAT_FILES_MAX = 4096
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory):
+    """Datasets made together, then old enough to be cached; one per test."""
+    smalls = []
+    for t in range(3):
+        small = tmp_path_factory.mktemp("small")
+        for i in range(10):
+            sub = small / ("d%d" % (i % 3))
+            sub.mkdir(exist_ok=True)
+            (sub / ("f%02d" % i)).write_bytes(b"s" * (100 + i))
+        smalls.append(small)
+    big = tmp_path_factory.mktemp("big")
+    for i in range(STAT_FILES_MAX + 4):
+        (big / ("f%05d" % i)).write_bytes(b"b" * 10)
+    time.sleep(RACY_WINDOW_S)
+    return smalls, big
+
+
+def start(source, *extra):
+    """Runs serve until its manifest line, then stops it with SIGINT; returns that line."""
+    name = "e2e-cache-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(source), "--name", name, "--batch-size", "2", "--world-size", "1"] + list(extra),
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        lines = []
+        for line in loader.stderr:
+            lines.append(line)
+            if line.startswith("ringfeed: serving"):
+                loader.send_signal(signal.SIGINT)
+        loader.wait(timeout=30)
+    finally:
+        if loader.poll() is None:
+            loader.kill()
+            loader.wait()
+    manifest = [l for l in lines if l.startswith("ringfeed: manifest:")]
+    assert manifest, "no manifest line; stderr:\n" + "".join(lines)
+    return manifest[0], "".join(lines)
+
+
+def test_a_second_start_takes_the_manifest_from_the_cache_and_a_new_file_is_listed(trees):
+    small = trees[0][0]
+    line, _ = start(small)
+    assert "10 samples" in line and "listed (cached in " in line, line
+    cache_file = line.split("cached in ")[1].split(")")[0]
+    assert cache_file.startswith(os.environ["RINGFEED_CACHE_DIR"]), cache_file
+    line, _ = start(small)
+    assert "10 samples" in line and "from the cache" in line and "4 directories and 10 file sizes unchanged" in line, line
+
+    (small / "d1" / "new").write_bytes(b"n")
+    line, _ = start(small)
+    assert "11 samples" in line and "listed" in line, line
+
+
+def test_off_and_refresh(trees):
+    small = trees[0][1]
+    start(small)
+    line, _ = start(small, "--manifest-cache", "off")
+    assert "listed (manifest cache off)" in line, line
+    line, _ = start(small, "--manifest-cache", "refresh")
+    assert "listed (cached in " in line, line
+    line, _ = start(small)
+    assert "from the cache" in line, line
+
+
+def test_a_file_changed_in_place_stops_the_loader_and_the_next_start_lists_again(trees):
+    _, big = trees
+    start(big, "--no-shuffle")
+    line, _ = start(big, "--no-shuffle")
+    # Too many files to check each one: only the directory is.
+    assert "from the cache" in line and "(1 directories unchanged)" in line, line
+    # Same path, same inode, another size: no directory changes.
+    (big / "f00000").write_bytes(b"longer than ten bytes")
+    name = "e2e-cache-%s" % uuid.uuid4().hex[:8]
+    run = subprocess.run(
+        [ringfeed_bin(), "serve", "--source", str(big), "--name", name, "--batch-size", "2", "--world-size", "1", "--no-shuffle"],
+        stderr=subprocess.PIPE, text=True, timeout=30,
+    )
+    assert run.returncode != 0, run.stderr
+    assert str(big / "f00000") in run.stderr and "changed size" in run.stderr, run.stderr
+    assert "the manifest cache of %s was removed, so the next start lists it again" % big in run.stderr, run.stderr
+    line, _ = start(big, "--no-shuffle")
+    assert "listed" in line, line
+
+
+def test_gc_removes_the_cached_manifest_of_a_directory_that_is_gone(trees):
+    small = trees[0][2]
+    line, _ = start(small)
+    cache_file = line.split("cached in ")[1].split(")")[0]
+    assert os.path.exists(cache_file)
+    for d in sorted(small.rglob("*"), reverse=True):
+        d.rmdir() if d.is_dir() else d.unlink()
+    small.rmdir()
+    out = subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.PIPE, text=True, timeout=20).stdout
+    assert "removed %s: %s no longer exists" % (cache_file, small) in out, out
+    assert not os.path.exists(cache_file)
