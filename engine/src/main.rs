@@ -31,8 +31,14 @@ enum Command {
         #[arg(long)]
         once: bool,
     },
-    /// Remove shared-memory segments left by loaders that died.
-    Gc,
+    /// Remove shared-memory segments left by loaders that died, and cached
+    /// manifests of directories that no longer exist.
+    Gc {
+        /// The cache directory `serve --cache-dir` was given (default:
+        /// RINGFEED_CACHE_DIR, else $XDG_CACHE_HOME/ringfeed, else ~/.cache/ringfeed).
+        #[arg(long)]
+        cache_dir: Option<std::path::PathBuf>,
+    },
     #[command(hide = true)]
     DemoConsumer(cli::demo::DemoConsumerArgs),
     #[command(hide = true)]
@@ -86,9 +92,9 @@ fn main() -> ExitCode {
             restore_sigpipe();
             stat_interval(interval).and_then(|interval| cli::stat::run(&name, interval, once))
         }
-        Command::Gc => {
+        Command::Gc { cache_dir } => {
             restore_sigpipe();
-            cli::gc::run()
+            cli::gc::run(cache_dir)
         }
         Command::RingTestProducer(a) => cli::testing::run_producer(&a),
         Command::RingTestConsumer(a) => cli::testing::run_consumer(&a),

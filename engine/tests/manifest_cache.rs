@@ -11,9 +11,23 @@ use std::time::Duration;
 
 use ringfeed::manifest::{Manifest, ManifestCache, ManifestError, ManifestOptions, ManifestOrigin};
 
-/// Longer than a file-system clock tick (at most 10 ms with HZ=100): a
-/// change made after it gets a different timestamp than one made before.
-const TICK: Duration = Duration::from_millis(30);
+/// Longer than a file-system clock tick (at most 10 ms with HZ=100, or a
+/// whole second on a file system without sub-second times): a change made
+/// after it gets a different timestamp than one made before.
+fn tick() -> Duration {
+    static TICK: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *TICK.get_or_init(|| {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let whole_seconds = (0..3).all(|i| {
+            let path = dir.path().join(i.to_string());
+            fs::write(&path, b"").unwrap();
+            sleep(Duration::from_millis(7));
+            fs::metadata(&path).unwrap().mtime_nsec() == 0
+        });
+        if whole_seconds { Duration::from_millis(1100) } else { Duration::from_millis(30) }
+    })
+}
 
 fn write(root: &Path, rel: &str, bytes: &[u8]) {
     let path = root.join(rel);
@@ -36,7 +50,7 @@ fn tree() -> tempfile::TempDir {
     for rel in ["a/x", "a/b/y", "a/b/c/z", "top"] {
         write(dir.path(), rel, rel.as_bytes());
     }
-    sleep(TICK);
+    sleep(tick());
     dir
 }
 
@@ -63,7 +77,7 @@ fn assert_cached(origin: &ManifestOrigin) {
 fn listed_then_cached(root: &Path, cache: &ManifestCache) -> Manifest {
     let (listed, origin) = build(root, cache);
     match &origin {
-        ManifestOrigin::Listed { stored: Some(_), .. } => {}
+        ManifestOrigin::Listed { path: Some(_), not_stored: None, .. } => {}
         other => panic!("expected a stored listing, got {other:?}"),
     }
     let (cached, origin) = build(root, cache);
@@ -74,7 +88,7 @@ fn listed_then_cached(root: &Path, cache: &ManifestCache) -> Manifest {
 
 /// After a listing that followed a change: the next build uses its store.
 fn cached_again(root: &Path, cache: &ManifestCache) {
-    sleep(TICK);
+    sleep(tick());
     assert_cached(&build(root, cache).1);
 }
 
@@ -141,7 +155,7 @@ fn setting_a_directorys_mtime_back_does_not_hide_a_change() {
     listed_then_cached(data.path(), &cache);
     let dir = data.path().join("a");
     let before = fs::metadata(&dir).unwrap();
-    sleep(TICK);
+    sleep(tick());
     write(data.path(), "a/sneaky", b"s");
     set_mtime(&dir, before.modified().unwrap());
     let (m, origin) = build(data.path(), &cache);
@@ -191,7 +205,7 @@ fn a_tree_changed_just_before_its_listing_is_not_stored() {
     let cache = ManifestCache::at(cache_dir.path().join("manifests"));
     let (_, origin) = build(data.path(), &cache);
     match origin {
-        ManifestOrigin::Listed { stored: None, not_stored: Some(why), .. } => assert!(why.contains("changed less than 2s before the listing began"), "{why}"),
+        ManifestOrigin::Listed { not_stored: Some(why), .. } => assert!(why.contains("changed less than 2s before the listing began"), "{why}"),
         other => panic!("expected no store, got {other:?}"),
     }
     let (_, origin) = build(data.path(), &cache);
@@ -227,7 +241,7 @@ fn an_unwritable_cache_only_costs_the_listing() {
     let (m, origin) = build(data.path(), &cache);
     assert_eq!(m.len(), 4);
     match origin {
-        ManifestOrigin::Listed { stored: None, not_stored: Some(why), .. } => assert!(why.contains("cannot write in"), "{why}"),
+        ManifestOrigin::Listed { not_stored: Some(why), .. } => assert!(why.contains("cannot write in"), "{why}"),
         other => panic!("expected no store, got {other:?}"),
     }
 }
@@ -239,7 +253,7 @@ fn relist_lists_a_valid_cache_again_and_stores_it() {
     let cache = cache_in(cache_dir.path());
     listed_then_cached(data.path(), &cache);
     let (_, origin) = Manifest::build_cached(data.path(), &opts(None), &cache, true).unwrap();
-    assert!(matches!(&origin, ManifestOrigin::Listed { cache_miss, stored: Some(_), .. } if cache_miss == "asked to list again"), "{origin:?}");
+    assert!(matches!(&origin, ManifestOrigin::Listed { cache_miss, not_stored: None, .. } if cache_miss == "asked to list again"), "{origin:?}");
 }
 
 #[test]
@@ -262,7 +276,7 @@ fn record_mode_over_a_cached_listing_checks_records_as_a_listing_does() {
     let data = tempfile::tempdir().unwrap();
     write(data.path(), "r0", &[0; 12]);
     write(data.path(), "r1", &[0; 10]);
-    sleep(TICK);
+    sleep(tick());
     let cache_dir = tempfile::tempdir().unwrap();
     let cache = cache_in(cache_dir.path());
     listed_then_cached(data.path(), &cache);
@@ -271,6 +285,105 @@ fn record_mode_over_a_cached_listing_checks_records_as_a_listing_does() {
     assert_eq!(m.len(), 11);
     let err = Manifest::build_cached(data.path(), &opts(Some(4)), &cache, false).unwrap_err();
     assert!(matches!(&err, ManifestError::NotWholeRecords { path, .. } if path.ends_with("r1")), "{err}");
+}
+
+#[test]
+fn cached_sizes_that_do_not_make_records_are_listed_again_not_reported() {
+    // Past stat_files_max a file rewritten in place keeps its cached size;
+    // if that size is what breaks the records, a listing decides.
+    let data = tempfile::tempdir().unwrap();
+    write(data.path(), "r0", &[0; 12]);
+    write(data.path(), "r1", &[0; 10]);
+    sleep(tick());
+    let cache_dir = tempfile::tempdir().unwrap();
+    let blind = ManifestCache { stat_files_max: 0, ..cache_in(cache_dir.path()) };
+    listed_then_cached(data.path(), &blind);
+    fs::write(data.path().join("r1"), [0; 12]).unwrap();
+    let (m, origin) = Manifest::build_cached(data.path(), &opts(Some(4)), &blind, false).unwrap();
+    assert_listed(&origin, "the cached files do not make a manifest");
+    assert_eq!(m.len(), 6);
+}
+
+#[test]
+fn a_link_whose_target_outside_the_tree_changes_is_seen() {
+    let outside = tempfile::tempdir().unwrap();
+    fs::create_dir(outside.path().join("d")).unwrap();
+    fs::write(outside.path().join("f"), b"1234").unwrap();
+    let data = tree();
+    symlink(outside.path().join("d"), data.path().join("to_dir")).unwrap();
+    symlink(outside.path().join("f"), data.path().join("to_file")).unwrap();
+    sleep(tick());
+    let cache_dir = tempfile::tempdir().unwrap();
+    // Files are not checked one by one: only the links are.
+    let cache = ManifestCache { stat_files_max: 0, ..cache_in(cache_dir.path()) };
+    let m = listed_then_cached(data.path(), &cache);
+    assert!(!rel_paths(&m).contains(&"to_dir".to_owned()));
+
+    // The directory a link pointed to becomes a file: the link is a sample now.
+    fs::remove_dir(outside.path().join("d")).unwrap();
+    fs::write(outside.path().join("d"), b"now a file").unwrap();
+    let (m, origin) = build(data.path(), &cache);
+    assert_listed(&origin, "the target of link");
+    assert!(rel_paths(&m).contains(&"to_dir".to_owned()));
+    cached_again(data.path(), &cache);
+
+    // The file a link points to is replaced by a larger one.
+    fs::write(outside.path().join("f2"), b"123456789").unwrap();
+    fs::rename(outside.path().join("f2"), outside.path().join("f")).unwrap();
+    let (m, origin) = build(data.path(), &cache);
+    assert_listed(&origin, "to_file");
+    let to_file = m.files().iter().find(|f| f.rel_path == Path::new("to_file")).unwrap();
+    assert_eq!(to_file.size_bytes, 9);
+}
+
+#[test]
+fn a_root_replaced_by_a_copy_with_the_same_times_is_seen_by_its_inode() {
+    let parent = tempfile::tempdir().unwrap();
+    let root = parent.path().join("data");
+    write(&root, "a/x", b"x");
+    sleep(tick());
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = cache_in(cache_dir.path());
+    listed_then_cached(&root, &cache);
+    // `cp -a` keeps mtimes; the copy holds one more file.
+    let copy = parent.path().join("copy");
+    write(&copy, "a/x", b"x");
+    write(&copy, "a/y", b"y");
+    fs::rename(&root, parent.path().join("old")).unwrap();
+    fs::rename(&copy, &root).unwrap();
+    let (m, origin) = build(&root, &cache);
+    assert_listed(&origin, "changed since it was listed (inode");
+    assert_eq!(rel_paths(&m), ["a/x", "a/y"]);
+}
+
+#[test]
+fn a_directory_with_a_future_mtime_is_still_cached() {
+    // Archives unpacked from a machine with a skewed clock: only ctime
+    // tells when the directory last changed here.
+    let data = tree();
+    set_mtime(&data.path().join("a"), std::time::SystemTime::now() + Duration::from_secs(3 * 3600));
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = ManifestCache { racy_window: Duration::from_millis(1), ..cache_in(cache_dir.path()) };
+    sleep(tick());
+    listed_then_cached(data.path(), &cache);
+}
+
+#[test]
+fn loaders_storing_the_same_directory_at_once_all_succeed() {
+    let data = tree();
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = cache_in(cache_dir.path());
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| scope.spawn(|| (0..20).map(|_| Manifest::build_cached(data.path(), &opts(None), &cache, true).unwrap().1).collect::<Vec<_>>()))
+            .collect();
+        for origin in handles.into_iter().flat_map(|h| h.join().unwrap()) {
+            assert!(matches!(origin, ManifestOrigin::Listed { not_stored: None, .. }), "{origin:?}");
+        }
+    });
+    assert_cached(&build(data.path(), &cache).1);
+    let leftovers: Vec<_> = fs::read_dir(&cache.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers.len(), 1, "{leftovers:?}");
 }
 
 #[test]

@@ -3,6 +3,7 @@ manifest from the cache, a changed tree is listed again, and a file changed
 in place (which the cache cannot see past a few thousand files) stops the
 loader with its path and removes the cache entry, so the next start lists."""
 import os
+import re
 import signal
 import subprocess
 import time
@@ -60,6 +61,13 @@ def start(source, *extra):
     return manifest[0], "".join(lines)
 
 
+def cache_path(line):
+    """The cache file a manifest line names (read from or written to)."""
+    m = re.search(r"(/\S+\.manifest)\b", line)
+    assert m, line
+    return m.group(1)
+
+
 def test_a_second_start_takes_the_manifest_from_the_cache_and_a_new_file_is_listed(trees):
     small = trees[0][0]
     line, _ = start(small)
@@ -76,9 +84,14 @@ def test_a_second_start_takes_the_manifest_from_the_cache_and_a_new_file_is_list
 
 def test_off_and_refresh(trees):
     small = trees[0][1]
-    start(small)
     line, _ = start(small, "--manifest-cache", "off")
     assert "listed (manifest cache off)" in line, line
+    line, _ = start(small)
+    assert "no cached manifest" in line or "listed (cached in " in line, line
+    cache_file = line.split("cached in ")[1].split(")")[0]
+    os.remove(cache_file)
+    line, _ = start(small, "--manifest-cache", "off")
+    assert not os.path.exists(cache_file), "--manifest-cache off wrote " + cache_file
     line, _ = start(small, "--manifest-cache", "refresh")
     assert "listed (cached in " in line, line
     line, _ = start(small)
@@ -87,7 +100,8 @@ def test_off_and_refresh(trees):
 
 def test_a_file_changed_in_place_stops_the_loader_and_the_next_start_lists_again(trees):
     _, big = trees
-    start(big, "--no-shuffle")
+    line, _ = start(big, "--no-shuffle")
+    cache_file = line.split("cached in ")[1].split(")")[0]
     line, _ = start(big, "--no-shuffle")
     # Too many files to check each one: only the directory is.
     assert "from the cache" in line and "(1 directories unchanged)" in line, line
@@ -100,7 +114,7 @@ def test_a_file_changed_in_place_stops_the_loader_and_the_next_start_lists_again
     )
     assert run.returncode != 0, run.stderr
     assert str(big / "f00000") in run.stderr and "changed size" in run.stderr, run.stderr
-    assert "the manifest cache of %s was removed, so the next start lists it again" % big in run.stderr, run.stderr
+    assert "this run's manifest came from the cache %s, which is now removed, so the next start lists the dataset again" % cache_file in run.stderr, run.stderr
     line, _ = start(big, "--no-shuffle")
     assert "listed" in line, line
 
@@ -113,6 +127,11 @@ def test_gc_removes_the_cached_manifest_of_a_directory_that_is_gone(trees):
     for d in sorted(small.rglob("*"), reverse=True):
         d.rmdir() if d.is_dir() else d.unlink()
     small.rmdir()
+    kept = cache_path(start(trees[0][1])[0])
+    assert os.path.exists(kept), kept
     out = subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.PIPE, text=True, timeout=20).stdout
     assert "removed %s: %s no longer exists" % (cache_file, small) in out, out
     assert not os.path.exists(cache_file)
+    # The cache of a directory that is still there stays.
+    assert os.path.exists(kept), out
+    assert kept not in out, out

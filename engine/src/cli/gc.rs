@@ -1,19 +1,20 @@
 //! `ringfeed gc`.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::manifest::ManifestCache;
+use crate::manifest::{is_stale_tmp, ManifestCache, NotACacheFile};
 use crate::ring::gc::{collect, GcOutcome};
 use crate::ring::segment::{human_bytes, SHM_DIR};
 
 /// Removes segments of dead loaders, and cached manifests of directories
-/// that are gone, and says what it did.
-pub fn run() -> Result<()> {
+/// that are gone (in `cache_dir`, else the default cache directory), and
+/// says what it did.
+pub fn run(cache_dir: Option<PathBuf>) -> Result<()> {
     let segments = collect_segments();
-    if let Some(dir) = ManifestCache::default_dir() {
+    if let Some(dir) = ManifestCache::dir_under(cache_dir.as_deref()) {
         collect_manifests(&dir);
     }
     segments
@@ -60,18 +61,24 @@ fn collect_manifests(dir: &Path) {
         let path = entry.path();
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let why = if let Some((_, pid)) = name.split_once(".manifest.tmp.") {
-            // A writer renames its file when done: one left behind by a
-            // dead process is garbage; a live one is still writing.
-            match pid.parse::<i32>() {
-                Ok(pid) if process_alive(pid) => None,
-                _ => Some("a temporary file of a writer that is gone".to_owned()),
+        let why = if name.contains(".manifest.tmp.") {
+            // A writer renames its file when done: one left for long is
+            // garbage (ages, not process ids: a writer may be in another
+            // PID namespace or on another host sharing the directory).
+            match entry.metadata() {
+                Ok(meta) if is_stale_tmp(&meta) => Some("a temporary file left by a writer that stopped".to_owned()),
+                _ => None,
             }
         } else if name.ends_with(".manifest") {
             match ManifestCache::root_of(&path) {
-                Some(root) if root.is_dir() => None,
-                Some(root) => Some(format!("{} no longer exists", root.display())),
-                None => Some("not a manifest cache file of this version".to_owned()),
+                // Only a directory that is certainly gone: an unmounted or
+                // unreadable one may come back.
+                Ok(root) => match fs::symlink_metadata(&root) {
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => Some(format!("{} no longer exists", root.display())),
+                    _ => None,
+                },
+                Err(NotACacheFile::NewerVersion(_)) => None,
+                Err(NotACacheFile::Unusable(why)) => Some(format!("not a usable manifest cache file ({why})")),
             }
         } else {
             continue;
@@ -88,10 +95,4 @@ fn collect_manifests(dir: &Path) {
         }
     }
     println!("{removed} cached manifest(s) removed, {kept} kept ({})", dir.display());
-}
-
-/// Whether process `pid` exists (EPERM: it does, owned by someone else).
-fn process_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
 }

@@ -142,10 +142,7 @@ impl ServeArgs {
         if self.manifest_cache == CacheUse::Off {
             return None;
         }
-        let dir = match &self.cache_dir {
-            Some(dir) => Some(dir.join("manifests")),
-            None => ManifestCache::default_dir(),
-        };
+        let dir = ManifestCache::dir_under(self.cache_dir.as_deref());
         if dir.is_none() {
             tracing::info!("no manifest cache: neither RINGFEED_CACHE_DIR, XDG_CACHE_HOME nor HOME is set (pass --cache-dir)");
         }
@@ -181,24 +178,36 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     let listing = std::time::Instant::now();
     let cache = args.manifest_cache();
     let opts = ManifestOptions { record_bytes: cfg.record_bytes, threads: 0, progress: cfg.progress };
-    let (manifest, origin) = match &cache {
+    let relist = args.manifest_cache == CacheUse::Refresh;
+    let (manifest, mut origin) = match &cache {
         Some(cache) => {
-            let (manifest, origin) = Manifest::build_cached(&cfg.source, &opts, cache, args.manifest_cache == CacheUse::Refresh)?;
+            let (manifest, origin) = Manifest::build_cached(&cfg.source, &opts, cache, relist)?;
             (manifest, Some(origin))
         }
         None => (Manifest::build(&cfg.source, &opts)?, None),
     };
-    let plan = Plan::with_manifest(cfg.clone(), Arc::new(manifest))?;
+    let plan = match (Plan::with_manifest(cfg.clone(), Arc::new(manifest)), &cache, &origin) {
+        (Ok(plan), _, _) => plan,
+        // A size the cache's checks could not see (past 4,096 files) may be
+        // what failed: plan again over a fresh listing before reporting.
+        (Err(err), Some(cache), Some(ManifestOrigin::Cached { path, .. })) => {
+            tracing::info!("the manifest from the cache {} cannot be planned ({err}); listing {} again", path.display(), cfg.source.display());
+            let (manifest, listed) = Manifest::build_cached(&cfg.source, &opts, cache, true)?;
+            origin = Some(listed);
+            Plan::with_manifest(cfg.clone(), Arc::new(manifest))?
+        }
+        (Err(err), _, _) => return Err(err.into()),
+    };
     let how = match &origin {
         Some(ManifestOrigin::Cached { path, dirs_checked, files_checked }) => {
             let files = if *files_checked > 0 { format!(" and {files_checked} file sizes") } else { String::new() };
             format!("from the cache {} ({dirs_checked} directories{files} unchanged)", path.display())
         }
-        Some(ManifestOrigin::Listed { cache_miss, stored, not_stored }) => {
+        Some(ManifestOrigin::Listed { path, cache_miss, not_stored }) => {
             tracing::info!("manifest cache not used: {cache_miss}");
-            match (stored, not_stored) {
-                (Some(path), _) => format!("listed (cached in {})", path.display()),
-                (None, Some(why)) => format!("listed (not cached: {why})"),
+            match (path, not_stored) {
+                (_, Some(why)) => format!("listed (not cached: {why})"),
+                (Some(path), None) => format!("listed (cached in {})", path.display()),
                 (None, None) => "listed".to_owned(),
             }
         }
@@ -262,18 +271,25 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             eprintln!("ringfeed: stopped by signal {sig}: trainers were told (once they have taken what was published, next fails with \"stopped before the end of the run\"), segment removed");
             Ok(128u8.saturating_add(sig as u8))
         }
-        Err(ServeError::Read(err)) => {
-            // A file changed since it was listed: the cached manifest (if
-            // this run used or wrote one) is stale, so the next start lists.
-            let stale = matches!(err, ReadError::Vanished { .. } | ReadError::ChangedSize { .. } | ReadError::Grew { .. });
-            let forgotten = match (&cache, stale) {
-                (Some(cache), true) => std::fs::canonicalize(&cfg.source).ok().and_then(|root| cache.forget(&root).ok()),
-                _ => None,
+        Err(err)
+            if matches!(err, ServeError::Read(ReadError::Vanished { .. } | ReadError::ChangedSize { .. } | ReadError::Grew { .. }))
+                || matches!((&err, &origin), (ServeError::SampleTooLarge { .. }, Some(ManifestOrigin::Cached { .. }))) =>
+        {
+            // A file changed since it was listed (or, from the cache, may
+            // have): the cached manifest, if this run used or wrote one, is
+            // stale, so the next start lists.
+            let Some(file) = origin.as_ref().and_then(ManifestOrigin::cache_file) else {
+                return Err(err.into());
             };
-            if forgotten == Some(true) {
-                bail!("{err}; the manifest cache of {} was removed, so the next start lists it again", cfg.source.display());
+            let came = if matches!(origin, Some(ManifestOrigin::Cached { .. })) { "came from" } else { "was stored in" };
+            match std::fs::remove_file(file) {
+                Ok(()) => bail!("{err}; this run's manifest {came} the cache {}, which is now removed, so the next start lists the dataset again", file.display()),
+                Err(rm) if rm.kind() == std::io::ErrorKind::NotFound => Err(err.into()),
+                Err(rm) => bail!(
+                    "{err}; this run's manifest {came} the cache {}, which cannot be removed ({rm}): remove it, or start the next run with --manifest-cache refresh",
+                    file.display()
+                ),
             }
-            Err(ServeError::Read(err).into())
         }
         Err(e) => Err(e.into()),
     }

@@ -2,52 +2,65 @@
 //! that the next loader over the same directory starts without listing it.
 //!
 //! Kept per directory, under a name derived from its canonical path: the
-//! files in manifest order with their sizes, and a stamp of every directory
+//! files in manifest order with their sizes, a stamp of every directory
 //! listed (device, inode, mtime, ctime), taken before that directory's
-//! entries were read. docs/manifest.md explains the rules at length:
+//! entries were read, and every symbolic link met with what it pointed to.
+//! docs/manifest.md explains the rules at length:
 //!
 //! - **Used** only when every stamped directory still has the same device,
-//!   inode, mtime and ctime. Adding, removing or renaming a name anywhere in
-//!   the tree changes its directory's times; ctime cannot be set back from
-//!   user space (`rsync -a` and `touch -d` set mtime only).
+//!   inode, mtime and ctime (read through an open descriptor, which makes
+//!   NFS ask the server), and every link still points to a file of the same
+//!   size, or still to no file. Adding, removing or renaming a name anywhere
+//!   in the tree changes its directory's times; ctime cannot be set back
+//!   from user space (`rsync -a` and `touch -d` set mtime only).
 //! - With at most `stat_files_max` files, each file's size is checked too
 //!   (a few milliseconds). Above that, a file changed in place (same path,
 //!   new size) is found when it is read (`ReadError::ChangedSize` / `Grew`),
 //!   and the loader then removes the entry ([`ManifestCache::forget`]).
-//! - **Not stored** when a directory changed less than `racy_window` before
-//!   the listing began: a change within the same clock tick as the stamp
-//!   would leave its times equal.
+//! - **Not stored** when a directory's ctime is less than `racy_window`
+//!   before the listing began (a change within the same clock tick as the
+//!   stamp would leave its times equal), or when the tree is on a FUSE file
+//!   system (object-store mounts make directory times up).
 //! - A cache file that is missing, unreadable, corrupt (CRC-32 over the whole
 //!   file), of another format version or of another path is a miss, never an
 //!   error. One that cannot be written is a warning. Files are written under
-//!   a temporary name and renamed, so a loader never reads half of one.
+//!   a unique temporary name and renamed, so a loader never reads half of one.
 //!
-//! Format version 1, little-endian:
+//! Format version 2, little-endian:
 //!
 //! ```text
 //! "RFMANIF\0"  u32 version  u32 0  i64 listed-at (Unix seconds)
-//! u32 len, root bytes (canonical path)   u64 directories   u64 files
+//! u32 len, root bytes (canonical path)   u64 directories   u64 links   u64 files
 //! directories: u32 len, path, u64 dev, u64 ino, i64 mtime s, u32 mtime ns, i64 ctime s, u32 ctime ns
+//! links:       u32 len, path, u8 1 = to a file (then its size) or 0 = to anything else, u64 size
 //! files:       u32 len, path, u64 size           (strictly increasing paths)
 //! u32 CRC-32 of everything before it
 //! ```
 
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{DirStamp, FileEntry, MAX_FILES};
+use super::{DirStamp, FileEntry, LinkStamp, MAX_FILES};
 
 const MAGIC: &[u8; 8] = b"RFMANIF\0";
-const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 2;
 /// Bytes of one directory record besides its path.
 const DIR_FIXED_BYTES: u64 = 4 + 8 + 8 + 8 + 4 + 8 + 4;
+/// Bytes of one link record besides its path.
+const LINK_FIXED_BYTES: u64 = 4 + 1 + 8;
 /// Bytes of one file record besides its path.
 const FILE_FIXED_BYTES: u64 = 4 + 8;
+/// `statfs` type of FUSE file systems (s3fs, gcsfuse, mountpoint-s3,
+/// virtiofs): their directory times need not follow their contents.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+/// Temporary files older than this are left by a writer that died.
+pub const TMP_STALE_AFTER: Duration = Duration::from_secs(600);
 
 /// Default of [`ManifestCache::racy_window`]: generous against clock steps
 /// and coarse file-system timestamps.
@@ -61,7 +74,7 @@ pub const DEFAULT_STAT_FILES_MAX: usize = 4_096;
 pub struct ManifestCache {
     /// The directory holding the cache files (created on first store, 0700).
     pub dir: PathBuf,
-    /// A listing is not stored when one of its directories changed less
+    /// A listing is not stored when one of its directories' ctime is less
     /// than this before the listing began.
     pub racy_window: Duration,
     /// Check every file's size on a hit when there are at most this many.
@@ -81,6 +94,15 @@ pub(crate) enum Lookup {
     Miss(String),
 }
 
+/// Why a file is not a cache file this build may use or remove.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotACacheFile {
+    /// Written by a newer ringfeed: leave it to that one.
+    NewerVersion(u32),
+    /// Anything else: damaged, older, or not a cache file at all.
+    Unusable(String),
+}
+
 impl ManifestCache {
     /// A cache in `dir` with the default checks.
     pub fn at(dir: PathBuf) -> ManifestCache {
@@ -91,14 +113,18 @@ impl ManifestCache {
         }
     }
 
-    /// The manifests directory under ringfeed's cache directory:
-    /// `$RINGFEED_CACHE_DIR`, else `$XDG_CACHE_HOME/ringfeed`, else
-    /// `$HOME/.cache/ringfeed`; then `/manifests`. None when none is set.
-    pub fn default_dir() -> Option<PathBuf> {
+    /// The manifests directory under ringfeed's cache directory `base`, or
+    /// under the default one: `$RINGFEED_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/ringfeed`, else `$HOME/.cache/ringfeed`. None when
+    /// none is set.
+    pub fn dir_under(base: Option<&Path>) -> Option<PathBuf> {
         let nonempty = |var: &str| std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from);
-        let base = nonempty("RINGFEED_CACHE_DIR")
-            .or_else(|| nonempty("XDG_CACHE_HOME").map(|d| d.join("ringfeed")))
-            .or_else(|| nonempty("HOME").map(|d| d.join(".cache").join("ringfeed")))?;
+        let base = match base {
+            Some(base) => base.to_path_buf(),
+            None => nonempty("RINGFEED_CACHE_DIR")
+                .or_else(|| nonempty("XDG_CACHE_HOME").map(|d| d.join("ringfeed")))
+                .or_else(|| nonempty("HOME").map(|d| d.join(".cache").join("ringfeed")))?,
+        };
         Some(base.join("manifests"))
     }
 
@@ -107,10 +133,11 @@ impl ManifestCache {
         self.dir.join(format!("{:016x}.manifest", fnv1a64(canonical_root.as_os_str().as_bytes())))
     }
 
-    /// Looks for a valid cached manifest of `canonical_root`.
-    pub(crate) fn lookup(&self, canonical_root: &Path) -> Lookup {
+    /// Looks for a valid cached manifest of `canonical_root`, checking with
+    /// up to `threads` threads.
+    pub(crate) fn lookup(&self, canonical_root: &Path, threads: usize) -> Lookup {
         let path = self.entry_path(canonical_root);
-        let bytes = match fs::read(&path) {
+        let bytes = match read_cache_file(&path) {
             Ok(bytes) => bytes,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Lookup::Miss("no cached manifest".into()),
             Err(err) => return Lookup::Miss(format!("cannot read {}: {err}", path.display())),
@@ -119,37 +146,20 @@ impl ManifestCache {
             Ok(decoded) => decoded,
             Err(why) => return Lookup::Miss(format!("{} is not usable: {why}", path.display())),
         };
-        for stamp in &decoded.dirs {
-            let abs = canonical_root.join(&stamp.rel_path);
-            match fs::symlink_metadata(&abs) {
-                Ok(meta) if meta.is_dir() && DirStamp::of(stamp.rel_path.clone(), &meta) == *stamp => {}
-                Ok(_) => return Lookup::Miss(format!("directory {} changed since it was listed", abs.display())),
-                Err(err) => return Lookup::Miss(format!("directory {}: {err}", abs.display())),
-            }
+        drop(bytes);
+        let check_files = decoded.files.len() <= self.stat_files_max;
+        let mut checks: Vec<Check<'_>> = Vec::with_capacity(decoded.dirs.len() + decoded.links.len() + if check_files { decoded.files.len() } else { 0 });
+        checks.extend(decoded.dirs.iter().map(Check::Dir));
+        checks.extend(decoded.links.iter().map(Check::Link));
+        if check_files {
+            checks.extend(decoded.files.iter().map(Check::File));
         }
-        let mut files_checked = 0;
-        if decoded.files.len() <= self.stat_files_max {
-            for file in &decoded.files {
-                let abs = canonical_root.join(&file.rel_path);
-                // Follows a link, as the listing did.
-                match fs::metadata(&abs) {
-                    Ok(meta) if meta.is_file() && meta.len() == file.size_bytes => {}
-                    Ok(meta) => {
-                        return Lookup::Miss(format!(
-                            "file {} changed since it was listed ({} bytes then, {} now)",
-                            abs.display(),
-                            file.size_bytes,
-                            meta.len()
-                        ))
-                    }
-                    Err(err) => return Lookup::Miss(format!("file {}: {err}", abs.display())),
-                }
-            }
-            files_checked = decoded.files.len();
+        if let Some(why) = first_failure(canonical_root, &checks, threads) {
+            return Lookup::Miss(why);
         }
         Lookup::Hit {
             dirs_checked: decoded.dirs.len(),
-            files_checked,
+            files_checked: if check_files { decoded.files.len() } else { 0 },
             files: decoded.files,
         }
     }
@@ -161,10 +171,13 @@ impl ManifestCache {
         canonical_root: &Path,
         listed_at: SystemTime,
         dirs: &[DirStamp],
+        links: &[LinkStamp],
         files: &[FileEntry],
     ) -> io::Result<Option<String>> {
         let racy_after = listed_at.checked_sub(self.racy_window).unwrap_or(UNIX_EPOCH);
-        if let Some(stamp) = dirs.iter().find(|d| d.changed_at() >= racy_after) {
+        // ctime only: every change sets it to the current time, while mtime
+        // may lie in the future (archives unpacked from a skewed clock).
+        if let Some(stamp) = dirs.iter().find(|d| time_of(d.ctime) >= racy_after) {
             return Ok(Some(format!(
                 "directory {} changed less than {:.0?} before the listing began, so a change made in the same clock tick \
                  could not be told apart; the next start lists it again",
@@ -172,14 +185,24 @@ impl ManifestCache {
                 self.racy_window
             )));
         }
+        if let Some(dir) = on_fuse(canonical_root, dirs) {
+            return Ok(Some(format!(
+                "{} is on a FUSE file system (an object-store mount such as s3fs, gcsfuse or mountpoint-s3 \
+                 need not change a directory's times when its contents change), so every start lists it",
+                dir.display()
+            )));
+        }
         fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)?;
         let path = self.entry_path(canonical_root);
-        let bytes = encode(canonical_root.as_os_str().as_bytes(), listed_at, dirs, files);
+        let bytes = encode(canonical_root.as_os_str().as_bytes(), listed_at, dirs, links, files);
+        // Unique among processes, hosts sharing the directory and threads.
+        static STORES: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let mut tmp_name = path.clone().into_os_string();
-        tmp_name.push(format!(".tmp.{}", std::process::id()));
+        tmp_name.push(format!(".tmp.{}.{nanos}.{}", std::process::id(), STORES.fetch_add(1, Ordering::Relaxed)));
         let tmp = PathBuf::from(tmp_name);
         let written = (|| {
-            let mut file = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+            let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
             file.write_all(&bytes)?;
             fs::rename(&tmp, &path)
         })();
@@ -190,7 +213,8 @@ impl ManifestCache {
     }
 
     /// Removes the cached manifest of `canonical_root`, if any: a file of it
-    /// was found changed, so the next start must list again.
+    /// was found changed, so the next start must list again. `Ok(true)`: it
+    /// was there and is gone.
     pub fn forget(&self, canonical_root: &Path) -> io::Result<bool> {
         match fs::remove_file(self.entry_path(canonical_root)) {
             Ok(()) => Ok(true),
@@ -199,26 +223,142 @@ impl ManifestCache {
         }
     }
 
-    /// The root recorded in a cache file, if it is one (for `gc`).
-    pub fn root_of(path: &Path) -> Option<PathBuf> {
-        let bytes = fs::read(path).ok()?;
-        let mut r = Reader { bytes: checked_body(&bytes).ok()?, at: 0 };
-        r.header().ok()
+    /// The root recorded in a cache file (for `gc`).
+    pub fn root_of(path: &Path) -> Result<PathBuf, NotACacheFile> {
+        let bytes = read_cache_file(path).map_err(|err| NotACacheFile::Unusable(err.to_string()))?;
+        let body = checked_body(&bytes).map_err(NotACacheFile::Unusable)?;
+        let mut r = Reader { bytes: body, at: 0 };
+        match r.header() {
+            Ok(root) => Ok(root),
+            Err(HeaderError::Newer(version)) => Err(NotACacheFile::NewerVersion(version)),
+            Err(HeaderError::Bad(why)) => Err(NotACacheFile::Unusable(why)),
+        }
     }
 }
 
-impl DirStamp {
-    /// The later of the two times, as a `SystemTime`.
-    fn changed_at(&self) -> SystemTime {
-        let at = |(secs, nanos): (i64, u32)| {
-            let since_epoch = Duration::new(secs.unsigned_abs(), nanos);
-            if secs >= 0 {
-                UNIX_EPOCH + since_epoch
-            } else {
-                UNIX_EPOCH.checked_sub(since_epoch).unwrap_or(UNIX_EPOCH)
+/// Reads a cache file without following a link, without blocking on a FIFO
+/// and only if it is a regular file.
+fn read_cache_file(path: &Path) -> io::Result<Vec<u8>> {
+    let mut file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file"));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// The metadata of directory `path`, read through an open descriptor: on
+/// NFS, opening makes the client ask the server instead of answering from
+/// its attribute cache. Links are not followed unless `follow`.
+pub(super) fn dir_metadata(path: &Path, follow: bool) -> io::Result<fs::Metadata> {
+    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+    fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | nofollow).open(path)?.metadata()
+}
+
+/// One thing a lookup must find unchanged.
+enum Check<'a> {
+    Dir(&'a DirStamp),
+    Link(&'a LinkStamp),
+    File(&'a FileEntry),
+}
+
+impl Check<'_> {
+    /// None when unchanged; else what changed.
+    fn failure(&self, root: &Path) -> Option<String> {
+        match self {
+            Check::Dir(stamp) => {
+                let abs = root.join(&stamp.rel_path);
+                match dir_metadata(&abs, false) {
+                    Ok(meta) => {
+                        let now = DirStamp::of(stamp.rel_path.clone(), &meta);
+                        let changed: Vec<&str> = [
+                            ("device", now.dev != stamp.dev),
+                            ("inode", now.ino != stamp.ino),
+                            ("mtime", now.mtime != stamp.mtime),
+                            ("ctime", now.ctime != stamp.ctime),
+                        ]
+                        .iter()
+                        .filter(|(_, differs)| *differs)
+                        .map(|(field, _)| *field)
+                        .collect();
+                        (!changed.is_empty()).then(|| format!("directory {} changed since it was listed ({})", abs.display(), changed.join(", ")))
+                    }
+                    Err(err) => Some(format!("directory {}: {err}", abs.display())),
+                }
             }
-        };
-        at(self.mtime).max(at(self.ctime))
+            Check::Link(link) => {
+                let abs = root.join(&link.rel_path);
+                let now = fs::metadata(&abs);
+                let same = match (&now, link.file_size) {
+                    (Ok(meta), Some(size)) => meta.is_file() && meta.len() == size,
+                    (Ok(meta), None) => !meta.is_file(),
+                    (Err(_), _) => false,
+                };
+                (!same).then(|| format!("the target of link {} changed since it was listed", abs.display()))
+            }
+            Check::File(file) => {
+                let abs = root.join(&file.rel_path);
+                // Follows a link, as the listing did.
+                match fs::metadata(&abs) {
+                    Ok(meta) if meta.is_file() && meta.len() == file.size_bytes => None,
+                    Ok(meta) => Some(format!(
+                        "file {} changed since it was listed ({} bytes then, {} now)",
+                        abs.display(),
+                        file.size_bytes,
+                        meta.len()
+                    )),
+                    Err(err) => Some(format!("file {}: {err}", abs.display())),
+                }
+            }
+        }
+    }
+}
+
+/// The first failed check in order, or None; the checks are split among
+/// up to `threads` threads when there are enough of them to pay.
+fn first_failure(root: &Path, checks: &[Check<'_>], threads: usize) -> Option<String> {
+    const PER_THREAD_MIN: usize = 256;
+    let threads = threads.clamp(1, checks.len().div_ceil(PER_THREAD_MIN).max(1));
+    if threads == 1 {
+        return checks.iter().find_map(|c| c.failure(root));
+    }
+    let chunk = checks.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = checks.chunks(chunk).map(|part| scope.spawn(move || part.iter().find_map(|c| c.failure(root)))).collect();
+        // A thread that cannot be joined panicked: a bug, carried on.
+        handles.into_iter().find_map(|h| h.join().unwrap_or_else(|payload| std::panic::resume_unwind(payload)))
+    })
+}
+
+/// A directory of the listing on a FUSE file system, if any (one `statfs`
+/// for each device).
+fn on_fuse(root: &Path, dirs: &[DirStamp]) -> Option<PathBuf> {
+    let mut seen = Vec::new();
+    for stamp in dirs {
+        if seen.contains(&stamp.dev) {
+            continue;
+        }
+        seen.push(stamp.dev);
+        let abs = root.join(&stamp.rel_path);
+        let Ok(c_path) = std::ffi::CString::new(abs.as_os_str().as_bytes()) else { continue };
+        // SAFETY: a NUL-terminated path and a zeroed statfs to fill.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statfs(c_path.as_ptr(), &mut st) } == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC {
+            return Some(abs);
+        }
+    }
+    None
+}
+
+/// (seconds, nanoseconds) since the epoch as a `SystemTime`.
+fn time_of((secs, nanos): (i64, u32)) -> SystemTime {
+    let since_epoch = Duration::new(secs.unsigned_abs(), nanos);
+    if secs >= 0 {
+        UNIX_EPOCH + since_epoch
+    } else {
+        UNIX_EPOCH.checked_sub(since_epoch).unwrap_or(UNIX_EPOCH)
     }
 }
 
@@ -226,6 +366,7 @@ impl DirStamp {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Decoded {
     pub dirs: Vec<DirStamp>,
+    pub links: Vec<LinkStamp>,
     pub files: Vec<FileEntry>,
 }
 
@@ -236,10 +377,12 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 /// The bytes of a cache file.
-pub(crate) fn encode(root: &[u8], listed_at: SystemTime, dirs: &[DirStamp], files: &[FileEntry]) -> Vec<u8> {
+pub(crate) fn encode(root: &[u8], listed_at: SystemTime, dirs: &[DirStamp], links: &[LinkStamp], files: &[FileEntry]) -> Vec<u8> {
     let paths: usize = dirs.iter().map(|d| d.rel_path.as_os_str().len()).sum::<usize>()
+        + links.iter().map(|l| l.rel_path.as_os_str().len()).sum::<usize>()
         + files.iter().map(|f| f.rel_path.as_os_str().len()).sum::<usize>();
-    let mut out = Vec::with_capacity(64 + root.len() + paths + dirs.len() * DIR_FIXED_BYTES as usize + files.len() * FILE_FIXED_BYTES as usize);
+    let fixed = dirs.len() * DIR_FIXED_BYTES as usize + links.len() * LINK_FIXED_BYTES as usize + files.len() * FILE_FIXED_BYTES as usize;
+    let mut out = Vec::with_capacity(72 + root.len() + paths + fixed);
     let listed_secs = listed_at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -247,6 +390,7 @@ pub(crate) fn encode(root: &[u8], listed_at: SystemTime, dirs: &[DirStamp], file
     out.extend_from_slice(&listed_secs.to_le_bytes());
     put_bytes(&mut out, root);
     out.extend_from_slice(&(dirs.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(links.len() as u64).to_le_bytes());
     out.extend_from_slice(&(files.len() as u64).to_le_bytes());
     for d in dirs {
         put_bytes(&mut out, d.rel_path.as_os_str().as_bytes());
@@ -256,6 +400,11 @@ pub(crate) fn encode(root: &[u8], listed_at: SystemTime, dirs: &[DirStamp], file
         out.extend_from_slice(&d.mtime.1.to_le_bytes());
         out.extend_from_slice(&d.ctime.0.to_le_bytes());
         out.extend_from_slice(&d.ctime.1.to_le_bytes());
+    }
+    for l in links {
+        put_bytes(&mut out, l.rel_path.as_os_str().as_bytes());
+        out.push(u8::from(l.file_size.is_some()));
+        out.extend_from_slice(&l.file_size.unwrap_or(0).to_le_bytes());
     }
     for f in files {
         put_bytes(&mut out, f.rel_path.as_os_str().as_bytes());
@@ -277,19 +426,26 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
 /// the input warrants.
 pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
     let mut r = Reader { bytes: checked_body(bytes)?, at: 0 };
-    let stored_root = r.header()?;
+    let stored_root = r.header().map_err(|err| match err {
+        HeaderError::Newer(version) => format!("format version {version}, this build reads {FORMAT_VERSION}"),
+        HeaderError::Bad(why) => why,
+    })?;
     if stored_root.as_os_str().as_bytes() != root {
         return Err(format!("it is the cache of {}", stored_root.display()));
     }
     let n_dirs = r.u64()?;
+    let n_links = r.u64()?;
     let n_files = r.u64()?;
     let left = r.left() as u64;
     // Every record takes at least its fixed bytes: counts past that are lies.
-    if n_dirs == 0 || n_dirs > left / DIR_FIXED_BYTES {
-        return Err(format!("{n_dirs} directories cannot fit in {left} bytes"));
+    if n_dirs == 0 {
+        return Err("it has no directory records (there is always the root's)".into());
+    }
+    if n_dirs > left / DIR_FIXED_BYTES || n_links > left / LINK_FIXED_BYTES {
+        return Err(format!("{n_dirs} directories and {n_links} links cannot fit in {left} bytes"));
     }
     if n_files == 0 || n_files > MAX_FILES || n_files > left / FILE_FIXED_BYTES {
-        return Err(format!("{n_files} files cannot fit in {left} bytes"));
+        return Err(format!("{n_files} files cannot be right for {left} bytes"));
     }
     let mut dirs = Vec::with_capacity(n_dirs as usize);
     for _ in 0..n_dirs {
@@ -301,6 +457,17 @@ pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
             mtime: (r.i64()?, r.nanos()?),
             ctime: (r.i64()?, r.nanos()?),
         });
+    }
+    let mut links = Vec::with_capacity(n_links as usize);
+    for _ in 0..n_links {
+        let rel_path = r.rel_path(false)?;
+        let to_file = match r.take(1)?[0] {
+            0 => false,
+            1 => true,
+            other => return Err(format!("link kind {other} is neither 0 nor 1")),
+        };
+        let size = r.u64()?;
+        links.push(LinkStamp { rel_path, file_size: to_file.then_some(size) });
     }
     let mut files: Vec<FileEntry> = Vec::with_capacity(n_files as usize);
     for _ in 0..n_files {
@@ -315,7 +482,7 @@ pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
     if r.left() != 0 {
         return Err(format!("{} bytes after the last file", r.left()));
     }
-    Ok(Decoded { dirs, files })
+    Ok(Decoded { dirs, links, files })
 }
 
 /// The bytes before the CRC, if the CRC matches.
@@ -329,6 +496,18 @@ fn checked_body(bytes: &[u8]) -> Result<&[u8], String> {
         return Err("its checksum does not match (a torn or damaged file)".into());
     }
     Ok(body)
+}
+
+/// Why a header was refused.
+enum HeaderError {
+    Newer(u32),
+    Bad(String),
+}
+
+impl From<String> for HeaderError {
+    fn from(why: String) -> HeaderError {
+        HeaderError::Bad(why)
+    }
 }
 
 /// A bounds-checked cursor.
@@ -375,13 +554,16 @@ impl Reader<'_> {
     }
 
     /// Magic, version, reserved, listed-at; returns the root.
-    fn header(&mut self) -> Result<PathBuf, String> {
+    fn header(&mut self) -> Result<PathBuf, HeaderError> {
         if self.take(MAGIC.len())? != MAGIC {
-            return Err("it is not a ringfeed manifest cache file".into());
+            return Err(HeaderError::Bad("it is not a ringfeed manifest cache file".into()));
         }
         let version = self.u32()?;
+        if version > FORMAT_VERSION {
+            return Err(HeaderError::Newer(version));
+        }
         if version != FORMAT_VERSION {
-            return Err(format!("format version {version}, this build reads {FORMAT_VERSION}"));
+            return Err(HeaderError::Bad(format!("format version {version}, this build reads {FORMAT_VERSION}")));
         }
         self.u32()?;
         self.i64()?;
@@ -404,53 +586,65 @@ impl Reader<'_> {
     }
 }
 
+/// Whether a temporary cache file (`NAME.manifest.tmp.*`) was left by a
+/// writer long gone: older than [`TMP_STALE_AFTER`].
+pub fn is_stale_tmp(meta: &fs::Metadata) -> bool {
+    let modified = UNIX_EPOCH + Duration::new(meta.mtime().max(0) as u64, 0);
+    SystemTime::now().duration_since(modified).is_ok_and(|age| age > TMP_STALE_AFTER)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn sample() -> (Vec<DirStamp>, Vec<FileEntry>) {
+    fn sample() -> (Vec<DirStamp>, Vec<LinkStamp>, Vec<FileEntry>) {
         let dirs = vec![
             DirStamp { rel_path: PathBuf::new(), dev: 1, ino: 2, mtime: (1_700_000_000, 5), ctime: (1_700_000_001, 999_999_999) },
             DirStamp { rel_path: "a/b".into(), dev: 1, ino: 3, mtime: (-3, 0), ctime: (0, 1) },
+        ];
+        let links = vec![
+            LinkStamp { rel_path: "a/b/d".into(), file_size: Some(1000) },
+            LinkStamp { rel_path: "dirlink".into(), file_size: None },
         ];
         let files = ["a/b/c", "a/b/d", "z", "é"]
             .iter()
             .enumerate()
             .map(|(i, p)| FileEntry { rel_path: p.into(), size_bytes: i as u64 * 1000 })
             .collect();
-        (dirs, files)
+        (dirs, links, files)
+    }
+
+    fn sample_bytes(root: &[u8]) -> Vec<u8> {
+        let (dirs, links, files) = sample();
+        encode(root, SystemTime::now(), &dirs, &links, &files)
     }
 
     #[test]
     fn a_cache_file_reads_back_as_written() {
-        let (dirs, files) = sample();
-        let bytes = encode(b"/data/set", SystemTime::now(), &dirs, &files);
-        assert_eq!(decode(&bytes, b"/data/set"), Ok(Decoded { dirs, files }));
+        let (dirs, links, files) = sample();
+        assert_eq!(decode(&sample_bytes(b"/data/set"), b"/data/set"), Ok(Decoded { dirs, links, files }));
     }
 
     #[test]
     fn another_roots_cache_file_is_refused_by_name() {
-        let (dirs, files) = sample();
-        let bytes = encode(b"/data/set", SystemTime::now(), &dirs, &files);
-        let err = decode(&bytes, b"/data/other").unwrap_err();
+        let err = decode(&sample_bytes(b"/data/set"), b"/data/other").unwrap_err();
         assert!(err.contains("/data/set"), "{err}");
     }
 
     #[test]
     fn paths_that_leave_the_root_or_come_out_of_order_are_refused() {
-        let (dirs, _) = sample();
+        let (dirs, links, _) = sample();
         for bad in [&["a", "../etc/passwd"][..], &["/etc/passwd"], &["b", "a"], &["a", "a"], &["a//b"], &["a/./b"], &[""], &["a/"]] {
             let files: Vec<FileEntry> = bad.iter().map(|p| FileEntry { rel_path: p.into(), size_bytes: 1 }).collect();
-            let bytes = encode(b"/r", SystemTime::now(), &dirs, &files);
+            let bytes = encode(b"/r", SystemTime::now(), &dirs, &links, &files);
             assert!(decode(&bytes, b"/r").is_err(), "{bad:?} accepted");
         }
     }
 
     #[test]
     fn every_truncation_and_every_flipped_byte_is_refused() {
-        let (dirs, files) = sample();
-        let bytes = encode(b"/r", SystemTime::now(), &dirs, &files);
+        let bytes = sample_bytes(b"/r");
         for len in 0..bytes.len() {
             assert!(decode(&bytes[..len], b"/r").is_err(), "truncated to {len} accepted");
         }
@@ -461,24 +655,61 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_newer_format_is_told_apart_from_a_damaged_file() {
+        let mut bytes = sample_bytes(b"/r");
+        bytes.truncate(bytes.len() - 4);
+        bytes[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+        let crc = crc32fast::hash(&bytes);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.manifest");
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(ManifestCache::root_of(&path), Err(NotACacheFile::NewerVersion(FORMAT_VERSION + 1)));
+        fs::write(&path, b"garbage").unwrap();
+        assert!(matches!(ManifestCache::root_of(&path), Err(NotACacheFile::Unusable(_))));
+    }
+
+    /// A body with a valid CRC.
+    fn with_crc(mut body: Vec<u8>) -> Vec<u8> {
+        let crc = crc32fast::hash(&body);
+        body.extend_from_slice(&crc.to_le_bytes());
+        body
+    }
+
     proptest! {
         /// Arbitrary bodies with a valid CRC: the parser itself must refuse
         /// or accept without panicking or over-allocating.
         #[test]
-        fn arbitrary_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512), splice in any::<bool>()) {
-            let (dirs, files) = sample();
-            let mut bytes = if splice {
-                let mut b = encode(b"/r", SystemTime::now(), &dirs, &files);
-                b.truncate(b.len() - 4);
-                let at = body.len().min(b.len());
-                b.splice(b.len() - at.min(b.len() / 2).., body.iter().copied());
-                b
-            } else {
-                body
-            };
-            let crc = crc32fast::hash(&bytes);
-            bytes.extend_from_slice(&crc.to_le_bytes());
-            let _ = decode(&bytes, b"/r");
+        fn arbitrary_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode(&with_crc(body), b"/r");
+        }
+
+        /// A valid header for the right root, then small counts and records
+        /// of random bytes: the parser gets past the header into the records.
+        #[test]
+        fn arbitrary_records_after_a_valid_header_never_panic(
+            counts in (0u64..4, 0u64..4, 0u64..6),
+            records in proptest::collection::vec(any::<u8>(), 0..400),
+            small_lens in any::<bool>(),
+        ) {
+            let mut body = sample_bytes(b"/r");
+            // Header: magic 8, version 4, reserved 4, listed-at 8, root 4 + 2.
+            body.truncate(8 + 4 + 4 + 8 + 4 + 2);
+            for n in [counts.0, counts.1, counts.2] {
+                body.extend_from_slice(&n.to_le_bytes());
+            }
+            let mut records = records;
+            if small_lens {
+                // Keep the u32 lengths small, so that paths are read.
+                for chunk in records.chunks_mut(16) {
+                    let end = chunk.len().min(4);
+                    chunk[1..end].fill(0);
+                    chunk[0] %= 8;
+                }
+            }
+            body.extend_from_slice(&records);
+            let _ = decode(&with_crc(body), b"/r");
         }
     }
 }

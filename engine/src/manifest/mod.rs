@@ -26,7 +26,7 @@
 mod cache;
 mod walk;
 
-pub use cache::{ManifestCache, DEFAULT_RACY_WINDOW, DEFAULT_STAT_FILES_MAX};
+pub use cache::{is_stale_tmp, ManifestCache, NotACacheFile, DEFAULT_RACY_WINDOW, DEFAULT_STAT_FILES_MAX, TMP_STALE_AFTER};
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -102,6 +102,17 @@ impl DirStamp {
     }
 }
 
+/// A symbolic link met by the walk, and what it pointed to: its target can
+/// change without any directory of the tree changing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LinkStamp {
+    /// Path relative to the manifest root.
+    pub rel_path: PathBuf,
+    /// `Some(size)`: a regular file of that size (listed); None: anything
+    /// else (a directory, a socket...: not listed).
+    pub file_size: Option<u64>,
+}
+
 /// Where a manifest from [`Manifest::build_cached`] came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ManifestOrigin {
@@ -116,16 +127,27 @@ pub enum ManifestOrigin {
         /// Files whose size was checked.
         files_checked: usize,
     },
-    /// Listed. `cache_miss` says why the cache was not used, `stored` where
-    /// the listing was cached, `not_stored` why it was not.
+    /// Listed. `cache_miss` says why the cache was not used; `not_stored`
+    /// why the listing was not stored in `path` (None: it was).
     Listed {
+        /// The cache file of this directory (written unless `not_stored`).
+        path: Option<PathBuf>,
         /// Why the cache was not used.
         cache_miss: String,
-        /// The cache file written.
-        stored: Option<PathBuf>,
         /// Why no cache file was written (a warning when it is an error).
         not_stored: Option<String>,
     },
+}
+
+impl ManifestOrigin {
+    /// The cache file that holds this manifest now, if any.
+    pub fn cache_file(&self) -> Option<&Path> {
+        match self {
+            ManifestOrigin::Cached { path, .. } => Some(path),
+            ManifestOrigin::Listed { path: Some(path), not_stored: None, .. } => Some(path),
+            ManifestOrigin::Listed { .. } => None,
+        }
+    }
 }
 
 /// Where one sample's bytes are.
@@ -235,8 +257,8 @@ impl Manifest {
             return Err(ManifestError::ZeroRecordBytes);
         }
         check_root(root)?;
-        let (files, _) = Self::list_sorted(root, opts)?;
-        Self::from_sorted_files(root, files, opts.record_bytes)
+        let listing = Self::list_sorted(root, opts)?;
+        Self::from_sorted_files(root, listing.files, opts.record_bytes)
     }
 
     /// Like [`Manifest::build`], but takes the manifest from `cache` when
@@ -254,49 +276,63 @@ impl Manifest {
             return Err(ManifestError::ZeroRecordBytes);
         }
         check_root(root)?;
-        let canonical = std::fs::canonicalize(root).map_err(|source| ManifestError::Metadata {
-            path: root.to_path_buf(),
-            source,
-        })?;
+        let canonical = match std::fs::canonicalize(root) {
+            Ok(canonical) => canonical,
+            Err(err) => {
+                let why = format!("cannot resolve {}: {err}", root.display());
+                let manifest = Self::build(root, opts)?;
+                return Ok((manifest, ManifestOrigin::Listed { path: None, cache_miss: why.clone(), not_stored: Some(why) }));
+            }
+        };
+        let entry = cache.entry_path(&canonical);
         let cache_miss = if relist {
             "asked to list again".to_owned()
         } else {
-            match cache.lookup(&canonical) {
-                cache::Lookup::Hit { files, dirs_checked, files_checked } => {
-                    let manifest = Self::from_sorted_files(root, files, opts.record_bytes)?;
-                    let origin = ManifestOrigin::Cached { path: cache.entry_path(&canonical), dirs_checked, files_checked };
-                    return Ok((manifest, origin));
-                }
+            match cache.lookup(&canonical, list_threads(opts.threads)) {
+                cache::Lookup::Hit { files, dirs_checked, files_checked } => match Self::from_sorted_files(root, files, opts.record_bytes) {
+                    Ok(manifest) => {
+                        return Ok((manifest, ManifestOrigin::Cached { path: entry, dirs_checked, files_checked }));
+                    }
+                    // Sizes the checks could not see may be stale: a
+                    // listing decides.
+                    Err(err) => format!("the cached files do not make a manifest ({err})"),
+                },
                 cache::Lookup::Miss(why) => why,
             }
         };
         let listed_at = SystemTime::now();
-        let (files, dirs) = Self::list_sorted(root, opts)?;
+        let listing = Self::list_sorted(root, opts)?;
         // Check the files before storing them: a listing that is not a
         // manifest is not cached.
-        let manifest = Self::from_sorted_files(root, files, opts.record_bytes)?;
-        let (stored, not_stored) = match cache.store(&canonical, listed_at, &dirs, manifest.files()) {
-            Ok(None) => (Some(cache.entry_path(&canonical)), None),
-            Ok(Some(why)) => (None, Some(why)),
+        let manifest = Self::from_sorted_files(root, listing.files, opts.record_bytes)?;
+        let not_stored = match cache.store(&canonical, listed_at, &listing.dirs, &listing.links, manifest.files()) {
+            Ok(None) => None,
+            Ok(Some(why)) => Some(why),
             Err(err) => {
                 tracing::warn!(
                     "cannot write the manifest cache in {}: {err}; every start will list {} again \
-                     (set RINGFEED_CACHE_DIR or --cache-dir to a writable directory, or pass --manifest-cache off)",
+                     (make it writable, point RINGFEED_CACHE_DIR or --cache-dir elsewhere, or pass --manifest-cache off)",
                     cache.dir.display(),
                     root.display()
                 );
-                (None, Some(format!("cannot write in {}: {err}", cache.dir.display())))
+                Some(format!("cannot write in {}: {err}", cache.dir.display()))
             }
         };
-        Ok((manifest, ManifestOrigin::Listed { cache_miss, stored, not_stored }))
+        if not_stored.is_some() {
+            // An older entry must not outlive a listing that replaced it.
+            if let Err(err) = cache.forget(&canonical) {
+                tracing::warn!("cannot remove the stale manifest cache {}: {err}; remove it by hand", entry.display());
+            }
+        }
+        Ok((manifest, ManifestOrigin::Listed { path: Some(entry), cache_miss, not_stored }))
     }
 
     /// The walk, sorted into manifest order.
-    fn list_sorted(root: &Path, opts: &ManifestOptions) -> Result<(Vec<FileEntry>, Vec<DirStamp>), ManifestError> {
+    fn list_sorted(root: &Path, opts: &ManifestOptions) -> Result<walk::Listing, ManifestError> {
         let threads = list_threads(opts.threads);
-        let walk::Listing { mut files, dirs } = walk::list_files(root, threads, opts.progress)?;
-        files.sort_unstable_by(|a, b| rel_path_bytes(a).cmp(rel_path_bytes(b)));
-        Ok((files, dirs))
+        let mut listing = walk::list_files(root, threads, opts.progress)?;
+        listing.files.sort_unstable_by(|a, b| rel_path_bytes(a).cmp(rel_path_bytes(b)));
+        Ok(listing)
     }
 
     /// Builds a manifest from a listing already in manifest order.

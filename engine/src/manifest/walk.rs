@@ -24,7 +24,7 @@ use crossbeam_channel::RecvTimeoutError;
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use indicatif::ProgressBar;
 
-use super::{DirStamp, FileEntry, ManifestError, MAX_FILES};
+use super::{DirStamp, FileEntry, LinkStamp, ManifestError, MAX_FILES};
 
 /// Listing shorter than this shows no progress at all.
 const PROGRESS_AFTER_MS: u64 = 1_000;
@@ -57,6 +57,8 @@ pub(super) struct Listing {
     pub files: Vec<FileEntry>,
     /// Every directory listed, the root included (empty relative path).
     pub dirs: Vec<DirStamp>,
+    /// Every symbolic link met, and what it pointed to.
+    pub links: Vec<LinkStamp>,
 }
 
 /// Lists every regular file under `root` with `threads` threads.
@@ -81,6 +83,7 @@ pub(super) fn list_files(
     let started = Instant::now();
     let mut files = Vec::new();
     let mut dirs = Vec::new();
+    let mut links = Vec::new();
     thread::scope(|scope| {
         // Each thread holds a sender; the channel disconnects when the last
         // one is done, which wakes the waiting thread at once.
@@ -108,9 +111,10 @@ pub(super) fn list_files(
         report_progress(&walk, &done_rx, started, progress);
         for handle in handles {
             match handle.join() {
-                Ok((found_files, found_dirs)) => {
-                    files.extend(found_files);
-                    dirs.extend(found_dirs);
+                Ok(found) => {
+                    files.extend(found.files);
+                    dirs.extend(found.dirs);
+                    links.extend(found.links);
                 }
                 // A panic in a listing thread is a bug: carry it on.
                 Err(payload) => std::panic::resume_unwind(payload),
@@ -127,7 +131,7 @@ pub(super) fn list_files(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "listed source directory"
     );
-    Ok(Listing { files, dirs })
+    Ok(Listing { files, dirs, links })
 }
 
 /// Waits for the threads to finish; after `PROGRESS_AFTER_MS`, shows a
@@ -175,9 +179,8 @@ fn report_progress(
 
 impl Walk<'_> {
     /// One listing thread: take directories until none is left anywhere.
-    fn run_thread(&self, local: &Worker<PathBuf>) -> (Vec<FileEntry>, Vec<DirStamp>) {
-        let mut files = Vec::new();
-        let mut dirs = Vec::new();
+    fn run_thread(&self, local: &Worker<PathBuf>) -> Listing {
+        let mut found = Listing { files: Vec::new(), dirs: Vec::new(), links: Vec::new() };
         let mut idle_rounds = 0u32;
         while !self.stop.load(Ordering::Relaxed) {
             let Some(dir) = self.find_job(local) else {
@@ -192,7 +195,7 @@ impl Walk<'_> {
                 continue;
             };
             idle_rounds = 0;
-            if let Err(err) = self.list_dir(local, dir, &mut files, &mut dirs) {
+            if let Err(err) = self.list_dir(local, dir, &mut found) {
                 self.fail(err);
             }
             // SYNC POINT: the children of `dir` were counted (and pushed)
@@ -200,7 +203,7 @@ impl Walk<'_> {
             // directory is still queued.
             self.pending_dirs.fetch_sub(1, Ordering::AcqRel);
         }
-        (files, dirs)
+        found
     }
 
     /// Own deque first, then a batch from the injector, then a peer.
@@ -219,15 +222,9 @@ impl Walk<'_> {
         })
     }
 
-    /// Lists one directory: subdirectories become jobs, files go to `files`,
-    /// the directory's own stamp to `dirs`.
-    fn list_dir(
-        &self,
-        local: &Worker<PathBuf>,
-        rel_dir: PathBuf,
-        files: &mut Vec<FileEntry>,
-        dirs: &mut Vec<DirStamp>,
-    ) -> Result<(), ManifestError> {
+    /// Lists one directory: subdirectories become jobs; files, links and
+    /// the directory's own stamp go to `found`.
+    fn list_dir(&self, local: &Worker<PathBuf>, rel_dir: PathBuf, found: &mut Listing) -> Result<(), ManifestError> {
         let rel_dir = rel_dir.as_path();
         let abs_dir = self.root.join(rel_dir);
         let read_dir_error = |source| ManifestError::ReadDir {
@@ -237,18 +234,10 @@ impl Walk<'_> {
         // The stamp comes before the entries: a change made while they are
         // read moves the directory's times past it, so a cache that keeps it
         // is found stale later. The root may be a link; the others are not
-        // followed (the parent saw a directory).
-        let meta = if rel_dir.as_os_str().is_empty() {
-            fs::metadata(&abs_dir)
-        } else {
-            fs::symlink_metadata(&abs_dir)
-        };
-        let meta = meta.map_err(read_dir_error)?;
-        if !meta.is_dir() {
-            // Replaced by a file or a link since its parent was listed.
-            return Err(read_dir_error(std::io::Error::from_raw_os_error(libc::ENOTDIR)));
-        }
-        dirs.push(DirStamp::of(rel_dir.to_path_buf(), &meta));
+        // followed (the parent saw a directory; one replaced by a link since
+        // is ELOOP here). Read through a descriptor, as the cache's check does.
+        let meta = super::cache::dir_metadata(&abs_dir, rel_dir.as_os_str().is_empty()).map_err(read_dir_error)?;
+        found.dirs.push(DirStamp::of(rel_dir.to_path_buf(), &meta));
         let mut found_here = 0u64;
         for entry in fs::read_dir(&abs_dir).map_err(read_dir_error)? {
             let entry = entry.map_err(read_dir_error)?;
@@ -269,16 +258,18 @@ impl Walk<'_> {
             } else if file_type.is_symlink() {
                 // Follow a link once, to learn whether it names a file.
                 let target = fs::metadata(entry.path()).map_err(metadata_error)?;
-                if !target.is_file() {
+                let file_size = target.is_file().then_some(target.len());
+                found.links.push(LinkStamp { rel_path: rel_path.clone(), file_size });
+                let Some(size) = file_size else {
                     tracing::debug!(path = %entry.path().display(), "skipping a link that is not to a regular file");
                     continue;
-                }
-                target.len()
+                };
+                size
             } else {
                 tracing::debug!(path = %entry.path().display(), "skipping a socket, FIFO or device");
                 continue;
             };
-            files.push(FileEntry {
+            found.files.push(FileEntry {
                 rel_path,
                 size_bytes,
             });
