@@ -282,9 +282,9 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
                 return Err(err.into());
             };
             let came = if matches!(origin, Some(ManifestOrigin::Cached { .. })) { "came from" } else { "was stored in" };
-            match std::fs::remove_file(file) {
-                Ok(()) => bail!("{err}; this run's manifest {came} the cache {}, which is now removed, so the next start lists the dataset again", file.display()),
-                Err(rm) if rm.kind() == std::io::ErrorKind::NotFound => Err(err.into()),
+            match ManifestCache::forget_file(file) {
+                Ok(true) => bail!("{err}; this run's manifest {came} the cache {}, which is now removed, so the next start lists the dataset again", file.display()),
+                Ok(false) => Err(err.into()),
                 Err(rm) => bail!(
                     "{err}; this run's manifest {came} the cache {}, which cannot be removed ({rm}): remove it, or start the next run with --manifest-cache refresh",
                     file.display()

@@ -216,7 +216,13 @@ impl ManifestCache {
     /// was found changed, so the next start must list again. `Ok(true)`: it
     /// was there and is gone.
     pub fn forget(&self, canonical_root: &Path) -> io::Result<bool> {
-        match fs::remove_file(self.entry_path(canonical_root)) {
+        Self::forget_file(&self.entry_path(canonical_root))
+    }
+
+    /// Removes the cache file `path` (from [`ManifestOrigin::cache_file`](super::ManifestOrigin::cache_file)).
+    /// `Ok(true)`: it was there and is gone; `Ok(false)`: it was not there.
+    pub fn forget_file(path: &Path) -> io::Result<bool> {
+        match fs::remove_file(path) {
             Ok(()) => Ok(true),
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(err) => Err(err),
