@@ -65,7 +65,7 @@ fn files_are_listed_in_bytewise_order_of_their_relative_paths_across_nested_dirs
         .position(|f| f.rel_path == Path::new("a/link"))
         .unwrap();
     assert_eq!(
-        manifest.files()[link].size_bytes,
+        manifest.files().size_bytes(link),
         1,
         "a link has its target's size"
     );
@@ -252,7 +252,7 @@ fn a_tree_of_20k_files_lists_the_same_with_1_thread_and_8_threads() {
 
     assert_eq!(one.len(), 20_000);
     assert_eq!(one.files(), eight.files());
-    let listed: Vec<&Path> = one.files().iter().map(|f| f.rel_path.as_path()).collect();
+    let listed: Vec<&Path> = one.files().iter().map(|f| f.rel_path).collect();
     assert_eq!(
         listed,
         expected.iter().map(PathBuf::as_path).collect::<Vec<_>>()

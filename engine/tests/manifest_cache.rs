@@ -183,7 +183,7 @@ fn a_file_changed_in_place_is_seen_while_files_are_few_and_not_past_the_limit() 
     fs::write(data.path().join("a/b/y"), b"a longer content").unwrap();
     let (m, origin) = build(data.path(), &cache);
     assert_listed(&origin, "a/b/y changed since it was listed (5 bytes then, 16 now)");
-    assert_eq!(m.files()[1].size_bytes, 16);
+    assert_eq!(m.files().size_bytes(1), 16);
     cached_again(data.path(), &cache);
     // Past stat_files_max only the directories are checked: the stale size
     // is what the readers then catch (ReadError::ChangedSize / Grew).
@@ -191,11 +191,11 @@ fn a_file_changed_in_place_is_seen_while_files_are_few_and_not_past_the_limit() 
     fs::write(data.path().join("a/b/y"), b"short").unwrap();
     let (m, origin) = build(data.path(), &blind);
     assert!(matches!(origin, ManifestOrigin::Cached { files_checked: 0, .. }), "{origin:?}");
-    assert_eq!(m.files()[1].size_bytes, 16);
+    assert_eq!(m.files().size_bytes(1), 16);
     assert!(blind.forget(&fs::canonicalize(data.path()).unwrap()).unwrap());
     let (m, origin) = build(data.path(), &blind);
     assert_listed(&origin, "no cached manifest");
-    assert_eq!(m.files()[1].size_bytes, 5);
+    assert_eq!(m.files().size_bytes(1), 5);
 }
 
 #[test]

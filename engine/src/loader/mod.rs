@@ -10,7 +10,6 @@ mod pending;
 pub mod signals;
 
 use std::collections::VecDeque;
-use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -251,9 +250,7 @@ impl Plan {
             let g = RingGeometry { world_size: cfg.world_size, slots_per_rank: k, max_samples_per_slot: cfg.batch_size, slot_payload_bytes: slot_bytes };
             fit_auto_slots(g, segment::shm_free_bytes())
         });
-        let rel_paths = manifest.files().iter().map(|f| f.rel_path.as_os_str().as_bytes());
-        let sizes = manifest.files().iter().map(|f| f.size_bytes).collect();
-        let files = Arc::new(FileTable::under_root(manifest.root(), rel_paths, sizes, cfg.record_bytes.is_some())?);
+        let files = Arc::new(FileTable::over(manifest.root(), Arc::clone(manifest.files()), cfg.record_bytes.is_some())?);
         Ok(Plan { cfg, manifest, sampler, slot_bytes, slots_per_rank, files })
     }
 

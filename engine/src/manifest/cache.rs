@@ -26,36 +26,46 @@
 //!   error. One that cannot be written is a warning. Files are written under
 //!   a unique temporary name and renamed, so a loader never reads half of one.
 //!
-//! Format version 2, little-endian:
+//! Format version 3, little-endian. The files' paths and sizes are two
+//! blocks that read straight into a [`FileList`]'s buffers, without a
+//! buffer of the whole file or an allocation per path:
 //!
 //! ```text
 //! "RFMANIF\0"  u32 version  u32 0  i64 listed-at (Unix seconds)
-//! u32 len, root bytes (canonical path)   u64 directories   u64 links   u64 files
+//! u32 len, root bytes (canonical path)
+//! u64 directories   u64 links   u64 files   u64 file path bytes
 //! directories: u32 len, path, u64 dev, u64 ino, i64 mtime s, u32 mtime ns, i64 ctime s, u32 ctime ns
 //! links:       u32 len, path, u8 1 = to a file (then its size) or 0 = to anything else, u64 size
-//! files:       u32 len, path, u64 size           (strictly increasing paths)
+//! file paths:  each file's path and a NUL byte, end to end, strictly increasing
+//!              (file path bytes in all, the NULs included)
+//! file sizes:  u64 each, in the same order
 //! u32 CRC-32 of everything before it
 //! ```
+//!
+//! (Version 2 had a length-prefixed record per file; its files are a miss
+//! and are replaced at the next listing.)
 
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{self, Read, Write};
-use std::os::unix::ffi::OsStrExt;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{DirStamp, FileEntry, LinkStamp, MAX_FILES};
+use super::{DirStamp, FileList, FileRef, LinkStamp, MAX_FILES};
 
 const MAGIC: &[u8; 8] = b"RFMANIF\0";
-const FORMAT_VERSION: u32 = 2;
+const FORMAT_VERSION: u32 = 3;
 /// Bytes of one directory record besides its path.
 const DIR_FIXED_BYTES: u64 = 4 + 8 + 8 + 8 + 4 + 8 + 4;
 /// Bytes of one link record besides its path.
 const LINK_FIXED_BYTES: u64 = 4 + 1 + 8;
-/// Bytes of one file record besides its path.
-const FILE_FIXED_BYTES: u64 = 4 + 8;
+/// Bytes of one file besides its path: its NUL and its size.
+const FILE_FIXED_BYTES: u64 = 1 + 8;
+/// Bytes read or written at a time.
+const IO_CHUNK_BYTES: usize = 256 * 1024;
 /// `statfs` type of FUSE file systems (s3fs, gcsfuse, mountpoint-s3,
 /// virtiofs): their directory times need not follow their contents.
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
@@ -86,7 +96,7 @@ pub struct ManifestCache {
 pub(crate) enum Lookup {
     /// Valid: the files, in manifest order.
     Hit {
-        files: Vec<FileEntry>,
+        files: FileList,
         dirs_checked: usize,
         files_checked: usize,
     },
@@ -137,16 +147,15 @@ impl ManifestCache {
     /// up to `threads` threads.
     pub(crate) fn lookup(&self, canonical_root: &Path, threads: usize) -> Lookup {
         let path = self.entry_path(canonical_root);
-        let bytes = match read_cache_file(&path) {
-            Ok(bytes) => bytes,
+        let (file, len) = match open_cache_file(&path) {
+            Ok(opened) => opened,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Lookup::Miss("no cached manifest".into()),
             Err(err) => return Lookup::Miss(format!("cannot read {}: {err}", path.display())),
         };
-        let decoded = match decode(&bytes, canonical_root.as_os_str().as_bytes()) {
+        let decoded = match decode_from(BufReader::with_capacity(IO_CHUNK_BYTES, file), len, canonical_root.as_os_str().as_bytes()) {
             Ok(decoded) => decoded,
             Err(why) => return Lookup::Miss(format!("{} is not usable: {why}", path.display())),
         };
-        drop(bytes);
         let check_files = decoded.files.len() <= self.stat_files_max;
         let mut checks: Vec<Check<'_>> = Vec::with_capacity(decoded.dirs.len() + decoded.links.len() + if check_files { decoded.files.len() } else { 0 });
         checks.extend(decoded.dirs.iter().map(Check::Dir));
@@ -157,6 +166,7 @@ impl ManifestCache {
         if let Some(why) = first_failure(canonical_root, &checks, threads) {
             return Lookup::Miss(why);
         }
+        drop(checks);
         Lookup::Hit {
             dirs_checked: decoded.dirs.len(),
             files_checked: if check_files { decoded.files.len() } else { 0 },
@@ -172,7 +182,7 @@ impl ManifestCache {
         listed_at: SystemTime,
         dirs: &[DirStamp],
         links: &[LinkStamp],
-        files: &[FileEntry],
+        files: &FileList,
     ) -> io::Result<Option<String>> {
         let racy_after = listed_at.checked_sub(self.racy_window).unwrap_or(UNIX_EPOCH);
         // ctime only: every change sets it to the current time, while mtime
@@ -194,7 +204,6 @@ impl ManifestCache {
         }
         fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)?;
         let path = self.entry_path(canonical_root);
-        let bytes = encode(canonical_root.as_os_str().as_bytes(), listed_at, dirs, links, files);
         // Unique among processes, hosts sharing the directory and threads.
         static STORES: AtomicU64 = AtomicU64::new(0);
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -202,8 +211,10 @@ impl ManifestCache {
         tmp_name.push(format!(".tmp.{}.{nanos}.{}", std::process::id(), STORES.fetch_add(1, Ordering::Relaxed)));
         let tmp = PathBuf::from(tmp_name);
         let written = (|| {
-            let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-            file.write_all(&bytes)?;
+            let file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+            let mut out = BufWriter::with_capacity(IO_CHUNK_BYTES, file);
+            encode_to(&mut out, canonical_root.as_os_str().as_bytes(), listed_at, dirs, links, files)?;
+            out.into_inner().map_err(io::IntoInnerError::into_error)?;
             fs::rename(&tmp, &path)
         })();
         if written.is_err() {
@@ -229,30 +240,31 @@ impl ManifestCache {
         }
     }
 
-    /// The root recorded in a cache file (for `gc`).
+    /// The root recorded in a cache file (for `gc`). The whole file is read
+    /// to check its CRC, but a file of a newer format is told apart by its
+    /// header alone.
     pub fn root_of(path: &Path) -> Result<PathBuf, NotACacheFile> {
-        let bytes = read_cache_file(path).map_err(|err| NotACacheFile::Unusable(err.to_string()))?;
-        let body = checked_body(&bytes).map_err(NotACacheFile::Unusable)?;
-        let mut r = Reader { bytes: body, at: 0 };
-        match r.header() {
-            Ok(root) => Ok(root),
-            Err(HeaderError::Newer(version)) => Err(NotACacheFile::NewerVersion(version)),
-            Err(HeaderError::Bad(why)) => Err(NotACacheFile::Unusable(why)),
-        }
+        let (file, len) = open_cache_file(path).map_err(|err| NotACacheFile::Unusable(err.to_string()))?;
+        let mut r = Reader::new(BufReader::with_capacity(IO_CHUNK_BYTES, file), len);
+        let root = match r.header() {
+            Ok(root) => root,
+            Err(HeaderError::Newer(version)) => return Err(NotACacheFile::NewerVersion(version)),
+            Err(HeaderError::Bad(why)) => return Err(NotACacheFile::Unusable(why)),
+        };
+        r.skip_to_crc().and_then(|()| r.finish()).map_err(NotACacheFile::Unusable)?;
+        Ok(root)
     }
 }
 
-/// Reads a cache file without following a link, without blocking on a FIFO
-/// and only if it is a regular file.
-fn read_cache_file(path: &Path) -> io::Result<Vec<u8>> {
-    let mut file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
+/// Opens a cache file without following a link, without blocking on a FIFO
+/// and only if it is a regular file; returns it and its length.
+fn open_cache_file(path: &Path) -> io::Result<(fs::File, u64)> {
+    let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file"));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.read_to_end(&mut bytes)?;
-    Ok(bytes)
+    Ok((file, meta.len()))
 }
 
 /// The metadata of directory `path`, read through an open descriptor: on
@@ -267,7 +279,7 @@ pub(super) fn dir_metadata(path: &Path, follow: bool) -> io::Result<fs::Metadata
 enum Check<'a> {
     Dir(&'a DirStamp),
     Link(&'a LinkStamp),
-    File(&'a FileEntry),
+    File(FileRef<'a>),
 }
 
 impl Check<'_> {
@@ -305,7 +317,7 @@ impl Check<'_> {
                 (!same).then(|| format!("the target of link {} changed since it was listed", abs.display()))
             }
             Check::File(file) => {
-                let abs = root.join(&file.rel_path);
+                let abs = root.join(file.rel_path);
                 // Follows a link, as the listing did.
                 match fs::metadata(&abs) {
                     Ok(meta) if meta.is_file() && meta.len() == file.size_bytes => None,
@@ -373,7 +385,7 @@ fn time_of((secs, nanos): (i64, u32)) -> SystemTime {
 pub(crate) struct Decoded {
     pub dirs: Vec<DirStamp>,
     pub links: Vec<LinkStamp>,
-    pub files: Vec<FileEntry>,
+    pub files: FileList,
 }
 
 /// FNV-1a, 64 bits: the cache file name of a path (collisions are caught by
@@ -382,56 +394,90 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
-/// The bytes of a cache file.
-pub(crate) fn encode(root: &[u8], listed_at: SystemTime, dirs: &[DirStamp], links: &[LinkStamp], files: &[FileEntry]) -> Vec<u8> {
-    let paths: usize = dirs.iter().map(|d| d.rel_path.as_os_str().len()).sum::<usize>()
-        + links.iter().map(|l| l.rel_path.as_os_str().len()).sum::<usize>()
-        + files.iter().map(|f| f.rel_path.as_os_str().len()).sum::<usize>();
-    let fixed = dirs.len() * DIR_FIXED_BYTES as usize + links.len() * LINK_FIXED_BYTES as usize + files.len() * FILE_FIXED_BYTES as usize;
-    let mut out = Vec::with_capacity(72 + root.len() + paths + fixed);
+/// A writer that keeps the CRC-32 of what went through it.
+struct CrcWriter<W: Write> {
+    out: W,
+    crc: crc32fast::Hasher,
+}
+
+impl<W: Write> CrcWriter<W> {
+    fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.crc.update(bytes);
+        self.out.write_all(bytes)
+    }
+
+    fn put_path(&mut self, path: &Path) -> io::Result<()> {
+        let bytes = path.as_os_str().as_bytes();
+        // Paths come from the file system: PATH_MAX-bounded, far below u32::MAX.
+        self.put(&(bytes.len() as u32).to_le_bytes())?;
+        self.put(bytes)
+    }
+}
+
+/// Writes a cache file of `root` to `out`.
+pub(crate) fn encode_to<W: Write>(
+    out: W,
+    root: &[u8],
+    listed_at: SystemTime,
+    dirs: &[DirStamp],
+    links: &[LinkStamp],
+    files: &FileList,
+) -> io::Result<()> {
+    let mut w = CrcWriter { out, crc: crc32fast::Hasher::new() };
     let listed_secs = listed_at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(&listed_secs.to_le_bytes());
-    put_bytes(&mut out, root);
-    out.extend_from_slice(&(dirs.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(links.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(files.len() as u64).to_le_bytes());
+    w.put(MAGIC)?;
+    w.put(&FORMAT_VERSION.to_le_bytes())?;
+    w.put(&0u32.to_le_bytes())?;
+    w.put(&listed_secs.to_le_bytes())?;
+    w.put_path(Path::new(OsStr::from_bytes(root)))?;
+    for count in [dirs.len(), links.len(), files.len(), files.names().len()] {
+        w.put(&(count as u64).to_le_bytes())?;
+    }
     for d in dirs {
-        put_bytes(&mut out, d.rel_path.as_os_str().as_bytes());
-        out.extend_from_slice(&d.dev.to_le_bytes());
-        out.extend_from_slice(&d.ino.to_le_bytes());
-        out.extend_from_slice(&d.mtime.0.to_le_bytes());
-        out.extend_from_slice(&d.mtime.1.to_le_bytes());
-        out.extend_from_slice(&d.ctime.0.to_le_bytes());
-        out.extend_from_slice(&d.ctime.1.to_le_bytes());
+        w.put_path(&d.rel_path)?;
+        w.put(&d.dev.to_le_bytes())?;
+        w.put(&d.ino.to_le_bytes())?;
+        w.put(&d.mtime.0.to_le_bytes())?;
+        w.put(&d.mtime.1.to_le_bytes())?;
+        w.put(&d.ctime.0.to_le_bytes())?;
+        w.put(&d.ctime.1.to_le_bytes())?;
     }
     for l in links {
-        put_bytes(&mut out, l.rel_path.as_os_str().as_bytes());
-        out.push(u8::from(l.file_size.is_some()));
-        out.extend_from_slice(&l.file_size.unwrap_or(0).to_le_bytes());
+        w.put_path(&l.rel_path)?;
+        w.put(&[u8::from(l.file_size.is_some())])?;
+        w.put(&l.file_size.unwrap_or(0).to_le_bytes())?;
     }
-    for f in files {
-        put_bytes(&mut out, f.rel_path.as_os_str().as_bytes());
-        out.extend_from_slice(&f.size_bytes.to_le_bytes());
+    w.put(files.names())?;
+    let mut chunk = Vec::with_capacity(IO_CHUNK_BYTES);
+    for sizes in files.sizes().chunks(IO_CHUNK_BYTES / 8) {
+        chunk.clear();
+        chunk.extend(sizes.iter().flat_map(|size| size.to_le_bytes()));
+        w.put(&chunk)?;
     }
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
+    let crc = w.crc.finalize();
+    w.out.write_all(&crc.to_le_bytes())
+}
+
+/// The bytes of a cache file (tests).
+#[cfg(test)]
+pub(crate) fn encode(root: &[u8], listed_at: SystemTime, dirs: &[DirStamp], links: &[LinkStamp], files: &FileList) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_to(&mut out, root, listed_at, dirs, links, files).expect("writing to a Vec");
     out
 }
 
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
-    // Paths come from the file system: PATH_MAX-bounded, far below u32::MAX.
-    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-    out.extend_from_slice(bytes);
+/// Reads the cache file `bytes`, made by `encode` for `root` (tests).
+#[cfg(test)]
+pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
+    decode_from(bytes, bytes.len() as u64, root)
 }
 
-/// Reads a cache file made by `encode` for `root`. Any bytes give `Ok` or an
-/// `Err` naming what is wrong, never a panic or an allocation larger than
-/// the input warrants.
-pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
-    let mut r = Reader { bytes: checked_body(bytes)?, at: 0 };
+/// Reads a cache file of `len` bytes made by `encode_to` for `root` from
+/// `src`. Any bytes give `Ok` or an `Err` naming what is wrong, never a
+/// panic or an allocation larger than `len` warrants; nothing is returned
+/// before the CRC at the end matched.
+pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: &[u8]) -> Result<Decoded, String> {
+    let mut r = Reader::new(src, len);
     let stored_root = r.header().map_err(|err| match err {
         HeaderError::Newer(version) => format!("format version {version}, this build reads {FORMAT_VERSION}"),
         HeaderError::Bad(why) => why,
@@ -442,7 +488,8 @@ pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
     let n_dirs = r.u64()?;
     let n_links = r.u64()?;
     let n_files = r.u64()?;
-    let left = r.left() as u64;
+    let path_bytes = r.u64()?;
+    let left = r.body_left();
     // Every record takes at least its fixed bytes: counts past that are lies.
     if n_dirs == 0 {
         return Err("it has no directory records (there is always the root's)".into());
@@ -450,8 +497,8 @@ pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
     if n_dirs > left / DIR_FIXED_BYTES || n_links > left / LINK_FIXED_BYTES {
         return Err(format!("{n_dirs} directories and {n_links} links cannot fit in {left} bytes"));
     }
-    if n_files == 0 || n_files > MAX_FILES || n_files > left / FILE_FIXED_BYTES {
-        return Err(format!("{n_files} files cannot be right for {left} bytes"));
+    if n_files == 0 || n_files > MAX_FILES || n_files > left / FILE_FIXED_BYTES || path_bytes > left {
+        return Err(format!("{n_files} files of {path_bytes} path bytes cannot be right for {left} bytes"));
     }
     let mut dirs = Vec::with_capacity(n_dirs as usize);
     for _ in 0..n_dirs {
@@ -467,7 +514,7 @@ pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
     let mut links = Vec::with_capacity(n_links as usize);
     for _ in 0..n_links {
         let rel_path = r.rel_path(false)?;
-        let to_file = match r.take(1)?[0] {
+        let to_file = match r.array::<1>()?[0] {
             0 => false,
             1 => true,
             other => return Err(format!("link kind {other} is neither 0 nor 1")),
@@ -475,33 +522,20 @@ pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
         let size = r.u64()?;
         links.push(LinkStamp { rel_path, file_size: to_file.then_some(size) });
     }
-    let mut files: Vec<FileEntry> = Vec::with_capacity(n_files as usize);
-    for _ in 0..n_files {
-        let rel_path = r.rel_path(false)?;
-        if let Some(prev) = files.last() {
-            if prev.rel_path.as_os_str().as_bytes() >= rel_path.as_os_str().as_bytes() {
-                return Err(format!("files out of order at {}", rel_path.display()));
-            }
+    let names = r.bytes(path_bytes)?;
+    let sizes = r.u64s(n_files)?;
+    r.finish()?;
+    let files = FileList::from_names(names, sizes)?;
+    let mut prev: &[u8] = &[];
+    for path in files.paths_bytes() {
+        // No NUL: the list split on them.
+        check_components(path)?;
+        if prev >= path {
+            return Err(format!("files out of order at {}", String::from_utf8_lossy(path)));
         }
-        files.push(FileEntry { rel_path, size_bytes: r.u64()? });
-    }
-    if r.left() != 0 {
-        return Err(format!("{} bytes after the last file", r.left()));
+        prev = path;
     }
     Ok(Decoded { dirs, links, files })
-}
-
-/// The bytes before the CRC, if the CRC matches.
-fn checked_body(bytes: &[u8]) -> Result<&[u8], String> {
-    let Some(split) = bytes.len().checked_sub(4) else {
-        return Err(format!("{} bytes is too short", bytes.len()));
-    };
-    let (body, crc) = bytes.split_at(split);
-    let stored = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
-    if crc32fast::hash(body) != stored {
-        return Err("its checksum does not match (a torn or damaged file)".into());
-    }
-    Ok(body)
 }
 
 /// Why a header was refused.
@@ -516,28 +550,66 @@ impl From<String> for HeaderError {
     }
 }
 
-/// A bounds-checked cursor.
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// A bounds-checked cursor over a cache file of known length, which
+/// checksums everything it reads.
+struct Reader<R: Read> {
+    src: R,
+    crc: crc32fast::Hasher,
+    /// Bytes not read yet, the CRC's 4 included (the file's length says).
+    left: u64,
+    len: u64,
 }
 
-impl Reader<'_> {
-    fn left(&self) -> usize {
-        self.bytes.len() - self.at
+impl<R: Read> Reader<R> {
+    fn new(src: R, len: u64) -> Reader<R> {
+        Reader { src, crc: crc32fast::Hasher::new(), left: len, len }
     }
 
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
-        if n > self.left() {
-            return Err(format!("it ends early, at byte {}", self.bytes.len()));
+    /// Bytes left before the CRC.
+    fn body_left(&self) -> u64 {
+        self.left.saturating_sub(4)
+    }
+
+    /// Fills `buf` from the body.
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), String> {
+        if buf.len() as u64 > self.body_left() {
+            return Err(format!("it ends early, at byte {}", self.len));
         }
-        let out = &self.bytes[self.at..self.at + n];
-        self.at += n;
-        Ok(out)
+        self.src.read_exact(buf).map_err(|err| format!("cannot read it: {err}"))?;
+        self.crc.update(buf);
+        self.left -= buf.len() as u64;
+        Ok(())
     }
 
     fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
-        Ok(self.take(N)?.try_into().expect("N bytes"))
+        let mut out = [0; N];
+        self.fill(&mut out)?;
+        Ok(out)
+    }
+
+    /// `n` bytes, allocated only once the file is known to hold them.
+    fn bytes(&mut self, n: u64) -> Result<Vec<u8>, String> {
+        if n > self.body_left() {
+            return Err(format!("it ends early, at byte {}", self.len));
+        }
+        let mut out = vec![0; n as usize];
+        self.fill(&mut out)?;
+        Ok(out)
+    }
+
+    /// `n` little-endian u64s.
+    fn u64s(&mut self, n: u64) -> Result<Vec<u64>, String> {
+        if n > self.body_left() / 8 {
+            return Err(format!("it ends early, at byte {}", self.len));
+        }
+        let mut out = Vec::with_capacity(n as usize);
+        let mut chunk = vec![0; IO_CHUNK_BYTES.min(n as usize * 8)];
+        while out.len() < n as usize {
+            let part = &mut chunk[..(n as usize - out.len()).min(IO_CHUNK_BYTES / 8) * 8];
+            self.fill(part)?;
+            out.extend(part.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))));
+        }
+        Ok(out)
     }
 
     fn u32(&mut self) -> Result<u32, String> {
@@ -561,7 +633,12 @@ impl Reader<'_> {
 
     /// Magic, version, reserved, listed-at; returns the root.
     fn header(&mut self) -> Result<PathBuf, HeaderError> {
-        if self.take(MAGIC.len())? != MAGIC {
+        // Magic, version, reserved, listed-at, root length, CRC.
+        const SHORTEST: u64 = 8 + 4 + 4 + 8 + 4 + 4;
+        if self.len < SHORTEST {
+            return Err(HeaderError::Bad(format!("{} bytes is too short", self.len)));
+        }
+        if self.array::<8>()? != *MAGIC {
             return Err(HeaderError::Bad("it is not a ringfeed manifest cache file".into()));
         }
         let version = self.u32()?;
@@ -573,23 +650,71 @@ impl Reader<'_> {
         }
         self.u32()?;
         self.i64()?;
-        let len = self.u32()? as usize;
-        Ok(PathBuf::from(OsStr::from_bytes(self.take(len)?)))
+        let len = self.u32()?;
+        Ok(PathBuf::from(OsStr::from_bytes(&self.bytes(u64::from(len))?)))
     }
 
     /// A relative path of plain components; empty only if `may_be_empty`
     /// (the root's own directory stamp).
     fn rel_path(&mut self, may_be_empty: bool) -> Result<PathBuf, String> {
-        let len = self.u32()? as usize;
-        let bytes = self.take(len)?;
-        // Components split on '/' rule out a leading, trailing or doubled
-        // '/' (an empty component) as well as "." and "..".
-        let plain = !bytes.contains(&0) && bytes.split(|&b| b == b'/').all(|c| !c.is_empty() && c != b"." && c != b"..");
-        if !(plain || may_be_empty && bytes.is_empty()) {
+        let len = self.u32()?;
+        let bytes = self.bytes(u64::from(len))?;
+        check_plain(&bytes, may_be_empty)?;
+        Ok(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
+    }
+
+    /// Reads (and checksums) the rest of the body.
+    fn skip_to_crc(&mut self) -> Result<(), String> {
+        let mut chunk = vec![0; IO_CHUNK_BYTES];
+        while self.body_left() > 0 {
+            let n = self.body_left().min(IO_CHUNK_BYTES as u64) as usize;
+            self.fill(&mut chunk[..n])?;
+        }
+        Ok(())
+    }
+
+    /// The CRC, which must match what was read, and then the end of the file.
+    fn finish(&mut self) -> Result<(), String> {
+        if self.left != 4 {
+            return Err(format!("{} bytes after the last file", self.body_left()));
+        }
+        let mut stored = [0; 4];
+        self.src.read_exact(&mut stored).map_err(|err| format!("cannot read it: {err}"))?;
+        if self.crc.clone().finalize() != u32::from_le_bytes(stored) {
+            return Err("its checksum does not match (a torn or damaged file)".into());
+        }
+        let mut more = [0; 1];
+        match self.src.read(&mut more) {
+            Ok(0) => Ok(()),
+            Ok(_) => Err("it grew while it was read".into()),
+            Err(err) => Err(format!("cannot read it: {err}")),
+        }
+    }
+}
+
+/// A relative path of plain components; empty only if `may_be_empty`.
+fn check_plain(bytes: &[u8], may_be_empty: bool) -> Result<(), String> {
+    if bytes.contains(&0) {
+        return Err(format!("{:?} holds a NUL byte", String::from_utf8_lossy(bytes)));
+    }
+    if may_be_empty && bytes.is_empty() {
+        return Ok(());
+    }
+    check_components(bytes)
+}
+
+/// Plain components only: no empty one (a leading, trailing or doubled
+/// '/', or an empty path), no "." or "..". One pass; a million paths of a
+/// cached manifest are checked in a few milliseconds.
+fn check_components(bytes: &[u8]) -> Result<(), String> {
+    let mut start = 0;
+    for end in memchr::memchr_iter(b'/', bytes).chain(std::iter::once(bytes.len())) {
+        if matches!(&bytes[start..end], b"" | b"." | b"..") {
             return Err(format!("{:?} is not a plain relative path", String::from_utf8_lossy(bytes)));
         }
-        Ok(PathBuf::from(OsStr::from_bytes(bytes)))
+        start = end + 1;
     }
+    Ok(())
 }
 
 /// Whether a temporary cache file (`NAME.manifest.tmp.*`) was left by a
@@ -604,7 +729,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn sample() -> (Vec<DirStamp>, Vec<LinkStamp>, Vec<FileEntry>) {
+    fn sample() -> (Vec<DirStamp>, Vec<LinkStamp>, FileList) {
         let dirs = vec![
             DirStamp { rel_path: PathBuf::new(), dev: 1, ino: 2, mtime: (1_700_000_000, 5), ctime: (1_700_000_001, 999_999_999) },
             DirStamp { rel_path: "a/b".into(), dev: 1, ino: 3, mtime: (-3, 0), ctime: (0, 1) },
@@ -613,12 +738,15 @@ mod tests {
             LinkStamp { rel_path: "a/b/d".into(), file_size: Some(1000) },
             LinkStamp { rel_path: "dirlink".into(), file_size: None },
         ];
-        let files = ["a/b/c", "a/b/d", "z", "é"]
-            .iter()
-            .enumerate()
-            .map(|(i, p)| FileEntry { rel_path: p.into(), size_bytes: i as u64 * 1000 })
-            .collect();
-        (dirs, links, files)
+        (dirs, links, list(&["a/b/c", "a/b/d", "z", "é"]))
+    }
+
+    fn list(paths: &[&str]) -> FileList {
+        let mut files = FileList::new();
+        for (i, p) in paths.iter().enumerate() {
+            files.push(p.as_bytes(), i as u64 * 1000);
+        }
+        files
     }
 
     fn sample_bytes(root: &[u8]) -> Vec<u8> {
@@ -642,7 +770,7 @@ mod tests {
     fn paths_that_leave_the_root_or_come_out_of_order_are_refused() {
         let (dirs, links, _) = sample();
         for bad in [&["a", "../etc/passwd"][..], &["/etc/passwd"], &["b", "a"], &["a", "a"], &["a//b"], &["a/./b"], &[""], &["a/"]] {
-            let files: Vec<FileEntry> = bad.iter().map(|p| FileEntry { rel_path: p.into(), size_bytes: 1 }).collect();
+            let files = list(bad);
             let bytes = encode(b"/r", SystemTime::now(), &dirs, &links, &files);
             assert!(decode(&bytes, b"/r").is_err(), "{bad:?} accepted");
         }
@@ -695,14 +823,14 @@ mod tests {
         /// of random bytes: the parser gets past the header into the records.
         #[test]
         fn arbitrary_records_after_a_valid_header_never_panic(
-            counts in (0u64..4, 0u64..4, 0u64..6),
+            counts in (0u64..4, 0u64..4, 0u64..6, 0u64..40),
             records in proptest::collection::vec(any::<u8>(), 0..400),
             small_lens in any::<bool>(),
         ) {
             let mut body = sample_bytes(b"/r");
             // Header: magic 8, version 4, reserved 4, listed-at 8, root 4 + 2.
             body.truncate(8 + 4 + 4 + 8 + 4 + 2);
-            for n in [counts.0, counts.1, counts.2] {
+            for n in [counts.0, counts.1, counts.2, counts.3] {
                 body.extend_from_slice(&n.to_le_bytes());
             }
             let mut records = records;

@@ -24,17 +24,19 @@
 //! again while the tree's directories are unchanged (see `cache`).
 
 mod cache;
+mod file_list;
 mod walk;
 
+pub use file_list::{FileList, FileRef};
 pub use cache::{is_stale_tmp, ManifestCache, NotACacheFile, DEFAULT_RACY_WINDOW, DEFAULT_STAT_FILES_MAX, TMP_STALE_AFTER};
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fs::Metadata;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use thiserror::Error;
@@ -64,15 +66,6 @@ pub struct ManifestOptions {
     /// Show a spinner on stderr (when it is a terminal) if listing takes
     /// more than about a second; otherwise log progress with `tracing`.
     pub progress: bool,
-}
-
-/// One listed file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FileEntry {
-    /// Path relative to the manifest root, `/`-separated.
-    pub rel_path: PathBuf,
-    /// Size when listed (the target's size for a link to a file).
-    pub size_bytes: u64,
 }
 
 /// A directory as it was when listed. A name added to it, removed or
@@ -240,7 +233,8 @@ pub enum ManifestError {
 #[derive(Clone, Debug)]
 pub struct Manifest {
     root: PathBuf,
-    files: Vec<FileEntry>,
+    /// Paths relative to `root`, in manifest order; shared with the readers.
+    files: Arc<FileList>,
     record_bytes: Option<u64>,
     /// Record mode: the index of each file's first record, then the total
     /// record count (`files.len() + 1` entries). Empty in whole-file mode.
@@ -305,7 +299,7 @@ impl Manifest {
         // Check the files before storing them: a listing that is not a
         // manifest is not cached.
         let manifest = Self::from_sorted_files(root, listing.files, opts.record_bytes)?;
-        let not_stored = match cache.store(&canonical, listed_at, &listing.dirs, &listing.links, manifest.files()) {
+        let not_stored = match cache.store(&canonical, listed_at, &listing.dirs, &listing.links, &manifest.files) {
             Ok(None) => None,
             Ok(Some(why)) => Some(why),
             Err(err) => {
@@ -331,14 +325,14 @@ impl Manifest {
     fn list_sorted(root: &Path, opts: &ManifestOptions) -> Result<walk::Listing, ManifestError> {
         let threads = list_threads(opts.threads);
         let mut listing = walk::list_files(root, threads, opts.progress)?;
-        listing.files.sort_unstable_by(|a, b| rel_path_bytes(a).cmp(rel_path_bytes(b)));
+        listing.files = std::mem::take(&mut listing.files).sorted();
         Ok(listing)
     }
 
     /// Builds a manifest from a listing already in manifest order.
     fn from_sorted_files(
         root: &Path,
-        files: Vec<FileEntry>,
+        files: FileList,
         record_bytes: Option<u64>,
     ) -> Result<Manifest, ManifestError> {
         let empty = || ManifestError::Empty {
@@ -356,14 +350,15 @@ impl Manifest {
             });
         }
         let total_bytes = files
+            .sizes()
             .iter()
-            .try_fold(0u64, |sum, f| sum.checked_add(f.size_bytes))
+            .try_fold(0u64, |sum, &size| sum.checked_add(size))
             .ok_or_else(|| ManifestError::TotalTooLarge {
                 path: root.to_path_buf(),
             })?;
         let mut manifest = Manifest {
             root: root.to_path_buf(),
-            files,
+            files: Arc::new(files),
             record_bytes,
             first_record: Vec::new(),
             len: 0,
@@ -373,12 +368,7 @@ impl Manifest {
         match record_bytes {
             None => {
                 manifest.len = manifest.files.len() as u64;
-                manifest.max_sample_bytes = manifest
-                    .files
-                    .iter()
-                    .map(|f| f.size_bytes)
-                    .max()
-                    .unwrap_or(0);
+                manifest.max_sample_bytes = manifest.files.sizes().iter().copied().max().unwrap_or(0);
             }
             Some(record_bytes) => {
                 manifest.first_record = manifest.record_starts(record_bytes)?;
@@ -397,19 +387,19 @@ impl Manifest {
     fn record_starts(&self, record_bytes: u64) -> Result<Vec<u64>, ManifestError> {
         let mut starts = Vec::with_capacity(self.files.len() + 1);
         let mut next = 0u64;
-        for (file, entry) in self.files.iter().enumerate() {
-            let remainder_bytes = entry.size_bytes % record_bytes;
+        for (file, &size_bytes) in self.files.sizes().iter().enumerate() {
+            let remainder_bytes = size_bytes % record_bytes;
             if remainder_bytes != 0 {
                 return Err(ManifestError::NotWholeRecords {
                     path: self.abs_path(file as u32),
-                    size_bytes: entry.size_bytes,
+                    size_bytes,
                     record_bytes,
                     remainder_bytes,
                 });
             }
             starts.push(next);
             // No overflow: the record count is at most total_bytes.
-            next += entry.size_bytes / record_bytes;
+            next += size_bytes / record_bytes;
         }
         starts.push(next);
         Ok(starts)
@@ -420,8 +410,9 @@ impl Manifest {
         &self.root
     }
 
-    /// The listed files, in manifest order.
-    pub fn files(&self) -> &[FileEntry] {
+    /// The listed files (paths relative to `root()`), in manifest order.
+    /// Shared: the loader's readers open files from this same list.
+    pub fn files(&self) -> &Arc<FileList> {
         &self.files
     }
 
@@ -430,7 +421,7 @@ impl Manifest {
     /// # Panics
     /// If `file` is not an index into `files()`.
     pub fn abs_path(&self, file: u32) -> PathBuf {
-        self.root.join(&self.files[file as usize].rel_path)
+        self.root.join(self.files.path(file as usize))
     }
 
     /// `Some(N)` in record mode.
@@ -465,7 +456,7 @@ impl Manifest {
                 // index < len <= MAX_FILES < u32::MAX.
                 file: index as u32,
                 offset_bytes: 0,
-                len_bytes: self.files[index as usize].size_bytes,
+                len_bytes: self.files.size_bytes(index as usize),
             },
             Some(record_bytes) => {
                 // The last file whose first record is <= index. Empty files
@@ -500,11 +491,18 @@ impl Manifest {
         }
         // A min-heap of the `count` largest sizes seen so far.
         let mut largest: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(count as usize + 1);
-        for entry in &self.files {
-            largest.push(Reverse(entry.size_bytes));
-            if largest.len() as u64 > count {
-                largest.pop();
+        for &size_bytes in self.files.sizes() {
+            if largest.len() as u64 == count {
+                // Full: only a size above the smallest kept gets in (most
+                // datasets have many equal sizes; this skips them cheaply).
+                match largest.peek() {
+                    Some(&Reverse(smallest)) if size_bytes > smallest => {
+                        largest.pop();
+                    }
+                    _ => continue,
+                }
             }
+            largest.push(Reverse(size_bytes));
         }
         // Each is a file size, and all sizes sum to total_bytes: no overflow.
         largest.into_iter().map(|Reverse(size)| size).sum()
@@ -514,11 +512,6 @@ impl Manifest {
     pub fn max_sample_bytes(&self) -> u64 {
         self.max_sample_bytes
     }
-}
-
-/// The bytes manifest order compares.
-fn rel_path_bytes(entry: &FileEntry) -> &[u8] {
-    entry.rel_path.as_os_str().as_bytes()
 }
 
 /// Listing threads for a requested count (0 = auto).
@@ -554,14 +547,10 @@ mod tests {
     use super::*;
 
     fn manifest(sizes: &[u64], record_bytes: Option<u64>) -> Result<Manifest, ManifestError> {
-        let files = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &size_bytes)| FileEntry {
-                rel_path: format!("f{i:03}").into(),
-                size_bytes,
-            })
-            .collect();
+        let mut files = FileList::new();
+        for (i, &size_bytes) in sizes.iter().enumerate() {
+            files.push(format!("f{i:03}").as_bytes(), size_bytes);
+        }
         Manifest::from_sorted_files(Path::new("/data"), files, record_bytes)
     }
 
@@ -607,6 +596,21 @@ mod tests {
         let records = manifest(&[8, 4], Some(4)).unwrap();
         assert_eq!(records.largest_samples_total_bytes(2), 8);
         assert_eq!(records.largest_samples_total_bytes(10), 12);
+    }
+
+    proptest::proptest! {
+        /// Against the obvious answer: sort, take the largest `count`.
+        #[test]
+        fn largest_samples_total_is_the_sum_of_the_largest(
+            sizes in proptest::collection::vec(0u64..20, 1..60),
+            count in 0usize..70,
+        ) {
+            let m = manifest(&sizes, None).unwrap();
+            let mut sorted = sizes.clone();
+            sorted.sort_unstable_by(|a, b| b.cmp(a));
+            let expected: u64 = sorted.iter().take(count).sum();
+            proptest::prop_assert_eq!(m.largest_samples_total_bytes(count), expected);
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 use std::fs;
 use std::io::IsTerminal;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -24,7 +25,7 @@ use crossbeam_channel::RecvTimeoutError;
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use indicatif::ProgressBar;
 
-use super::{DirStamp, FileEntry, LinkStamp, ManifestError, MAX_FILES};
+use super::{DirStamp, FileList, LinkStamp, ManifestError, MAX_FILES};
 
 /// Listing shorter than this shows no progress at all.
 const PROGRESS_AFTER_MS: u64 = 1_000;
@@ -54,7 +55,7 @@ struct Walk<'a> {
 
 /// What a walk found, unsorted.
 pub(super) struct Listing {
-    pub files: Vec<FileEntry>,
+    pub files: FileList,
     /// Every directory listed, the root included (empty relative path).
     pub dirs: Vec<DirStamp>,
     /// Every symbolic link met, and what it pointed to.
@@ -81,7 +82,7 @@ pub(super) fn list_files(
     walk.injector.push(PathBuf::new());
 
     let started = Instant::now();
-    let mut files = Vec::new();
+    let mut files = FileList::new();
     let mut dirs = Vec::new();
     let mut links = Vec::new();
     thread::scope(|scope| {
@@ -112,7 +113,11 @@ pub(super) fn list_files(
         for handle in handles {
             match handle.join() {
                 Ok(found) => {
-                    files.extend(found.files);
+                    if files.is_empty() {
+                        files = found.files;
+                    } else {
+                        files.append(&found.files);
+                    }
                     dirs.extend(found.dirs);
                     links.extend(found.links);
                 }
@@ -180,7 +185,7 @@ fn report_progress(
 impl Walk<'_> {
     /// One listing thread: take directories until none is left anywhere.
     fn run_thread(&self, local: &Worker<PathBuf>) -> Listing {
-        let mut found = Listing { files: Vec::new(), dirs: Vec::new(), links: Vec::new() };
+        let mut found = Listing { files: FileList::new(), dirs: Vec::new(), links: Vec::new() };
         let mut idle_rounds = 0u32;
         while !self.stop.load(Ordering::Relaxed) {
             let Some(dir) = self.find_job(local) else {
@@ -247,10 +252,9 @@ impl Walk<'_> {
             };
             // `file_type` does not follow links.
             let file_type = entry.file_type().map_err(metadata_error)?;
-            let rel_path = rel_dir.join(entry.file_name());
             if file_type.is_dir() {
                 self.pending_dirs.fetch_add(1, Ordering::Relaxed);
-                local.push(rel_path);
+                local.push(rel_dir.join(entry.file_name()));
                 continue;
             }
             let size_bytes = if file_type.is_file() {
@@ -259,7 +263,7 @@ impl Walk<'_> {
                 // Follow a link once, to learn whether it names a file.
                 let target = fs::metadata(entry.path()).map_err(metadata_error)?;
                 let file_size = target.is_file().then_some(target.len());
-                found.links.push(LinkStamp { rel_path: rel_path.clone(), file_size });
+                found.links.push(LinkStamp { rel_path: rel_dir.join(entry.file_name()), file_size });
                 let Some(size) = file_size else {
                     tracing::debug!(path = %entry.path().display(), "skipping a link that is not to a regular file");
                     continue;
@@ -269,10 +273,8 @@ impl Walk<'_> {
                 tracing::debug!(path = %entry.path().display(), "skipping a socket, FIFO or device");
                 continue;
             };
-            found.files.push(FileEntry {
-                rel_path,
-                size_bytes,
-            });
+            // Joined in place: no path is allocated per file.
+            found.files.push_joined(rel_dir.as_os_str().as_bytes(), entry.file_name().as_bytes(), size_bytes);
             found_here += 1;
         }
         let found = self.files_found.fetch_add(found_here, Ordering::Relaxed) + found_here;

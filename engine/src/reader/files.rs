@@ -6,8 +6,24 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::{ReadError, ReadOp};
+use crate::manifest::FileList;
+
+/// Opens `root` as a directory for `openat`, kept for the table's life.
+fn open_dir(root: &Path) -> Result<OwnedFd, ReadError> {
+    let c_root = CString::new(root.as_os_str().as_bytes())
+        .map_err(|_| ReadError::InvalidFileTable { reason: format!("{}: path holds a NUL byte", root.display()) })?;
+    // SAFETY: `c_root` is NUL-terminated; the result is checked.
+    let fd = unsafe { libc::open(c_root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        return Err(ReadError::from_errno(root.to_path_buf(), "open", errno));
+    }
+    // SAFETY: open just returned this descriptor and nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
 
 /// The files a reader may read, indexed by `ReadOp::file`.
 ///
@@ -16,10 +32,9 @@ use super::{ReadError, ReadOp};
 /// before them is `ReadError::ChangedSize`, and one that finds bytes past
 /// them is `ReadError::Grew`.
 ///
-/// The paths are stored end to end in one buffer, NUL-terminated, so that a
-/// table of millions of files costs two allocations (a `CString` each cost
-/// 30 ms of start-up per 100,000 files on the test VM, most of it first
-/// touches of fresh heap pages). A table made by [`FileTable::under_root`]
+/// The paths are a [`FileList`]: end to end in one buffer, NUL-terminated,
+/// and for a table made by [`FileTable::over`] the very list the manifest
+/// holds, not a copy. A table made by [`FileTable::under_root`] or `over`
 /// holds paths relative to a directory it keeps open, and every open is an
 /// `openat` from there: the kernel walks two components instead of the whole
 /// absolute path.
@@ -29,11 +44,7 @@ pub struct FileTable {
     dir: Option<OwnedFd>,
     /// That directory's path, for messages (empty for absolute paths).
     root: PathBuf,
-    /// Every path, NUL-terminated, end to end.
-    names: Vec<u8>,
-    /// Where each path starts in `names`; one more entry than files.
-    starts: Vec<u64>,
-    sizes_bytes: Vec<u64>,
+    files: Arc<FileList>,
     keep_open: bool,
 }
 
@@ -55,7 +66,8 @@ impl FileTable {
         if let Some(p) = paths.iter().find(|p| !p.is_absolute()) {
             return Err(invalid(format!("{}: path is not absolute", p.display())));
         }
-        Self::build(None, PathBuf::new(), paths.iter().map(|p| p.as_os_str().as_bytes()), paths.len(), sizes, keep_open)
+        let files = Self::list(None, Path::new(""), paths.iter().map(|p| p.as_os_str().as_bytes()), sizes)?;
+        Self::build(None, PathBuf::new(), Arc::new(files), keep_open)
     }
 
     /// Builds a table of paths relative to the directory `root`, which is
@@ -67,42 +79,40 @@ impl FileTable {
     /// as a directory.
     pub fn under_root<'a>(
         root: &Path,
-        rel_paths: impl ExactSizeIterator<Item = &'a [u8]> + Clone,
+        rel_paths: impl ExactSizeIterator<Item = &'a [u8]>,
         sizes: Vec<u64>,
         keep_open: bool,
     ) -> Result<FileTable, ReadError> {
-        let c_root = CString::new(root.as_os_str().as_bytes())
-            .map_err(|_| ReadError::InvalidFileTable { reason: format!("{}: path holds a NUL byte", root.display()) })?;
-        // SAFETY: `c_root` is NUL-terminated; the result is checked.
-        let fd = unsafe { libc::open(c_root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            return Err(ReadError::from_errno(root.to_path_buf(), "open", errno));
-        }
-        // SAFETY: open just returned this descriptor and nobody else owns it.
-        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
-        let n = rel_paths.len();
-        Self::build(Some(dir), root.to_path_buf(), rel_paths, n, sizes, keep_open)
+        let dir = open_dir(root)?;
+        let files = Self::list(Some(&dir), root, rel_paths, sizes)?;
+        Self::build(Some(dir), root.to_path_buf(), Arc::new(files), keep_open)
     }
 
-    fn build<'a>(
-        dir: Option<OwnedFd>,
-        root: PathBuf,
-        paths: impl Iterator<Item = &'a [u8]> + Clone,
-        n: usize,
+    /// Like [`FileTable::under_root`], over the list `files` itself (a
+    /// manifest's): nothing is copied.
+    pub fn over(root: &Path, files: Arc<FileList>, keep_open: bool) -> Result<FileTable, ReadError> {
+        let dir = open_dir(root)?;
+        if let Some(i) = (0..files.len()).find(|&i| matches!(files.path_bytes(i).first(), None | Some(b'/'))) {
+            return Err(ReadError::InvalidFileTable {
+                reason: format!("{:?}: not a path relative to {}", files.path(i), root.display()),
+            });
+        }
+        Self::build(Some(dir), root.to_path_buf(), files, keep_open)
+    }
+
+    /// Checks `paths` (relative to `dir` when there is one) and lists them.
+    fn list<'a>(
+        dir: Option<&OwnedFd>,
+        root: &Path,
+        paths: impl ExactSizeIterator<Item = &'a [u8]>,
         sizes: Vec<u64>,
-        keep_open: bool,
-    ) -> Result<FileTable, ReadError> {
+    ) -> Result<FileList, ReadError> {
         let invalid = |reason: String| ReadError::InvalidFileTable { reason };
-        if n != sizes.len() {
-            return Err(invalid(format!("{n} paths but {} sizes", sizes.len())));
+        if paths.len() != sizes.len() {
+            return Err(invalid(format!("{} paths but {} sizes", paths.len(), sizes.len())));
         }
-        if u32::try_from(n).is_err() {
-            return Err(invalid(format!("{n} files, more than the limit of {}", u32::MAX)));
-        }
-        let mut names = Vec::with_capacity(paths.clone().map(|p| p.len() + 1).sum());
-        let mut starts = Vec::with_capacity(n + 1);
-        for path in paths {
+        let mut files = FileList::with_capacity(sizes.len(), 0);
+        for (path, size) in paths.zip(sizes) {
             let shown = || root.join(OsStr::from_bytes(path)).display().to_string();
             if path.contains(&0) {
                 return Err(invalid(format!("{}: path holds a NUL byte", shown())));
@@ -110,22 +120,28 @@ impl FileTable {
             if dir.is_some() && (path.is_empty() || path[0] == b'/') {
                 return Err(invalid(format!("{:?}: not a path relative to {}", OsStr::from_bytes(path), root.display())));
             }
-            starts.push(names.len() as u64);
-            names.extend_from_slice(path);
-            names.push(0);
+            files.push(path, size);
         }
-        starts.push(names.len() as u64);
-        Ok(FileTable { dir, root, names, starts, sizes_bytes: sizes, keep_open })
+        Ok(files)
+    }
+
+    fn build(dir: Option<OwnedFd>, root: PathBuf, files: Arc<FileList>, keep_open: bool) -> Result<FileTable, ReadError> {
+        if u32::try_from(files.len()).is_err() {
+            return Err(ReadError::InvalidFileTable {
+                reason: format!("{} files, more than the limit of {}", files.len(), u32::MAX),
+            });
+        }
+        Ok(FileTable { dir, root, files, keep_open })
     }
 
     /// Number of files.
     pub fn len(&self) -> usize {
-        self.sizes_bytes.len()
+        self.files.len()
     }
 
     /// True when the table has no file.
     pub fn is_empty(&self) -> bool {
-        self.sizes_bytes.is_empty()
+        self.files.is_empty()
     }
 
     /// Whether files stay open between reads (see `new`).
@@ -140,7 +156,7 @@ impl FileTable {
 
     /// Size the manifest recorded for file `file`, if it exists.
     pub fn size_bytes(&self, file: u32) -> Option<u64> {
-        self.sizes_bytes.get(file as usize).copied()
+        self.files.sizes().get(file as usize).copied()
     }
 
     /// Directory descriptor for openat(2): the root, or AT_FDCWD for a table
@@ -151,12 +167,7 @@ impl FileTable {
 
     /// Path for openat(2) from `dir_fd()`. `file` must have passed `check_op`.
     pub(crate) fn c_path(&self, file: u32) -> &CStr {
-        let (a, b) = (self.starts[file as usize] as usize, self.starts[file as usize + 1] as usize);
-        // SAFETY: `build` refused paths holding a NUL and appended exactly one
-        // NUL to each, so `names[a..b]` is a path and its terminator. (The
-        // checked version scanned every path on every open: 1.8% of the
-        // loader's CPU.)
-        unsafe { CStr::from_bytes_with_nul_unchecked(&self.names[a..b]) }
+        self.files.c_path(file as usize)
     }
 
     /// Owned full path for an error message. `file` must have passed `check_op`.
