@@ -663,6 +663,34 @@ mod tests {
     }
 
     #[test]
+    fn the_readers_share_the_manifests_file_list() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in [("a", 3), ("b", 5)] {
+            std::fs::write(dir.path().join(name), vec![7; bytes]).unwrap();
+        }
+        let cfg = ServeConfig {
+            source: dir.path().to_path_buf(),
+            name: "unused".into(),
+            batch_size: 1,
+            world_size: 1,
+            epochs: 1,
+            seed: 0,
+            shuffle: false,
+            record_bytes: None,
+            slots_per_rank: None,
+            slot_bytes: None,
+            io: IoChoice::Pread,
+            reader: ReaderConfig::default(),
+            start: ResumeState::default(),
+            progress: false,
+        };
+        let plan = Plan::new(cfg).unwrap();
+        // One copy of the paths for a million files is 16 MB: never two.
+        assert!(Arc::ptr_eq(plan.manifest().files(), plan.files.files()));
+        assert_eq!(plan.files.size_bytes(1), Some(5));
+    }
+
+    #[test]
     fn the_default_slots_shrink_to_fit_dev_shm_down_to_two() {
         let g = RingGeometry { world_size: 8, slots_per_rank: 8, max_samples_per_slot: 64, slot_payload_bytes: 1 << 20 };
         let size = |k| Layout::compute(RingGeometry { slots_per_rank: k, ..g }).unwrap().segment_bytes;

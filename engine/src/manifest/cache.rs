@@ -62,8 +62,12 @@ const FORMAT_VERSION: u32 = 3;
 const DIR_FIXED_BYTES: u64 = 4 + 8 + 8 + 8 + 4 + 8 + 4;
 /// Bytes of one link record besides its path.
 const LINK_FIXED_BYTES: u64 = 4 + 1 + 8;
-/// Bytes of one file besides its path: its NUL and its size.
-const FILE_FIXED_BYTES: u64 = 1 + 8;
+/// Longest path a cache file may hold: far above PATH_MAX (4,096), which
+/// the walk's paths cannot exceed.
+const PATH_BYTES_MAX: u32 = 65_536;
+/// Most bytes reserved ahead for a block: past it, a block's buffer grows
+/// as its bytes arrive, so a length that lies costs no large reservation.
+const RESERVE_BYTES_MAX: u64 = 64 << 20;
 /// Bytes read or written at a time.
 const IO_CHUNK_BYTES: usize = 256 * 1024;
 /// `statfs` type of FUSE file systems (s3fs, gcsfuse, mountpoint-s3,
@@ -152,8 +156,8 @@ impl ManifestCache {
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Lookup::Miss("no cached manifest".into()),
             Err(err) => return Lookup::Miss(format!("cannot read {}: {err}", path.display())),
         };
-        let decoded = match decode_from(BufReader::with_capacity(IO_CHUNK_BYTES, file), len, canonical_root.as_os_str().as_bytes()) {
-            Ok(decoded) => decoded,
+        let decoded = match decode_from(BufReader::with_capacity(IO_CHUNK_BYTES, file), len, Some(canonical_root.as_os_str().as_bytes())) {
+            Ok((_, decoded)) => decoded,
             Err(why) => return Lookup::Miss(format!("{} is not usable: {why}", path.display())),
         };
         let check_files = decoded.files.len() <= self.stat_files_max;
@@ -240,19 +244,27 @@ impl ManifestCache {
         }
     }
 
-    /// The root recorded in a cache file (for `gc`). The whole file is read
-    /// to check its CRC, but a file of a newer format is told apart by its
-    /// header alone.
+    /// The root recorded in a cache file (for `gc`), once the whole file
+    /// was read and found valid. A newer format's file is told apart by its
+    /// header and its CRC-32 (every format ends with one over everything
+    /// before it), so a damaged file whose version field reads high is
+    /// still `Unusable`.
     pub fn root_of(path: &Path) -> Result<PathBuf, NotACacheFile> {
-        let (file, len) = open_cache_file(path).map_err(|err| NotACacheFile::Unusable(err.to_string()))?;
+        let open = || open_cache_file(path).map_err(|err| NotACacheFile::Unusable(err.to_string()));
+        let (file, len) = open()?;
         let mut r = Reader::new(BufReader::with_capacity(IO_CHUNK_BYTES, file), len);
-        let root = match r.header() {
-            Ok(root) => root,
-            Err(HeaderError::Newer(version)) => return Err(NotACacheFile::NewerVersion(version)),
+        match r.header() {
+            Ok(_) => {}
+            Err(HeaderError::Newer(version)) => {
+                r.skip_to_crc().and_then(|()| r.finish()).map_err(NotACacheFile::Unusable)?;
+                return Err(NotACacheFile::NewerVersion(version));
+            }
             Err(HeaderError::Bad(why)) => return Err(NotACacheFile::Unusable(why)),
-        };
-        r.skip_to_crc().and_then(|()| r.finish()).map_err(NotACacheFile::Unusable)?;
-        Ok(root)
+        }
+        let (file, len) = open()?;
+        decode_from(BufReader::with_capacity(IO_CHUNK_BYTES, file), len, None)
+            .map(|(root, _)| root)
+            .map_err(NotACacheFile::Unusable)
     }
 }
 
@@ -469,20 +481,23 @@ pub(crate) fn encode(root: &[u8], listed_at: SystemTime, dirs: &[DirStamp], link
 /// Reads the cache file `bytes`, made by `encode` for `root` (tests).
 #[cfg(test)]
 pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
-    decode_from(bytes, bytes.len() as u64, root)
+    decode_from(bytes, bytes.len() as u64, Some(root)).map(|(_, decoded)| decoded)
 }
 
-/// Reads a cache file of `len` bytes made by `encode_to` for `root` from
-/// `src`. Any bytes give `Ok` or an `Err` naming what is wrong, never a
-/// panic or an allocation larger than `len` warrants; nothing is returned
-/// before the CRC at the end matched.
-pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: &[u8]) -> Result<Decoded, String> {
+/// Reads a cache file of `len` bytes made by `encode_to` from `src`, for
+/// `root` (any root when None); returns the root it holds and its contents.
+/// Any bytes give `Ok` or an `Err` naming what is wrong, never a panic; no
+/// allocation is larger than `len` warrants, and a file whose length is a
+/// lie (a sparse file reads as zeros) is refused within its first records
+/// or its first 256 KiB of paths. Nothing is returned before the CRC at the
+/// end matched.
+pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: Option<&[u8]>) -> Result<(PathBuf, Decoded), String> {
     let mut r = Reader::new(src, len);
     let stored_root = r.header().map_err(|err| match err {
         HeaderError::Newer(version) => format!("format version {version}, this build reads {FORMAT_VERSION}"),
         HeaderError::Bad(why) => why,
     })?;
-    if stored_root.as_os_str().as_bytes() != root {
+    if root.is_some_and(|root| stored_root.as_os_str().as_bytes() != root) {
         return Err(format!("it is the cache of {}", stored_root.display()));
     }
     let n_dirs = r.u64()?;
@@ -490,19 +505,31 @@ pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: &[u8]) -> Result<Deco
     let n_files = r.u64()?;
     let path_bytes = r.u64()?;
     let left = r.body_left();
-    // Every record takes at least its fixed bytes: counts past that are lies.
+    // Every record takes at least its fixed bytes, and every file path at
+    // least one byte and its NUL: counts past what is left are lies.
+    let least = n_dirs
+        .checked_mul(DIR_FIXED_BYTES)
+        .and_then(|b| b.checked_add(n_links.checked_mul(LINK_FIXED_BYTES)?))
+        .and_then(|b| b.checked_add(path_bytes))
+        .and_then(|b| b.checked_add(n_files.checked_mul(8)?));
     if n_dirs == 0 {
         return Err("it has no directory records (there is always the root's)".into());
     }
-    if n_dirs > left / DIR_FIXED_BYTES || n_links > left / LINK_FIXED_BYTES {
-        return Err(format!("{n_dirs} directories and {n_links} links cannot fit in {left} bytes"));
+    if n_files == 0 || n_files > MAX_FILES || path_bytes / 2 < n_files || least.is_none_or(|least| least > left) {
+        return Err(format!(
+            "{n_dirs} directories, {n_links} links and {n_files} files of {path_bytes} path bytes cannot fit in {left} bytes"
+        ));
     }
-    if n_files == 0 || n_files > MAX_FILES || n_files > left / FILE_FIXED_BYTES || path_bytes > left {
-        return Err(format!("{n_files} files of {path_bytes} path bytes cannot be right for {left} bytes"));
-    }
-    let mut dirs = Vec::with_capacity(n_dirs as usize);
+    // Capacities from the counts are capped: a record is larger in memory
+    // than on disk, and the records may still turn out to be garbage.
+    const RECORDS_RESERVED_MAX: u64 = 4_096;
+    let mut dirs = Vec::with_capacity(n_dirs.min(RECORDS_RESERVED_MAX) as usize);
+    let mut root_seen = false;
     for _ in 0..n_dirs {
-        let rel_path = r.rel_path(true)?;
+        // Only the root's own stamp has an empty path (zeros, such as a
+        // sparse file's, would make every record one).
+        let rel_path = r.rel_path(!root_seen)?;
+        root_seen |= rel_path.as_os_str().is_empty();
         dirs.push(DirStamp {
             rel_path,
             dev: r.u64()?,
@@ -511,7 +538,7 @@ pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: &[u8]) -> Result<Deco
             ctime: (r.i64()?, r.nanos()?),
         });
     }
-    let mut links = Vec::with_capacity(n_links as usize);
+    let mut links = Vec::with_capacity(n_links.min(RECORDS_RESERVED_MAX) as usize);
     for _ in 0..n_links {
         let rel_path = r.rel_path(false)?;
         let to_file = match r.array::<1>()?[0] {
@@ -522,7 +549,7 @@ pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: &[u8]) -> Result<Deco
         let size = r.u64()?;
         links.push(LinkStamp { rel_path, file_size: to_file.then_some(size) });
     }
-    let names = r.bytes(path_bytes)?;
+    let names = r.names(path_bytes, n_files)?;
     let sizes = r.u64s(n_files)?;
     r.finish()?;
     let files = FileList::from_names(names, sizes)?;
@@ -535,7 +562,7 @@ pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: &[u8]) -> Result<Deco
         }
         prev = path;
     }
-    Ok(Decoded { dirs, links, files })
+    Ok((stored_root, Decoded { dirs, links, files }))
 }
 
 /// Why a header was refused.
@@ -597,12 +624,42 @@ impl<R: Read> Reader<R> {
         Ok(out)
     }
 
+    /// The paths block: `n` bytes holding `paths` NUL-terminated paths, read
+    /// in pieces. Stops at the first piece with an empty path or more NULs
+    /// than paths (a sparse file's zeros are both) before reading the rest.
+    fn names(&mut self, n: u64, paths: u64) -> Result<Vec<u8>, String> {
+        if n > self.body_left() {
+            return Err(format!("it ends early, at byte {}", self.len));
+        }
+        let mut out = Vec::with_capacity(n.min(RESERVE_BYTES_MAX) as usize);
+        let mut nuls = 0u64;
+        while (out.len() as u64) < n {
+            let at = out.len();
+            let piece = (n - at as u64).min(IO_CHUNK_BYTES as u64) as usize;
+            out.resize(at + piece, 0);
+            self.fill(&mut out[at..])?;
+            // Look one byte back: an empty path may straddle two pieces.
+            let seen = &out[at.saturating_sub(1)..];
+            if out[0] == 0 || memchr::memmem::find(seen, b"\0\0").is_some() {
+                return Err("its paths block holds an empty path".into());
+            }
+            nuls += memchr::memchr_iter(0, &out[at..]).count() as u64;
+            if nuls > paths {
+                return Err(format!("its paths block holds more than the {paths} paths it claims"));
+            }
+        }
+        if nuls != paths {
+            return Err(format!("its paths block holds {nuls} paths, not the {paths} it claims"));
+        }
+        Ok(out)
+    }
+
     /// `n` little-endian u64s.
     fn u64s(&mut self, n: u64) -> Result<Vec<u64>, String> {
         if n > self.body_left() / 8 {
             return Err(format!("it ends early, at byte {}", self.len));
         }
-        let mut out = Vec::with_capacity(n as usize);
+        let mut out = Vec::with_capacity(n.min(RESERVE_BYTES_MAX / 8) as usize);
         let mut chunk = vec![0; IO_CHUNK_BYTES.min(n as usize * 8)];
         while out.len() < n as usize {
             let part = &mut chunk[..(n as usize - out.len()).min(IO_CHUNK_BYTES / 8) * 8];
@@ -650,15 +707,22 @@ impl<R: Read> Reader<R> {
         }
         self.u32()?;
         self.i64()?;
+        Ok(PathBuf::from(std::ffi::OsString::from_vec(self.path_bytes()?)))
+    }
+
+    /// A u32 length, then that many bytes of a path.
+    fn path_bytes(&mut self) -> Result<Vec<u8>, String> {
         let len = self.u32()?;
-        Ok(PathBuf::from(OsStr::from_bytes(&self.bytes(u64::from(len))?)))
+        if len > PATH_BYTES_MAX {
+            return Err(format!("a path of {len} bytes is longer than any path ringfeed lists"));
+        }
+        self.bytes(u64::from(len))
     }
 
     /// A relative path of plain components; empty only if `may_be_empty`
     /// (the root's own directory stamp).
     fn rel_path(&mut self, may_be_empty: bool) -> Result<PathBuf, String> {
-        let len = self.u32()?;
-        let bytes = self.bytes(u64::from(len))?;
+        let bytes = self.path_bytes()?;
         check_plain(&bytes, may_be_empty)?;
         Ok(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
     }
@@ -801,6 +865,40 @@ mod tests {
         fs::write(&path, &bytes).unwrap();
         assert_eq!(ManifestCache::root_of(&path), Err(NotACacheFile::NewerVersion(FORMAT_VERSION + 1)));
         fs::write(&path, b"garbage").unwrap();
+        assert!(matches!(ManifestCache::root_of(&path), Err(NotACacheFile::Unusable(_))));
+    }
+
+    /// A file whose length is a lie (sparse: zeros up to an enormous
+    /// length) after a valid header, with counts that claim every byte.
+    #[test]
+    fn a_sparse_file_is_refused_early_without_a_large_allocation() {
+        let header = &sample_bytes(b"/r")[..8 + 4 + 4 + 8 + 4 + 2];
+        let len: u64 = 1 << 50;
+        let left = len - header.len() as u64 - 32 - 4;
+        let cases: [([u64; 4], &str); 4] = [
+            ([1, left / LINK_FIXED_BYTES, 1, 2], "cannot fit"),             // links that cannot all fit
+            ([left / DIR_FIXED_BYTES, 0, 1, 2], "not a plain relative path"), // zeros: a second empty directory path
+            ([1, 0, MAX_FILES, MAX_FILES * 2], "empty path"),               // zeros: empty file paths
+            ([1, 0, u64::MAX / 4, u64::MAX / 2], "cannot fit"),             // overflowing sums
+        ];
+        for ([dirs, links, files, path_bytes], expected) in cases {
+            let mut head = header.to_vec();
+            for n in [dirs, links, files, path_bytes] {
+                head.extend_from_slice(&n.to_le_bytes());
+            }
+            let src = io::Read::chain(head.as_slice(), io::repeat(0));
+            let err = decode_from(src, len, Some(b"/r")).unwrap_err();
+            assert!(err.contains(expected), "{dirs}/{links}/{files}/{path_bytes}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_damaged_file_whose_version_reads_newer_is_unusable() {
+        let mut bytes = sample_bytes(b"/r");
+        bytes[8..12].copy_from_slice(&(FORMAT_VERSION + 16).to_le_bytes());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.manifest");
+        fs::write(&path, &bytes).unwrap();
         assert!(matches!(ManifestCache::root_of(&path), Err(NotACacheFile::Unusable(_))));
     }
 

@@ -107,8 +107,12 @@ impl FileList {
     /// The same files, sorted by the bytes of their paths (manifest order).
     /// Takes the list by value: the copy and the original are both alive
     /// only while the sorted one is filled.
+    ///
+    /// # Panics
+    /// With more than `u32::MAX` files (a manifest holds fewer).
     pub fn sorted(self) -> FileList {
-        let mut order: Vec<u32> = (0..self.len() as u32).collect();
+        let n = u32::try_from(self.len()).expect("at most u32::MAX files to sort");
+        let mut order: Vec<u32> = (0..n).collect();
         order.sort_unstable_by(|&a, &b| self.path_bytes(a as usize).cmp(self.path_bytes(b as usize)));
         let mut sorted = FileList::with_capacity(self.len(), self.names.len() - self.len());
         for &i in &order {

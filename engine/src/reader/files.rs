@@ -144,6 +144,12 @@ impl FileTable {
         self.files.is_empty()
     }
 
+    /// The paths and sizes (shared with the manifest for a table made by
+    /// [`FileTable::over`]).
+    pub fn files(&self) -> &Arc<FileList> {
+        &self.files
+    }
+
     /// Whether files stay open between reads (see `new`).
     pub fn keep_open(&self) -> bool {
         self.keep_open
