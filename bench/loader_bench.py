@@ -14,6 +14,7 @@ Parts (--only, comma-separated; default all, run in this order):
               fio over the warm page cache as the kernel's ceiling
   dataloader  torch DataLoader (num_workers=2, shuffle, default collate)
   ttfb        time to first batch with 1, 2, 8 consumers waiting in attach
+  dlttfb      the same for W DataLoader ranks (num_workers=2 each), B=64, 100 KB
 
 Datasets are made once under --data-dir and reused. The table is printed and
 written to bench/RESULTS.md (--results). See bench/README.md.
@@ -36,7 +37,7 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PARTS = ["memcpy", "cold", "warm", "dataloader", "ttfb"]
+PARTS = ["memcpy", "cold", "warm", "dataloader", "ttfb", "dlttfb"]
 SIZE_BIG = 100_000  # "100 KB" files
 SIZE_SMALL = 4096  # 4 KiB files
 SHARD = 1000  # files per subdirectory
@@ -552,8 +553,15 @@ def dataloader_main(a):
                 f.readinto(buf)
             return torch.frombuffer(buf, dtype=torch.uint8)
 
+    t_listed = time.time()
     torch.manual_seed(0)
     loader = DataLoader(FileDataset(paths), batch_size=a.batch_size, shuffle=True, num_workers=a.workers, drop_last=True)
+    t_ready = time.time()
+    if a.wait_go:
+        # Like a ringfeed consumer waiting in attach: everything is built,
+        # and the clock starts when the bench says go (a line on stdin).
+        print("READY", flush=True)
+        sys.stdin.readline()
     t_iter = time.time()
     t_first = None
     batches = nbytes = samples = 0
@@ -567,7 +575,7 @@ def dataloader_main(a):
         if a.max_batches and batches >= a.max_batches:
             break
     t_last = time.time()
-    print(json.dumps({"t_start": t_start, "t_imported": t_imported, "t_iter": t_iter, "t_first": t_first, "t_last": t_last, "batches": batches, "samples": samples, "bytes": nbytes}), flush=True)
+    print(json.dumps({"t_start": t_start, "t_imported": t_imported, "t_listed": t_listed, "t_ready": t_ready, "t_iter": t_iter, "t_first": t_first, "t_last": t_last, "batches": batches, "samples": samples, "bytes": nbytes}), flush=True)
 
 
 def run_dataloader(args, root, batch, label):
@@ -770,6 +778,58 @@ def part_ttfb(args, R):
     R["ttfb"] = out
 
 
+def run_dataloader_ranks(args, root, batch, world):
+    """W DataLoader processes, as W torchrun ranks each with its own
+    DataLoader: each imports torch, lists the files and builds its loader,
+    then waits; once all are ready the bench says go to all at once, and
+    each records when its first batch came."""
+    cmd = [sys.executable, os.path.abspath(__file__), "_dataloader", "--dir", root, "--batch-size", str(batch), "--workers", str(args.dl_workers), "--max-batches", "1", "--wait-go"]
+    note_cmd([sys.executable, "bench/loader_bench.py"] + cmd[2:])
+    t_launch = time.time()
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(world)]
+    for p in procs:
+        line = p.stdout.readline()
+        if line.strip() != "READY":
+            for q in procs:
+                q.kill()
+            log("dataloader rank failed before it was ready: %r" % line)
+            return None
+    t_go = time.time()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    out = []
+    for p in procs:
+        text, _ = p.communicate()
+        try:
+            out.append(json.loads(text.strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            log("dataloader rank failed: rc %s, output %r" % (p.returncode, text[-300:]))
+            return None
+    return {
+        "after_go": sorted(r["t_first"] - t_go for r in out),
+        "from_launch": sorted(r["t_first"] - t_launch for r in out),
+        "ready": max(r["t_ready"] for r in out) - t_launch,
+        "listing": statistics.median(r["t_listed"] - r["t_imported"] for r in out),
+    }
+
+
+def part_dlttfb(args, R):
+    n = args.files
+    big = ensure_dataset(args.data_dir, SIZE_BIG, n)
+    warm_cache(big, n, SIZE_BIG)
+    out = {}
+    for w in (1, 2, 8):
+        runs = []
+        for _ in range(args.dl_ttfb_reps):
+            r = run_dataloader_ranks(args, big, 64, w)
+            if r:
+                runs.append(r)
+                log("DataLoader ranks W=%d: first batch %.1f / %.1f ms after go (first / last rank), last rank %.2f s after launch" % (w, 1000 * r["after_go"][0], 1000 * r["after_go"][-1], r["from_launch"][-1]))
+        out[w] = runs
+    R["dlttfb"] = out
+
+
 # ---------------------------------------------------------------------------
 # report
 
@@ -965,6 +1025,25 @@ def report(args, R):
             if d["w"] == 8:
                 L.append("%s: first batch of each rank, sorted, ms after T0, per run: %s" % (label, " | ".join(", ".join("%.1f" % (1000 * t) for t in x["ttfb"]) for x in d["runs"])))
                 L.append("")
+    dt = R.get("dlttfb")
+    if dt:
+        L.append("## Time to first batch with W DataLoader ranks (num_workers=%d each, B=64, 100 KB, warm)" % args.dl_workers)
+        L.append("")
+        L.append("What W torchrun ranks do today: each imports torch, lists the files (`os.walk`, sorted), builds its own DataLoader, then waits, as a ringfeed consumer waits in attach; when all W are ready the bench writes `go` to each one's stdin, and each records its first batch (the worker processes start at the first `iter()`). 'after go' is the counterpart of ringfeed's 'after the manifest line' above; 'from launch' includes importing torch and listing 100,000 files in every rank. Medians over runs.")
+        L.append("")
+        L.append("| W | runs | first rank ms after go | last rank ms after go | last rank s from launch | all ranks ready, s from launch | listing in each rank, s |")
+        L.append("|---|---|---|---|---|---|---|")
+        for w, runs in dt.items():
+            if not runs:
+                continue
+            L.append("| %d | %d | %.1f | %.1f | %.2f | %.2f | %.2f |" % (
+                int(w), len(runs),
+                1000 * med([x["after_go"][0] for x in runs]),
+                1000 * med([x["after_go"][-1] for x in runs]),
+                med([x["from_launch"][-1] for x in runs]),
+                med([x["ready"] for x in runs]),
+                med([x["listing"] for x in runs])))
+        L.append("")
     # goals
     G = []
     if warm:
@@ -1072,6 +1151,7 @@ def main():
         p.add_argument("--batch-size", type=int, required=True)
         p.add_argument("--workers", type=int, default=2)
         p.add_argument("--max-batches", type=int, default=0)
+        p.add_argument("--wait-go", action="store_true")
         return dataloader_main(p.parse_args())
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default="/tmp/ringfeed-bench")
@@ -1087,6 +1167,7 @@ def main():
     p.add_argument("--cold-reps", type=int, default=2, help="runs of each cold ringfeed configuration, of the first two fio ones and of psync one job per directory")
     p.add_argument("--dl-reps", type=int, default=2, help="DataLoader runs per dataset")
     p.add_argument("--ttfb-reps", type=int, default=5)
+    p.add_argument("--dl-ttfb-reps", type=int, default=3, help="runs of each W of the DataLoader time to first batch")
     p.add_argument("--dl-workers", type=int, default=2)
     p.add_argument("--dl-max-batches", type=int, default=0, help="stop the DataLoader after N batches (0: one full epoch)")
     p.add_argument("--quick", action="store_true", help="skip the sweeps and extra fio configurations")
