@@ -446,6 +446,64 @@ def run_ringfeed(args, root, batch, world, io="auto", slots=None, qd=None, touch
     return out
 
 
+def run_serve_first(args, root, batch, world):
+    """The other order: serve starts first (as `ringfeed serve ... &` before
+    torchrun); once it logs that every rank's first batch is published, W
+    consumers start, import numpy and ringfeed, and wait; then all are told
+    to go at once, attach, and take their first batch. Returns seconds after
+    go per rank (sorted), or None."""
+    _run_counter[0] += 1
+    name = "rfbench-%d-%d" % (os.getpid(), _run_counter[0])
+    env = lib_env(args)
+    serve_cmd = [args.bin, "serve", "--source", root, "--name", name, "--batch-size", str(batch), "--world-size", str(world), "--epochs", "1"]
+    note_cmd([c if c != name else "NAME" for c in serve_cmd] + ["# then the consumers, with --wait-go"])
+    serve = subprocess.Popen(serve_cmd, stderr=subprocess.PIPE, text=True, env=env)
+    consumers = []
+    try:
+        published = False
+        for line in serve.stderr:
+            if "first batch of every rank published" in line:
+                published = True
+                break
+        if not published:
+            log("serve-first run: serve ended before publishing (rc %s)" % serve.wait())
+            return None
+        threading.Thread(target=lambda: [None for _ in serve.stderr], daemon=True).start()
+        for r in range(world):
+            cmd = [sys.executable, os.path.abspath(__file__), "_consumer", "--name", name, "--rank", str(r), "--max-batches", "1", "--wait-go"]
+            consumers.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True))
+        for c in consumers:
+            if not c.stdout.readline().startswith("READY"):
+                raise RuntimeError("consumer did not start")
+        t_go = time.time()
+        for c in consumers:
+            c.stdin.write("go\n")
+            c.stdin.flush()
+        results = []
+        for c in consumers:
+            out, _ = c.communicate(timeout=60)
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        if any("error" in r for r in results):
+            log("serve-first run failed: %s" % [r.get("error") for r in results])
+            return None
+        return {
+            "after_go": sorted(r["t_first"] - t_go for r in results),
+            "call_to_first": sorted(r["t_first"] - r["t_call"] for r in results),
+        }
+    finally:
+        for p in consumers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if serve.poll() is None:
+            serve.send_signal(signal.SIGTERM)
+            try:
+                serve.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+                serve.wait()
+
+
 def loader_first_batches(lines):
     """(first, all) from serve's `first batch of every rank published` line, in seconds."""
     for l in lines:
@@ -464,6 +522,9 @@ def consumer_main(a):
     import ringfeed
 
     print("READY", flush=True)
+    if a.wait_go:
+        sys.stdin.readline()
+    t_call = time.time()
     cpu0 = sum(os.times()[:2])
     try:
         feed = ringfeed.attach(name=a.name, rank=a.rank, timeout=300)
@@ -521,7 +582,7 @@ def consumer_main(a):
         print(json.dumps({"error": "next: %s: %s" % (type(e).__name__, e)}), flush=True)
         return
     t_last = time.time()
-    print(json.dumps({"t_attached": t_attached, "t_first": t_first, "t_last": t_last, "batches": batches, "samples": samples, "bytes": nbytes, "wait_s": wait, "check": check, "cpu_s": sum(os.times()[:2]) - cpu0, "status": proc_status("self") or {}}), flush=True)
+    print(json.dumps({"t_call": t_call, "t_attached": t_attached, "t_first": t_first, "t_last": t_last, "batches": batches, "samples": samples, "bytes": nbytes, "wait_s": wait, "check": check, "cpu_s": sum(os.times()[:2]) - cpu0, "status": proc_status("self") or {}}), flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -776,6 +837,14 @@ def part_ttfb(args, R):
                 runs.append({"ttfb": sorted(r["ttfb"]), "from_start": sorted(r["ttfb_from_start"]), "manifest": r["t_manifest"], "cached": r["manifest_cached"], "ring": r["t_ring"], "k": r["slots"], "attached": sorted(r["attached"]), "loader": r["loader_first_batches"]})
             out["%s W=%d" % (label, w)] = {"w": w, "batch": batch, "workload": label, "step_bytes": w * batch * size, "runs": runs}
     R["ttfb"] = out
+    first = {}
+    for root, label, batch in ((big, "100 KB B=64", 64), (small, "4 KiB B=%d" % args.small_batch, args.small_batch)):
+        for w in (1, 2, 8):
+            runs = [r for r in (run_serve_first(args, root, batch, w) for _ in range(args.ttfb_reps)) if r]
+            first["%s W=%d" % (label, w)] = {"w": w, "workload": label, "runs": runs}
+            if runs:
+                log("serve first, %s W=%d: last rank %.1f ms after go (median of %d)" % (label, w, 1000 * med([x["after_go"][-1] for x in runs]), len(runs)))
+    R["ttfb_serve_first"] = first
 
 
 def run_dataloader_ranks(args, root, batch, world):
@@ -1025,6 +1094,20 @@ def report(args, R):
             if d["w"] == 8:
                 L.append("%s: first batch of each rank, sorted, ms after T0, per run: %s" % (label, " | ".join(", ".join("%.1f" % (1000 * t) for t in x["ttfb"]) for x in d["runs"])))
                 L.append("")
+    sf = R.get("ttfb_serve_first")
+    if sf:
+        L.append("## Time to first batch, serve started first")
+        L.append("")
+        L.append("The order the README shows (`ringfeed serve ... &`, then torchrun): serve starts and reads its cached manifest; once it logs that every rank's first batch is published, W consumer processes start, import numpy and ringfeed, print READY and wait on stdin; when all are ready the bench writes `go` to each, and each calls `ringfeed.attach` and takes its first batch. 'after go' runs from that write to the batch in hand (attach included); 'attach call' from the consumer's own call. Medians over runs.")
+        L.append("")
+        L.append("| workload | W | runs | first rank ms after go | last rank ms after go | attach call to first batch, last rank ms |")
+        L.append("|---|---|---|---|---|---|")
+        for label, d in sf.items():
+            runs = d["runs"]
+            if not runs:
+                continue
+            L.append("| %s | %d | %d | %.2f | %.2f | %.2f |" % (d["workload"], d["w"], len(runs), 1000 * med([x["after_go"][0] for x in runs]), 1000 * med([x["after_go"][-1] for x in runs]), 1000 * med([x["call_to_first"][-1] for x in runs])))
+        L.append("")
     dt = R.get("dlttfb")
     if dt:
         L.append("## Time to first batch with W DataLoader ranks (num_workers=%d each, B=64, 100 KB, warm)" % args.dl_workers)
@@ -1143,6 +1226,7 @@ def main():
         p.add_argument("--rank", type=int, required=True)
         p.add_argument("--touch", choices=["none", "sum", "copy"], default="none")
         p.add_argument("--max-batches", type=int, default=0)
+        p.add_argument("--wait-go", action="store_true")
         return consumer_main(p.parse_args())
     if len(sys.argv) > 1 and sys.argv[1] == "_dataloader":
         p = argparse.ArgumentParser()
