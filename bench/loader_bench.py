@@ -1098,7 +1098,7 @@ def report(args, R):
     if sf:
         L.append("## Time to first batch, serve started first")
         L.append("")
-        L.append("The order the README shows (`ringfeed serve ... &`, then torchrun): serve starts and reads its cached manifest; once it logs that every rank's first batch is published, W consumer processes start, import numpy and ringfeed, print READY and wait on stdin; when all are ready the bench writes `go` to each, and each calls `ringfeed.attach` and takes its first batch. 'after go' runs from that write to the batch in hand (attach included); 'attach call' from the consumer's own call. Medians over runs.")
+        L.append("The order the README shows (`ringfeed serve ... &`, then torchrun): serve starts and reads its cached manifest; once it logs that every rank's first batch is published, W consumer processes start, import numpy and ringfeed, print READY and wait on stdin; when all are ready the bench writes `go` to each, and each calls `ringfeed.attach` and takes its first batch. 'after go' runs from that write to the batch in hand (attach included); 'attach call' from the consumer's own call, the loader's part: with 8 consumers most of 'after go' is 8 Python processes woken at once waiting for a turn on the cores (as much for 4 KiB files, whose whole ring is 33 MB, as for 100 KB). Medians over runs.")
         L.append("")
         L.append("| workload | W | runs | first rank ms after go | last rank ms after go | attach call to first batch, last rank ms |")
         L.append("|---|---|---|---|---|---|")
