@@ -152,12 +152,12 @@ impl ManifestCache {
     pub(crate) fn lookup(&self, canonical_root: &Path, threads: usize) -> Lookup {
         let path = self.entry_path(canonical_root);
         let (file, len) = match open_cache_file(&path) {
-            Ok(opened) => opened,
+            Ok((file, meta)) => (file, meta.len()),
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Lookup::Miss("no cached manifest".into()),
             Err(err) => return Lookup::Miss(format!("cannot read {}: {err}", path.display())),
         };
-        let decoded = match decode_from(BufReader::with_capacity(IO_CHUNK_BYTES, file), len, Some(canonical_root.as_os_str().as_bytes())) {
-            Ok((_, decoded)) => decoded,
+        let decoded = match decode_from(BufReader::with_capacity(IO_CHUNK_BYTES, file), len, canonical_root.as_os_str().as_bytes()) {
+            Ok(decoded) => decoded,
             Err(why) => return Lookup::Miss(format!("{} is not usable: {why}", path.display())),
         };
         let check_files = decoded.files.len() <= self.stat_files_max;
@@ -250,33 +250,34 @@ impl ManifestCache {
     /// before it), so a damaged file whose version field reads high is
     /// still `Unusable`.
     pub fn root_of(path: &Path) -> Result<PathBuf, NotACacheFile> {
-        let open = || open_cache_file(path).map_err(|err| NotACacheFile::Unusable(err.to_string()));
-        let (file, len) = open()?;
-        let mut r = Reader::new(BufReader::with_capacity(IO_CHUNK_BYTES, file), len);
+        let unusable = NotACacheFile::Unusable;
+        let (file, meta) = open_cache_file(path).map_err(|err| unusable(err.to_string()))?;
+        let mut r = Reader::new(BufReader::with_capacity(IO_CHUNK_BYTES, file), meta.len());
         match r.header() {
-            Ok(_) => {}
+            Ok(root) => decode_body(&mut r).map(|_| root).map_err(unusable),
             Err(HeaderError::Newer(version)) => {
-                r.skip_to_crc().and_then(|()| r.finish()).map_err(NotACacheFile::Unusable)?;
-                return Err(NotACacheFile::NewerVersion(version));
+                // Its CRC is checked by reading it all; a file whose length
+                // is mostly holes would take that long for nothing.
+                if meta.len() > RESERVE_BYTES_MAX && meta.blocks().saturating_mul(512) < meta.len() / 8 {
+                    return Err(unusable(format!("{} bytes long but {} on disk: not a file ringfeed wrote", meta.len(), meta.blocks() * 512)));
+                }
+                r.skip_to_crc().and_then(|()| r.finish()).map_err(unusable)?;
+                Err(NotACacheFile::NewerVersion(version))
             }
-            Err(HeaderError::Bad(why)) => return Err(NotACacheFile::Unusable(why)),
+            Err(HeaderError::Bad(why)) => Err(unusable(why)),
         }
-        let (file, len) = open()?;
-        decode_from(BufReader::with_capacity(IO_CHUNK_BYTES, file), len, None)
-            .map(|(root, _)| root)
-            .map_err(NotACacheFile::Unusable)
     }
 }
 
 /// Opens a cache file without following a link, without blocking on a FIFO
-/// and only if it is a regular file; returns it and its length.
-fn open_cache_file(path: &Path) -> io::Result<(fs::File, u64)> {
+/// and only if it is a regular file; returns it and its metadata.
+fn open_cache_file(path: &Path) -> io::Result<(fs::File, fs::Metadata)> {
     let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file"));
     }
-    Ok((file, meta.len()))
+    Ok((file, meta))
 }
 
 /// The metadata of directory `path`, read through an open descriptor: on
@@ -481,25 +482,29 @@ pub(crate) fn encode(root: &[u8], listed_at: SystemTime, dirs: &[DirStamp], link
 /// Reads the cache file `bytes`, made by `encode` for `root` (tests).
 #[cfg(test)]
 pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
-    decode_from(bytes, bytes.len() as u64, Some(root)).map(|(_, decoded)| decoded)
+    decode_from(bytes, bytes.len() as u64, root)
 }
 
-/// Reads a cache file of `len` bytes made by `encode_to` from `src`, for
-/// `root` (any root when None); returns the root it holds and its contents.
-/// Any bytes give `Ok` or an `Err` naming what is wrong, never a panic; no
-/// allocation is larger than `len` warrants, and a file whose length is a
-/// lie (a sparse file reads as zeros) is refused within its first records
-/// or its first 256 KiB of paths. Nothing is returned before the CRC at the
-/// end matched.
-pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: Option<&[u8]>) -> Result<(PathBuf, Decoded), String> {
+/// Reads a cache file of `len` bytes made by `encode_to` for `root` from
+/// `src`. Any bytes give `Ok` or an `Err` naming what is wrong, never a
+/// panic; no allocation is larger than `len` warrants, and a file whose
+/// length is a lie (a sparse file reads as zeros) is refused within its
+/// first records or its first 256 KiB of paths. Nothing is returned before
+/// the CRC at the end matched.
+pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: &[u8]) -> Result<Decoded, String> {
     let mut r = Reader::new(src, len);
     let stored_root = r.header().map_err(|err| match err {
         HeaderError::Newer(version) => format!("format version {version}, this build reads {FORMAT_VERSION}"),
         HeaderError::Bad(why) => why,
     })?;
-    if root.is_some_and(|root| stored_root.as_os_str().as_bytes() != root) {
+    if stored_root.as_os_str().as_bytes() != root {
         return Err(format!("it is the cache of {}", stored_root.display()));
     }
+    decode_body(&mut r)
+}
+
+/// What follows the header, through the CRC.
+fn decode_body<R: Read>(r: &mut Reader<R>) -> Result<Decoded, String> {
     let n_dirs = r.u64()?;
     let n_links = r.u64()?;
     let n_files = r.u64()?;
@@ -562,7 +567,7 @@ pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: Option<&[u8]>) -> Res
         }
         prev = path;
     }
-    Ok((stored_root, Decoded { dirs, links, files }))
+    Ok(Decoded { dirs, links, files })
 }
 
 /// Why a header was refused.
@@ -651,6 +656,8 @@ impl<R: Read> Reader<R> {
         if nuls != paths {
             return Err(format!("its paths block holds {nuls} paths, not the {paths} it claims"));
         }
+        // Past the reservation the buffer grew by doubling: give the spare back.
+        out.shrink_to_fit();
         Ok(out)
     }
 
@@ -666,6 +673,7 @@ impl<R: Read> Reader<R> {
             self.fill(part)?;
             out.extend(part.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))));
         }
+        out.shrink_to_fit();
         Ok(out)
     }
 
@@ -707,7 +715,13 @@ impl<R: Read> Reader<R> {
         }
         self.u32()?;
         self.i64()?;
-        Ok(PathBuf::from(std::ffi::OsString::from_vec(self.path_bytes()?)))
+        let root = PathBuf::from(std::ffi::OsString::from_vec(self.path_bytes()?));
+        // Roots are canonical paths; gc would look a relative one up from
+        // wherever it runs.
+        if !root.is_absolute() {
+            return Err(HeaderError::Bad(format!("its root {:?} is not an absolute path", root)));
+        }
+        Ok(root)
     }
 
     /// A u32 length, then that many bytes of a path.
@@ -887,9 +901,56 @@ mod tests {
                 head.extend_from_slice(&n.to_le_bytes());
             }
             let src = io::Read::chain(head.as_slice(), io::repeat(0));
-            let err = decode_from(src, len, Some(b"/r")).unwrap_err();
+            let err = decode_from(src, len, b"/r").unwrap_err();
             assert!(err.contains(expected), "{dirs}/{links}/{files}/{path_bytes}: {err}");
         }
+    }
+
+    /// Paths blocks of several 256 KiB pieces, and of exactly one and two
+    /// (15-byte paths and their NULs: 16,384 to a piece).
+    #[test]
+    fn large_lists_read_back_across_pieces() {
+        let (dirs, links, _) = sample();
+        for n in [300_000, 16_384, 32_768, 16_385] {
+            let mut files = FileList::new();
+            for i in 0..n {
+                files.push(format!("d{:04}/f{:04}.bin", i / 10_000, i % 10_000).as_bytes(), i as u64);
+            }
+            let bytes = encode(b"/r", SystemTime::now(), &dirs, &links, &files);
+            let decoded = decode(&bytes, b"/r").unwrap();
+            assert_eq!(decoded.files, files, "{n} files");
+        }
+    }
+
+    #[test]
+    fn a_relative_root_is_refused() {
+        for root in [&b""[..], b"relative/dir"] {
+            let bytes = sample_bytes(root);
+            assert!(decode(&bytes, root).unwrap_err().contains("not an absolute path"));
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("x.manifest");
+            fs::write(&path, &bytes).unwrap();
+            assert!(matches!(ManifestCache::root_of(&path), Err(NotACacheFile::Unusable(_))));
+        }
+    }
+
+    /// A newer format is kept only once its CRC is read and checked: a
+    /// file that is mostly holes is refused without reading them.
+    #[test]
+    fn a_sparse_newer_format_file_is_refused_without_reading_it() {
+        let mut head = sample_bytes(b"/r");
+        head[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.manifest");
+        let file = fs::File::create(&path).unwrap();
+        (&file).write_all(&head).unwrap();
+        file.set_len(1 << 40).unwrap();
+        let started = std::time::Instant::now();
+        match ManifestCache::root_of(&path) {
+            Err(NotACacheFile::Unusable(why)) => assert!(why.contains("on disk"), "{why}"),
+            other => panic!("expected unusable, got {other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "read the holes");
     }
 
     #[test]
