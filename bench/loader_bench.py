@@ -446,6 +446,20 @@ def run_ringfeed(args, root, batch, world, io="auto", slots=None, qd=None, touch
     return out
 
 
+def go_together(procs):
+    """Waits for each process's READY line, then writes `go` to all of them
+    back to back; returns the time of the first write, or None if one did
+    not get ready."""
+    for p in procs:
+        if p.stdout.readline().strip() != "READY":
+            return None
+    t_go = time.time()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    return t_go
+
+
 def run_serve_first(args, root, batch, world):
     """The other order: serve starts first (as `ringfeed serve ... &` before
     torchrun); once it logs that every rank's first batch is published, W
@@ -472,13 +486,10 @@ def run_serve_first(args, root, batch, world):
         for r in range(world):
             cmd = [sys.executable, os.path.abspath(__file__), "_consumer", "--name", name, "--rank", str(r), "--max-batches", "1", "--wait-go"]
             consumers.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True))
-        for c in consumers:
-            if not c.stdout.readline().startswith("READY"):
-                raise RuntimeError("consumer did not start")
-        t_go = time.time()
-        for c in consumers:
-            c.stdin.write("go\n")
-            c.stdin.flush()
+        t_go = go_together(consumers)
+        if t_go is None:
+            log("serve-first run: a consumer did not start")
+            return None
         results = []
         for c in consumers:
             out, _ = c.communicate(timeout=60)
@@ -856,17 +867,13 @@ def run_dataloader_ranks(args, root, batch, world):
     note_cmd([sys.executable, "bench/loader_bench.py"] + cmd[2:])
     t_launch = time.time()
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(world)]
-    for p in procs:
-        line = p.stdout.readline()
-        if line.strip() != "READY":
-            for q in procs:
-                q.kill()
-            log("dataloader rank failed before it was ready: %r" % line)
-            return None
-    t_go = time.time()
-    for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
+    t_go = go_together(procs)
+    if t_go is None:
+        for q in procs:
+            q.kill()
+            q.wait()
+        log("dataloader rank failed before it was ready")
+        return None
     out = []
     for p in procs:
         text, _ = p.communicate()
