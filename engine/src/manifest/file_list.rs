@@ -90,10 +90,7 @@ impl FileList {
             self.names.extend_from_slice(dir);
             self.names.push(b'/');
         }
-        self.names.extend_from_slice(name);
-        self.names.push(0);
-        self.ends.push(self.names.len() as u64);
-        self.sizes.push(size_bytes);
+        self.push_unchecked(name, size_bytes);
     }
 
     /// Appends every file of `other`.
@@ -121,7 +118,8 @@ impl FileList {
         sorted
     }
 
-    /// `push` for a path known to hold no NUL byte (it came from this type).
+    /// `push` for a path known to hold no NUL byte (checked by the caller,
+    /// or taken from this type); ends the path begun in `names`.
     fn push_unchecked(&mut self, path: &[u8], size_bytes: u64) {
         self.names.extend_from_slice(path);
         self.names.push(0);
@@ -213,11 +211,6 @@ impl FileList {
     /// takes back).
     pub fn names(&self) -> &[u8] {
         &self.names
-    }
-
-    /// Heap bytes held, for logs and tests.
-    pub fn heap_bytes(&self) -> usize {
-        self.names.capacity() + 8 * (self.ends.capacity() + self.sizes.capacity())
     }
 }
 

@@ -66,7 +66,7 @@ impl FileTable {
         if let Some(p) = paths.iter().find(|p| !p.is_absolute()) {
             return Err(invalid(format!("{}: path is not absolute", p.display())));
         }
-        let files = Self::list(None, Path::new(""), paths.iter().map(|p| p.as_os_str().as_bytes()), sizes)?;
+        let files = Self::list(Path::new(""), paths.iter().map(|p| p.as_os_str().as_bytes()), sizes)?;
         Self::build(None, PathBuf::new(), Arc::new(files), keep_open)
     }
 
@@ -83,26 +83,25 @@ impl FileTable {
         sizes: Vec<u64>,
         keep_open: bool,
     ) -> Result<FileTable, ReadError> {
-        let dir = open_dir(root)?;
-        let files = Self::list(Some(&dir), root, rel_paths, sizes)?;
-        Self::build(Some(dir), root.to_path_buf(), Arc::new(files), keep_open)
+        let files = Self::list(root, rel_paths, sizes)?;
+        Self::over(root, Arc::new(files), keep_open)
     }
 
     /// Like [`FileTable::under_root`], over the list `files` itself (a
     /// manifest's): nothing is copied.
     pub fn over(root: &Path, files: Arc<FileList>, keep_open: bool) -> Result<FileTable, ReadError> {
         let dir = open_dir(root)?;
-        if let Some(i) = (0..files.len()).find(|&i| matches!(files.path_bytes(i).first(), None | Some(b'/'))) {
+        if let Some(path) = files.paths_bytes().find(|p| matches!(p.first(), None | Some(b'/'))) {
             return Err(ReadError::InvalidFileTable {
-                reason: format!("{:?}: not a path relative to {}", files.path(i), root.display()),
+                reason: format!("{:?}: not a path relative to {}", OsStr::from_bytes(path), root.display()),
             });
         }
         Self::build(Some(dir), root.to_path_buf(), files, keep_open)
     }
 
-    /// Checks `paths` (relative to `dir` when there is one) and lists them.
+    /// Checks that `paths` hold no NUL byte and lists them (`root` only
+    /// names them in messages).
     fn list<'a>(
-        dir: Option<&OwnedFd>,
         root: &Path,
         paths: impl ExactSizeIterator<Item = &'a [u8]>,
         sizes: Vec<u64>,
@@ -116,9 +115,6 @@ impl FileTable {
             let shown = || root.join(OsStr::from_bytes(path)).display().to_string();
             if path.contains(&0) {
                 return Err(invalid(format!("{}: path holds a NUL byte", shown())));
-            }
-            if dir.is_some() && (path.is_empty() || path[0] == b'/') {
-                return Err(invalid(format!("{:?}: not a path relative to {}", OsStr::from_bytes(path), root.display())));
             }
             files.push(path, size);
         }
