@@ -34,9 +34,10 @@ pub enum CreateError {
     },
     /// /dev/shm has not enough room.
     #[error(
-        "/dev/shm is too small for the ring {path}: it needs {needed} ({needed_bytes} bytes) but only {free} ({free_bytes} bytes) are free. \
+        "/dev/shm is too small for the ring {path}: it needs {} ({needed_bytes} bytes) but only {} ({free_bytes} bytes) are free{}. \
          Give shared memory more room: `docker run --shm-size={suggest}`, or in Kubernetes mount an `emptyDir` with `medium: Memory` \
-         (and a sizeLimit of at least {suggest}) at /dev/shm; or make the ring smaller (--slots-per-rank, --batch-size)"
+         (and a sizeLimit of at least {suggest}) at /dev/shm; or make the ring smaller (--slots-per-rank, --batch-size)",
+        human_bytes(*needed_bytes), human_bytes(*free_bytes), others_clause(promised)
     )]
     ShmTooSmall {
         /// The segment path.
@@ -45,10 +46,9 @@ pub enum CreateError {
         needed_bytes: u64,
         /// Bytes free in /dev/shm.
         free_bytes: u64,
-        /// Human-readable needed.
-        needed: String,
-        /// Human-readable free.
-        free: String,
+        /// Other live loaders' rings that will still take part of the free
+        /// bytes as their slots are first claimed.
+        promised: Vec<segment::Promised>,
         /// A size to suggest.
         suggest: String,
     },
@@ -236,29 +236,39 @@ fn reserve_slots(fd: &OwnedFd, backing: &Backing, layout: &Layout) {
     }
 }
 
-/// `ShmTooSmall` for a ring of `needed_bytes` with `free_bytes` free.
-fn shm_too_small(path: &str, needed_bytes: u64, free_bytes: u64) -> CreateError {
+/// `ShmTooSmall` for a ring of `needed_bytes` with `free_bytes` free, of
+/// which other loaders' rings still hold `promised`.
+fn shm_too_small(path: &str, needed_bytes: u64, free_bytes: u64, promised: Vec<segment::Promised>) -> CreateError {
     // Suggest the ring plus the room already in use, rounded up to a GiB.
     let gib = 1u64 << 30;
-    let suggest_gib = needed_bytes.div_ceil(gib) + 1;
-    CreateError::ShmTooSmall {
-        path: path.to_string(),
-        needed_bytes,
-        free_bytes,
-        needed: human_bytes(needed_bytes),
-        free: human_bytes(free_bytes),
-        suggest: format!("{suggest_gib}g"),
+    let promised_bytes: u64 = promised.iter().map(|p| p.bytes).sum();
+    let suggest_gib = needed_bytes.saturating_add(promised_bytes).div_ceil(gib) + 1;
+    CreateError::ShmTooSmall { path: path.to_string(), needed_bytes, free_bytes, promised, suggest: format!("{suggest_gib}g") }
+}
+
+/// Empty, or the clause of `ShmTooSmall` that names the rings other loaders
+/// will still allocate.
+fn others_clause(promised: &[segment::Promised]) -> String {
+    if promised.is_empty() {
+        return String::new();
     }
+    let total: u64 = promised.iter().map(|p| p.bytes).sum();
+    let rings: Vec<String> = promised.iter().map(|p| format!("{} {}", p.path.display(), human_bytes(p.bytes))).collect();
+    format!(", and {} of that is promised to the rings of other running loaders, allocated as their slots fill ({})", human_bytes(total), rings.join(", "))
 }
 
 /// The error for a failed allocation of part of the segment.
 fn alloc_error(path: &str, fd: &OwnedFd, needed_bytes: u64, e: io::Error) -> CreateError {
     if e.raw_os_error() == Some(libc::ENOSPC) {
-        shm_too_small(path, needed_bytes, segment::free_bytes(fd).unwrap_or(0))
+        shm_too_small(path, needed_bytes, segment::free_bytes(fd).unwrap_or(0), Vec::new())
     } else {
         CreateError::Io { what: "cannot allocate", path: path.to_string(), source: e }
     }
 }
+
+/// Longest a loader waits for the lock on /dev/shm before it checks the
+/// room unlocked (the lock is held for microseconds by a running loader).
+const SHM_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn now_unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -287,14 +297,20 @@ impl Producer {
             Ok(false) => return Err(io_err("cannot lock", io::Error::from_raw_os_error(libc::EAGAIN))),
             Err(e) => return Err(io_err("cannot lock", e)),
         }
-        // Room for the whole ring must be free now; the payloads themselves are
-        // allocated slot by slot (see `allocated`).
+        // Room for the whole ring must be free now, less what other loaders'
+        // rings will still allocate; the payloads themselves are allocated
+        // slot by slot (see `Backing`). The lock on /dev/shm makes the check
+        // and the sizing one step against other loaders starting at once.
+        let shm_lock = segment::ShmDirLock::take(SHM_LOCK_PATIENCE);
         if let Some(free_bytes) = segment::free_bytes(&fd) {
-            if free_bytes < layout.segment_bytes {
-                return Err(shm_too_small(&path, layout.segment_bytes, free_bytes));
+            let promised = segment::promised_to_other_rings(name);
+            let promised_bytes: u64 = promised.iter().map(|p| p.bytes).sum();
+            if free_bytes.saturating_sub(promised_bytes) < layout.segment_bytes {
+                return Err(shm_too_small(&path, layout.segment_bytes, free_bytes, promised));
             }
         }
         segment::set_len(&fd, layout.segment_bytes).map_err(|e| io_err("cannot size", e))?;
+        drop(shm_lock);
         segment::allocate(&fd, 0, layout.payload_offset).map_err(|e| alloc_error(&path, &fd, layout.segment_bytes, e))?;
         let map = segment::map(&fd, layout.segment_bytes).map_err(|e| io_err("cannot map", e))?;
         let view = View::new(map, layout);
@@ -687,5 +703,36 @@ mod tests {
         // Claims of slots the reserver allocated allocate nothing more.
         let mut c0 = p.try_claim(0).unwrap().unwrap();
         c0.payload_mut().fill(7);
+    }
+
+    #[test]
+    fn a_ring_not_yet_allocated_counts_against_the_room_of_the_next_until_it_is_or_its_loader_dies() {
+        let slot = 4u64 << 20;
+        let slack = 2u64 << 20;
+        let g = RingGeometry { world_size: 2, slots_per_rank: 3, max_samples_per_slot: 4, slot_payload_bytes: slot };
+        let name = format!("promised-{}", std::process::id());
+        let path = segment::shm_path(&name);
+        let promised = || segment::promised_to_other_rings("some-other-loader").into_iter().find(|p| p.path == path);
+        let mut p = Producer::create(&name, g).unwrap();
+        let holes = promised().expect("a live ring with holes is listed").bytes;
+        assert!(holes + slack >= 6 * slot && holes <= 6 * slot, "{holes} bytes promised");
+        assert!(segment::promised_to_other_rings(&name).iter().all(|p| p.path != path), "a ring is not promised to itself");
+        let c = p.try_claim(0).unwrap().unwrap();
+        p.publish(c, 0, 0, &[]).unwrap();
+        let after_claim = promised().unwrap().bytes;
+        assert!(after_claim + slack >= 5 * slot && after_claim <= 5 * slot, "{after_claim} bytes promised after a claim");
+        // A dead loader's ring never grows: it is not counted.
+        p.abandon();
+        assert!(path.exists());
+        assert_eq!(promised(), None);
+        segment::shm_unlink(&name).unwrap();
+        // A ring wholly reserved promises nothing.
+        let mut p = Producer::create(&name, g).unwrap();
+        p.reserve_rest();
+        let t = std::time::Instant::now();
+        while promised().is_some() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(promised(), None);
     }
 }

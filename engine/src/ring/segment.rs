@@ -153,11 +153,15 @@ pub fn free_bytes(fd: &OwnedFd) -> Option<u64> {
     free_of(|sv| unsafe { libc::fstatvfs(fd.as_raw_fd(), sv) })
 }
 
-/// Free bytes in /dev/shm; None when unknown or unlimited.
-pub fn shm_free_bytes() -> Option<u64> {
+/// Room in /dev/shm for the ring `/ringfeed-NAME`: its free bytes less what
+/// other loaders' rings will still allocate ([`promised_to_other_rings`]);
+/// None when unknown or unlimited.
+pub fn shm_room_for(name: &str) -> Option<u64> {
     let dir = CString::new(SHM_DIR).ok()?;
     // SAFETY: `dir` is NUL-terminated and `sv` a valid out-pointer.
-    free_of(|sv| unsafe { libc::statvfs(dir.as_ptr(), sv) })
+    let free = free_of(|sv| unsafe { libc::statvfs(dir.as_ptr(), sv) })?;
+    let promised: u64 = promised_to_other_rings(name).iter().map(|p| p.bytes).sum();
+    Some(free.saturating_sub(promised))
 }
 
 /// Free bytes from a statvfs call; None when it failed or reports no blocks.
@@ -168,6 +172,87 @@ fn free_of(stat: impl FnOnce(&mut libc::statvfs) -> libc::c_int) -> Option<u64> 
         return None;
     }
     Some(sv.f_bavail as u64 * sv.f_frsize as u64)
+}
+
+/// Another live loader's ring that is not wholly allocated yet: the bytes
+/// it will still take from /dev/shm as its slots are first claimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Promised {
+    /// The segment's path.
+    pub path: PathBuf,
+    /// Its size less the bytes already allocated.
+    pub bytes: u64,
+}
+
+/// The rings in /dev/shm, other than `/ringfeed-EXCEPT`, whose loader may
+/// still allocate part of them. A ring is sized whole at create and its
+/// payloads allocated slot by slot, so /dev/shm's free bytes overstate the
+/// room a new ring has by what these rings still hold as holes. A segment
+/// whose loader is dead never grows and is left out; one that cannot be
+/// opened (another user's) is counted.
+pub fn promised_to_other_rings(except: &str) -> Vec<Promised> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(SHM_DIR) else {
+        return Vec::new();
+    };
+    let mut promised = Vec::new();
+    for entry in entries.filter_map(Result::ok) {
+        let file_name = entry.file_name();
+        let Some(name) = file_name.to_str().and_then(|n| n.strip_prefix(SEGMENT_PREFIX)) else {
+            continue;
+        };
+        if name == except {
+            continue;
+        }
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        let bytes = meta.len().saturating_sub(meta.blocks().saturating_mul(512));
+        if bytes == 0 || !meta.is_file() {
+            continue;
+        }
+        let alive = match shm_open(name, libc::O_RDONLY, 0) {
+            Ok(fd) => byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(true),
+            Err(_) => true,
+        };
+        if alive {
+            promised.push(Promised { path: entry.path(), bytes });
+        }
+    }
+    promised.sort_by(|a, b| a.path.cmp(&b.path));
+    promised
+}
+
+/// An exclusive `flock` on the /dev/shm directory. A loader holds it from
+/// its free-room check to the ftruncate that sizes its ring, so that of two
+/// loaders starting at once the second sees the first's ring (see
+/// [`promised_to_other_rings`]) and both never pass a check only one fits.
+/// Dropping it unlocks.
+pub struct ShmDirLock {
+    _dir: File,
+}
+
+impl ShmDirLock {
+    /// Takes the lock, waiting at most `patience` (it is held for
+    /// microseconds). None when /dev/shm cannot be opened or a holder keeps
+    /// it longer (a stopped process): the check then goes on unlocked, as
+    /// it would where the lock did not exist.
+    pub fn take(patience: Duration) -> Option<ShmDirLock> {
+        let dir = File::open(SHM_DIR).ok()?;
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            // SAFETY: `dir` is an open descriptor; flock touches only its lock.
+            if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Some(ShmDirLock { _dir: dir });
+            }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EWOULDBLOCK) || std::time::Instant::now() >= deadline {
+                tracing::debug!("going on without the lock on {SHM_DIR}: {err}");
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
 }
 
 /// Sets the file's size (its bytes are holes until allocated).
