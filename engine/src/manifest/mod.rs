@@ -321,12 +321,9 @@ impl Manifest {
         Ok((manifest, ManifestOrigin::Listed { path: Some(entry), cache_miss, not_stored }))
     }
 
-    /// The walk, sorted into manifest order.
+    /// The walk, its files in manifest order.
     fn list_sorted(root: &Path, opts: &ManifestOptions) -> Result<walk::Listing, ManifestError> {
-        let threads = list_threads(opts.threads);
-        let mut listing = walk::list_files(root, threads, opts.progress)?;
-        listing.files = std::mem::take(&mut listing.files).sorted();
-        Ok(listing)
+        walk::list_files(root, list_threads(opts.threads), opts.progress)
     }
 
     /// Builds a manifest from a listing already in manifest order.

@@ -53,8 +53,9 @@ struct Walk<'a> {
     first_error: Mutex<Option<ManifestError>>,
 }
 
-/// What a walk found, unsorted.
+/// What a walk found.
 pub(super) struct Listing {
+    /// In manifest order.
     pub files: FileList,
     /// Every directory listed, the root included (empty relative path).
     pub dirs: Vec<DirStamp>,
@@ -82,7 +83,7 @@ pub(super) fn list_files(
     walk.injector.push(PathBuf::new());
 
     let started = Instant::now();
-    let mut files = FileList::new();
+    let mut parts = Vec::with_capacity(threads);
     let mut dirs = Vec::new();
     let mut links = Vec::new();
     thread::scope(|scope| {
@@ -113,11 +114,7 @@ pub(super) fn list_files(
         for handle in handles {
             match handle.join() {
                 Ok(found) => {
-                    if files.is_empty() {
-                        files = found.files;
-                    } else {
-                        files.append(&found.files);
-                    }
+                    parts.push(found.files);
                     dirs.extend(found.dirs);
                     links.extend(found.links);
                 }
@@ -129,12 +126,13 @@ pub(super) fn list_files(
     if let Some(err) = walk.take_error() {
         return Err(err);
     }
+    let files = FileList::sorted_union(parts);
     tracing::debug!(
         root = %root.display(),
         files = files.len(),
         threads,
         elapsed_ms = started.elapsed().as_millis() as u64,
-        "listed source directory"
+        "listed and sorted source directory"
     );
     Ok(Listing { files, dirs, links })
 }
