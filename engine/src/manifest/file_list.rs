@@ -101,10 +101,11 @@ impl FileList {
     /// Every file of `parts` (a walk's threads' lists), sorted by the bytes
     /// of their paths (manifest order), in one list.
     ///
-    /// The parts are never joined, and each is freed as soon as it is no
-    /// longer needed: alive at the peak are the parts' paths and ends, a u32
-    /// per file for the order, the sorted sizes and the sorted paths, i.e.
-    /// the paths twice plus 20 bytes a file. Joining the parts first and
+    /// The parts are never joined: their sizes are freed once the sorted
+    /// sizes are built, the rest once the paths are copied in order. Alive
+    /// at the peak are the parts' paths and ends, a u32 per file for the
+    /// order, the sorted sizes and the sorted paths, i.e. the paths twice
+    /// plus 20 bytes a file. Joining the parts first and
     /// then sorting into a copy kept the paths twice plus 36 bytes a file
     /// (72 MiB of the loader's memory listing a million files).
     ///

@@ -8,9 +8,10 @@
 //! uncounted, so the counter reaches zero only when no directory is left
 //! anywhere. The first error stops every thread.
 //!
-//! The caller's thread only waits and reports progress; the files come back
-//! unsorted (the caller sorts once), with a stamp of every directory listed
-//! (taken before its entries are read) for the manifest cache.
+//! The caller's thread only waits and reports progress; each thread's files
+//! are then sorted into one list in manifest order (`FileList::sorted_union`),
+//! with a stamp of every directory listed (taken before its entries are read)
+//! for the manifest cache.
 
 use std::fs;
 use std::io::IsTerminal;

@@ -34,10 +34,10 @@ pub enum CreateError {
     },
     /// /dev/shm has not enough room.
     #[error(
-        "/dev/shm is too small for the ring {path}: it needs {} ({needed_bytes} bytes) but only {} ({free_bytes} bytes) are free{}. \
+        "/dev/shm is too small for the ring {path}: it needs {} ({needed_bytes} bytes) but only {}{}. \
          Give shared memory more room: `docker run --shm-size={suggest}`, or in Kubernetes mount an `emptyDir` with `medium: Memory` \
          (and a sizeLimit of at least {suggest}) at /dev/shm; or make the ring smaller (--slots-per-rank, --batch-size)",
-        human_bytes(*needed_bytes), human_bytes(*free_bytes), others_clause(promised)
+        human_bytes(*needed_bytes), room_left(*free_bytes, promised), others_clause(*free_bytes, promised)
     )]
     ShmTooSmall {
         /// The segment path.
@@ -241,20 +241,30 @@ fn reserve_slots(fd: &OwnedFd, backing: &Backing, layout: &Layout) {
 fn shm_too_small(path: &str, needed_bytes: u64, free_bytes: u64, promised: Vec<segment::Promised>) -> CreateError {
     // Suggest the ring plus the room already in use, rounded up to a GiB.
     let gib = 1u64 << 30;
-    let promised_bytes: u64 = promised.iter().map(|p| p.bytes).sum();
-    let suggest_gib = needed_bytes.saturating_add(promised_bytes).div_ceil(gib) + 1;
+    let suggest_gib = needed_bytes.saturating_add(segment::promised_bytes(&promised)).div_ceil(gib) + 1;
     CreateError::ShmTooSmall { path: path.to_string(), needed_bytes, free_bytes, promised, suggest: format!("{suggest_gib}g") }
 }
 
-/// Empty, or the clause of `ShmTooSmall` that names the rings other loaders
-/// will still allocate.
-fn others_clause(promised: &[segment::Promised]) -> String {
+/// "R (r bytes) are left" for `ShmTooSmall`: the free bytes less those
+/// other loaders' rings will still allocate.
+fn room_left(free_bytes: u64, promised: &[segment::Promised]) -> String {
+    let left = free_bytes.saturating_sub(segment::promised_bytes(promised));
+    format!("{} ({left} bytes) are {}", human_bytes(left), if promised.is_empty() { "free" } else { "left" })
+}
+
+/// Empty, or the clause of `ShmTooSmall` that says where the free bytes
+/// went: the rings other loaders will still allocate.
+fn others_clause(free_bytes: u64, promised: &[segment::Promised]) -> String {
     if promised.is_empty() {
         return String::new();
     }
-    let total: u64 = promised.iter().map(|p| p.bytes).sum();
     let rings: Vec<String> = promised.iter().map(|p| format!("{} {}", p.path.display(), human_bytes(p.bytes))).collect();
-    format!(", and {} of that is promised to the rings of other running loaders, allocated as their slots fill ({})", human_bytes(total), rings.join(", "))
+    format!(
+        ": {} are free, of which {} are promised to the rings of other running loaders, allocated as their slots fill ({})",
+        human_bytes(free_bytes),
+        human_bytes(segment::promised_bytes(promised)),
+        rings.join(", ")
+    )
 }
 
 /// The error for a failed allocation of part of the segment.
@@ -302,10 +312,10 @@ impl Producer {
         // slot by slot (see `Backing`). The lock on /dev/shm makes the check
         // and the sizing one step against other loaders starting at once.
         let shm_lock = segment::ShmDirLock::take(SHM_LOCK_PATIENCE);
+        // The holes before the free bytes: see `segment::shm_room_for`.
+        let promised = segment::promised_to_other_rings(name);
         if let Some(free_bytes) = segment::free_bytes(&fd) {
-            let promised = segment::promised_to_other_rings(name);
-            let promised_bytes: u64 = promised.iter().map(|p| p.bytes).sum();
-            if free_bytes.saturating_sub(promised_bytes) < layout.segment_bytes {
+            if free_bytes.saturating_sub(segment::promised_bytes(&promised)) < layout.segment_bytes {
                 return Err(shm_too_small(&path, layout.segment_bytes, free_bytes, promised));
             }
         }

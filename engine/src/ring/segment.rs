@@ -158,9 +158,11 @@ pub fn free_bytes(fd: &OwnedFd) -> Option<u64> {
 /// None when unknown or unlimited.
 pub fn shm_room_for(name: &str) -> Option<u64> {
     let dir = CString::new(SHM_DIR).ok()?;
+    // The holes first: other rings only fill them, so reading the free bytes
+    // after can only make the room smaller, never larger, than the truth.
+    let promised = promised_bytes(&promised_to_other_rings(name));
     // SAFETY: `dir` is NUL-terminated and `sv` a valid out-pointer.
     let free = free_of(|sv| unsafe { libc::statvfs(dir.as_ptr(), sv) })?;
-    let promised: u64 = promised_to_other_rings(name).iter().map(|p| p.bytes).sum();
     Some(free.saturating_sub(promised))
 }
 
@@ -188,13 +190,15 @@ pub struct Promised {
 /// still allocate part of them. A ring is sized whole at create and its
 /// payloads allocated slot by slot, so /dev/shm's free bytes overstate the
 /// room a new ring has by what these rings still hold as holes. A segment
-/// whose loader is dead never grows and is left out; one that cannot be
-/// opened (another user's) is counted.
+/// whose loader is dead never grows and is left out; so is one removed
+/// while this looks. Another user's ring (mode 0600) is judged by
+/// /proc/locks, and counted when that cannot be read.
 pub fn promised_to_other_rings(except: &str) -> Vec<Promised> {
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(SHM_DIR) else {
         return Vec::new();
     };
+    let mut others_locks: Option<Option<std::collections::HashSet<FileId>>> = None;
     let mut promised = Vec::new();
     for entry in entries.filter_map(Result::ok) {
         let file_name = entry.file_name();
@@ -213,7 +217,14 @@ pub fn promised_to_other_rings(except: &str) -> Vec<Promised> {
         }
         let alive = match shm_open(name, libc::O_RDONLY, 0) {
             Ok(fd) => byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(true),
-            Err(_) => true,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(_) => {
+                let id = FileId { major: libc::major(meta.dev()), minor: libc::minor(meta.dev()), inode: meta.ino() };
+                match others_locks.get_or_insert_with(|| std::fs::read_to_string("/proc/locks").ok().map(|t| ofd_locks_at_byte_zero(&t))) {
+                    Some(locked) => locked.contains(&id),
+                    None => true,
+                }
+            }
         };
         if alive {
             promised.push(Promised { path: entry.path(), bytes });
@@ -221,6 +232,42 @@ pub fn promised_to_other_rings(except: &str) -> Vec<Promised> {
     }
     promised.sort_by(|a, b| a.path.cmp(&b.path));
     promised
+}
+
+/// A file as /proc/locks names it: device major and minor, inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FileId {
+    major: u32,
+    minor: u32,
+    inode: u64,
+}
+
+/// The files of /proc/locks text (`ID: OFDLCK ADVISORY WRITE -1
+/// MAJ:MIN:INODE START END`, major and minor in hex) on which an OFD lock
+/// starts at byte 0, a loader's liveness token. Waiters (`ID: -> ...`) hold
+/// nothing and are left out.
+fn ofd_locks_at_byte_zero(text: &str) -> std::collections::HashSet<FileId> {
+    let parse = |line: &str| -> Option<FileId> {
+        let mut fields = line.split_whitespace().skip(1);
+        if fields.next()? != "OFDLCK" {
+            return None;
+        }
+        let file = fields.nth(3)?;
+        if fields.next()? != "0" {
+            return None;
+        }
+        let mut parts = file.split(':');
+        let major = u32::from_str_radix(parts.next()?, 16).ok()?;
+        let minor = u32::from_str_radix(parts.next()?, 16).ok()?;
+        let inode = parts.next()?.parse().ok()?;
+        Some(FileId { major, minor, inode })
+    };
+    text.lines().filter_map(parse).collect()
+}
+
+/// Total bytes of `promised`.
+pub fn promised_bytes(promised: &[Promised]) -> u64 {
+    promised.iter().fold(0u64, |sum, p| sum.saturating_add(p.bytes))
 }
 
 /// An exclusive `flock` on the /dev/shm directory. A loader holds it from
@@ -246,8 +293,15 @@ impl ShmDirLock {
                 return Some(ShmDirLock { _dir: dir });
             }
             let err = io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EWOULDBLOCK) || std::time::Instant::now() >= deadline {
+            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
                 tracing::debug!("going on without the lock on {SHM_DIR}: {err}");
+                return None;
+            }
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    "another process has held the lock on {SHM_DIR} for {patience:?}; checking the room for the ring without it \
+                     (a loader starting at this moment may be missed)"
+                );
                 return None;
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -412,6 +466,33 @@ pub fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_locks_names_the_files_whose_byte_zero_is_held_under_an_ofd_lock() {
+        let text = "1: OFDLCK ADVISORY  WRITE -1 00:1a:4242 0 0\n\
+                    2: OFDLCK ADVISORY  WRITE -1 00:1a:4243 1 1\n\
+                    3: POSIX  ADVISORY  WRITE 77 00:1a:4244 0 0\n\
+                    3: -> OFDLCK ADVISORY  WRITE -1 00:1a:4245 0 0\n\
+                    4: OFDLCK ADVISORY  READ -1 fe:10:99 0 EOF\n\
+                    garbage\n";
+        let ids = ofd_locks_at_byte_zero(text);
+        let want: std::collections::HashSet<FileId> =
+            [FileId { major: 0, minor: 0x1a, inode: 4242 }, FileId { major: 0xfe, minor: 0x10, inode: 99 }].into_iter().collect();
+        assert_eq!(ids, want);
+
+        // The kernel's own text, for a segment whose byte 0 this process locks.
+        use std::os::unix::fs::MetadataExt;
+        let name = format!("proc-locks-{}", std::process::id());
+        let fd = shm_open(&name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600).unwrap();
+        let meta = std::fs::metadata(shm_path(&name)).unwrap();
+        let id = FileId { major: libc::major(meta.dev()), minor: libc::minor(meta.dev()), inode: meta.ino() };
+        let locked = || ofd_locks_at_byte_zero(&std::fs::read_to_string("/proc/locks").unwrap()).contains(&id);
+        assert!(try_lock_byte(&fd, rank_lock_byte(0)).unwrap());
+        assert!(!locked(), "a rank's lock is not the loader's");
+        assert!(try_lock_byte(&fd, LOADER_LOCK_BYTE).unwrap());
+        assert!(locked());
+        shm_unlink(&name).unwrap();
+    }
 
     #[test]
     fn the_shm_watch_wakes_on_a_new_entry_and_times_out_without_one() {
