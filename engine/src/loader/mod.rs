@@ -248,7 +248,7 @@ impl Plan {
         let slots_per_rank = cfg.slots_per_rank.unwrap_or_else(|| {
             let k = auto_slots_per_rank(cfg.batch_size, cfg.reader.queue_depth, slot_bytes);
             let g = RingGeometry { world_size: cfg.world_size, slots_per_rank: k, max_samples_per_slot: cfg.batch_size, slot_payload_bytes: slot_bytes };
-            fit_auto_slots(g, segment::shm_room_for(&cfg.name))
+            fit_auto_slots(g, segment::shm_room_for(&cfg.name).map(|room| room.left()))
         });
         let files = Arc::new(FileTable::over(manifest.root(), Arc::clone(manifest.files()), cfg.record_bytes.is_some())?);
         Ok(Plan { cfg, manifest, sampler, slot_bytes, slots_per_rank, files })

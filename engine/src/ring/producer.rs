@@ -37,18 +37,16 @@ pub enum CreateError {
         "/dev/shm is too small for the ring {path}: it needs {} ({needed_bytes} bytes) but only {}{}. \
          Give shared memory more room: `docker run --shm-size={suggest}`, or in Kubernetes mount an `emptyDir` with `medium: Memory` \
          (and a sizeLimit of at least {suggest}) at /dev/shm; or make the ring smaller (--slots-per-rank, --batch-size)",
-        human_bytes(*needed_bytes), room_left(*free_bytes, promised), others_clause(*free_bytes, promised)
+        human_bytes(*needed_bytes), room_left(room), others_clause(room)
     )]
     ShmTooSmall {
         /// The segment path.
         path: String,
         /// Bytes the segment needs.
         needed_bytes: u64,
-        /// Bytes free in /dev/shm.
-        free_bytes: u64,
-        /// Other live loaders' rings that will still take part of the free
-        /// bytes as their slots are first claimed.
-        promised: Vec<segment::Promised>,
+        /// /dev/shm's free bytes, and the other live loaders' rings that
+        /// will still take part of them as their slots are first claimed.
+        room: segment::Room,
         /// A size to suggest.
         suggest: String,
     },
@@ -236,33 +234,32 @@ fn reserve_slots(fd: &OwnedFd, backing: &Backing, layout: &Layout) {
     }
 }
 
-/// `ShmTooSmall` for a ring of `needed_bytes` with `free_bytes` free, of
-/// which other loaders' rings still hold `promised`.
-fn shm_too_small(path: &str, needed_bytes: u64, free_bytes: u64, promised: Vec<segment::Promised>) -> CreateError {
+/// `ShmTooSmall` for a ring of `needed_bytes` with only `room`.
+fn shm_too_small(path: &str, needed_bytes: u64, room: segment::Room) -> CreateError {
     // Suggest the ring plus the room already in use, rounded up to a GiB.
     let gib = 1u64 << 30;
-    let suggest_gib = needed_bytes.saturating_add(segment::promised_bytes(&promised)).div_ceil(gib) + 1;
-    CreateError::ShmTooSmall { path: path.to_string(), needed_bytes, free_bytes, promised, suggest: format!("{suggest_gib}g") }
+    let suggest_gib = needed_bytes.saturating_add(room.promised_bytes()).div_ceil(gib) + 1;
+    CreateError::ShmTooSmall { path: path.to_string(), needed_bytes, room, suggest: format!("{suggest_gib}g") }
 }
 
-/// "R (r bytes) are left" for `ShmTooSmall`: the free bytes less those
-/// other loaders' rings will still allocate.
-fn room_left(free_bytes: u64, promised: &[segment::Promised]) -> String {
-    let left = free_bytes.saturating_sub(segment::promised_bytes(promised));
-    format!("{} ({left} bytes) are {}", human_bytes(left), if promised.is_empty() { "free" } else { "left" })
+/// "R (r bytes) are free" (or "left", when other rings take part of the
+/// free bytes) for `ShmTooSmall`.
+fn room_left(room: &segment::Room) -> String {
+    let left = room.left();
+    format!("{} ({left} bytes) are {}", human_bytes(left), if room.promised.is_empty() { "free" } else { "left" })
 }
 
 /// Empty, or the clause of `ShmTooSmall` that says where the free bytes
 /// went: the rings other loaders will still allocate.
-fn others_clause(free_bytes: u64, promised: &[segment::Promised]) -> String {
-    if promised.is_empty() {
+fn others_clause(room: &segment::Room) -> String {
+    if room.promised.is_empty() {
         return String::new();
     }
-    let rings: Vec<String> = promised.iter().map(|p| format!("{} {}", p.path.display(), human_bytes(p.bytes))).collect();
+    let rings: Vec<String> = room.promised.iter().map(|p| format!("{} {}", p.path.display(), human_bytes(p.bytes))).collect();
     format!(
         ": {} are free, of which {} are promised to the rings of other running loaders, allocated as their slots fill ({})",
-        human_bytes(free_bytes),
-        human_bytes(segment::promised_bytes(promised)),
+        human_bytes(room.free_bytes),
+        human_bytes(room.promised_bytes()),
         rings.join(", ")
     )
 }
@@ -270,7 +267,7 @@ fn others_clause(free_bytes: u64, promised: &[segment::Promised]) -> String {
 /// The error for a failed allocation of part of the segment.
 fn alloc_error(path: &str, fd: &OwnedFd, needed_bytes: u64, e: io::Error) -> CreateError {
     if e.raw_os_error() == Some(libc::ENOSPC) {
-        shm_too_small(path, needed_bytes, segment::free_bytes(fd).unwrap_or(0), Vec::new())
+        shm_too_small(path, needed_bytes, segment::Room { free_bytes: segment::free_bytes(fd).unwrap_or(0), promised: Vec::new() })
     } else {
         CreateError::Io { what: "cannot allocate", path: path.to_string(), source: e }
     }
@@ -312,11 +309,9 @@ impl Producer {
         // slot by slot (see `Backing`). The lock on /dev/shm makes the check
         // and the sizing one step against other loaders starting at once.
         let shm_lock = segment::ShmDirLock::take(SHM_LOCK_PATIENCE);
-        // The holes before the free bytes: see `segment::shm_room_for`.
-        let promised = segment::promised_to_other_rings(name);
-        if let Some(free_bytes) = segment::free_bytes(&fd) {
-            if free_bytes.saturating_sub(segment::promised_bytes(&promised)) < layout.segment_bytes {
-                return Err(shm_too_small(&path, layout.segment_bytes, free_bytes, promised));
+        if let Some(room) = segment::shm_room_for(name) {
+            if room.left() < layout.segment_bytes {
+                return Err(shm_too_small(&path, layout.segment_bytes, room));
             }
         }
         segment::set_len(&fd, layout.segment_bytes).map_err(|e| io_err("cannot size", e))?;

@@ -153,17 +153,38 @@ pub fn free_bytes(fd: &OwnedFd) -> Option<u64> {
     free_of(|sv| unsafe { libc::fstatvfs(fd.as_raw_fd(), sv) })
 }
 
-/// Room in /dev/shm for the ring `/ringfeed-NAME`: its free bytes less what
-/// other loaders' rings will still allocate ([`promised_to_other_rings`]);
-/// None when unknown or unlimited.
-pub fn shm_room_for(name: &str) -> Option<u64> {
+/// The room /dev/shm has for a new ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Room {
+    /// Free bytes of the file system.
+    pub free_bytes: u64,
+    /// Other live loaders' rings that will still take part of them.
+    pub promised: Vec<Promised>,
+}
+
+impl Room {
+    /// Bytes the other rings will still take.
+    pub fn promised_bytes(&self) -> u64 {
+        self.promised.iter().fold(0u64, |sum, p| sum.saturating_add(p.bytes))
+    }
+
+    /// Bytes a new ring may take: free less promised.
+    pub fn left(&self) -> u64 {
+        self.free_bytes.saturating_sub(self.promised_bytes())
+    }
+}
+
+/// Room in /dev/shm for the ring `/ringfeed-NAME`: its free bytes and what
+/// other loaders' rings will still allocate of them
+/// ([`promised_to_other_rings`]); None when unknown or unlimited.
+pub fn shm_room_for(name: &str) -> Option<Room> {
     let dir = CString::new(SHM_DIR).ok()?;
     // The holes first: other rings only fill them, so reading the free bytes
     // after can only make the room smaller, never larger, than the truth.
-    let promised = promised_bytes(&promised_to_other_rings(name));
+    let promised = promised_to_other_rings(name);
     // SAFETY: `dir` is NUL-terminated and `sv` a valid out-pointer.
-    let free = free_of(|sv| unsafe { libc::statvfs(dir.as_ptr(), sv) })?;
-    Some(free.saturating_sub(promised))
+    let free_bytes = free_of(|sv| unsafe { libc::statvfs(dir.as_ptr(), sv) })?;
+    Some(Room { free_bytes, promised })
 }
 
 /// Free bytes from a statvfs call; None when it failed or reports no blocks.
@@ -263,11 +284,6 @@ fn ofd_locks_at_byte_zero(text: &str) -> std::collections::HashSet<FileId> {
         Some(FileId { major, minor, inode })
     };
     text.lines().filter_map(parse).collect()
-}
-
-/// Total bytes of `promised`.
-pub fn promised_bytes(promised: &[Promised]) -> u64 {
-    promised.iter().fold(0u64, |sum, p| sum.saturating_add(p.bytes))
 }
 
 /// An exclusive `flock` on the /dev/shm directory. A loader holds it from
