@@ -40,7 +40,7 @@
 #define RF_TIMEOUT 2
 
 /**
- * A bad argument: NULL pointer, invalid name, negative rank.
+ * A bad argument: NULL pointer, invalid name.
  */
 #define RF_E_INVALID -1
 
@@ -55,7 +55,7 @@
 #define RF_E_VERSION -3
 
 /**
- * The rank is not below the loader's world size.
+ * The rank is negative or not below the loader's world size.
  */
 #define RF_E_RANK -4
 
@@ -90,7 +90,24 @@
 #define RF_E_INTERNAL -10
 
 /**
- * An attached trainer (opaque).
+ * rf_next: the next batch goes into a slot that still holds a batch this
+ * feed took and did not release, so no wait could end. Nothing was taken;
+ * release that batch and call again.
+ */
+#define RF_E_HELD -11
+
+/**
+ * The feed was attached by the parent of this (forked) process: a child
+ * cannot take or release the parent's batches. Attach in the child instead.
+ * rf_detach in the child only unmaps its copy.
+ */
+#define RF_E_FORKED -12
+
+/**
+ * An attached trainer (opaque). A feed is used by one thread at a time:
+ * calls on the same feed from several threads must be serialised by the
+ * caller (a mutex), releases included. Different feeds are independent.
+ * After fork(), only the process that attached may use it.
  */
 typedef struct rf_feed rf_feed;
 
@@ -208,7 +225,10 @@ int32_t rf_attach(const char *name, int32_t rank, int64_t timeout_ms, struct rf_
  * Takes the next batch of this rank into `*batch`, waiting up to
  * `timeout_ms` (-1: forever, 0: no wait). A batch that is ready is taken
  * without a system call. Returns RF_OK, RF_END (run over), RF_TIMEOUT, or a
- * negative RF_E_* code (rf_last_error says why).
+ * negative RF_E_* code (rf_last_error says why): RF_E_HELD at once, whatever
+ * the timeout, when the next batch's slot still holds a batch this feed has
+ * not released (a rank's batches take its K slots in turn). A dead loader is
+ * reported within about 100 ms, also to a caller polling with timeout 0.
  *
  * # Safety
  * `feed` comes from rf_attach and was not detached; `batch` is writable.
@@ -242,8 +262,9 @@ int32_t rf_get_info(const struct rf_feed *feed, struct rf_info *info);
 void rf_detach(struct rf_feed *feed);
 
 /**
- * The message of the last error on this thread ("" if none). Valid until the
- * next ringfeed call on this thread.
+ * The message of the last failed call on this thread ("" if none failed
+ * yet); a successful call does not clear it. Valid until the next ringfeed
+ * call on this thread.
  */
 const char *rf_last_error(void);
 

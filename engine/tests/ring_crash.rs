@@ -231,14 +231,16 @@ fn loader_killed_makes_consumers_fail_with_loader_gone_within_a_second_100_times
     for round in 0..ROUNDS {
         let name = unique_name("loader");
         let mut producer = Proc::producer(&name, 2, 2, 10);
-        // Both ranks take everything published (K = 2) and hold it, so the
-        // loader blocks on a full ring and nothing more can arrive.
+        // Rank 0 takes and gives back all 10 of its batches; rank 1 takes
+        // two and holds them (K = 2), so the run cannot end, and rank 0's
+        // next waits, holding nothing, for a batch that cannot come.
         let mut c0 = Consumer::attach(&name, 0, opts(HANG)).expect("attach rank 0");
         let mut c1 = Consumer::attach(&name, 1, opts(HANG)).expect("attach rank 1");
-        for c in [&mut c0, &mut c1] {
-            take(c);
-            take(c);
+        for _ in 0..10 {
+            let b = take(&mut c0);
+            c0.release(b.slot, b.generation).expect("release");
         }
+        let held = [take(&mut c1), take(&mut c1)];
         let (tx, rx) = mpsc::channel();
         let waiter = std::thread::spawn(move || {
             // A batch is not Send (it points into this consumer's mapping): send its description.
@@ -250,8 +252,12 @@ fn loader_killed_makes_consumers_fail_with_loader_gone_within_a_second_100_times
         // so that the kill lands anywhere in its 100 ms wait slices.
         std::thread::sleep(Duration::from_micros((round as u64 * 1_517) % 150_000));
         let killed_at = producer.kill9();
-        // A consumer that calls next only after the loader died.
+        // A consumer that calls next only after the loader died, still
+        // holding the slot its next batch needs: the death is the news.
         let late_result = c1.next(Some(HANG));
+        for b in held {
+            c1.release(b.slot, b.generation).expect("release after the loader died");
+        }
         let late_latency = killed_at.elapsed();
         assert!(matches!(late_result, Err(NextError::LoaderGone { .. })), "round {round}: a late next gave {late_result:?}");
         late.push(late_latency);

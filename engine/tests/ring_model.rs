@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use ringfeed::ring::observer::Observer;
-use ringfeed::ring::{AttachOptions, BatchRef, Consumer, Producer, ReleaseError, RingGeometry, SampleEntry};
+use ringfeed::ring::{AttachOptions, BatchRef, Consumer, Next, NextError, Producer, ReleaseError, RingGeometry, SampleEntry};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -100,6 +100,19 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     m.bytes_consumed += batch_len(m.consumed);
                     m.held.push_back((m.consumed, b));
                     m.consumed += 1;
+                } else {
+                    // Nothing published: a wait could only end if the slot of
+                    // the next batch is not still held by this consumer.
+                    let held_by_us = m.consumed >= kk && !m.released.contains(&(m.consumed - kk));
+                    match c.next(Some(Duration::ZERO)) {
+                        Err(NextError::SlotHeld { slot, step, .. }) => {
+                            prop_assert!(held_by_us, "rank {}: SlotHeld for a free slot", r);
+                            prop_assert_eq!(step, m.consumed - kk);
+                            prop_assert_eq!(u64::from(slot), u64::from(r) * kk + (m.consumed % kk));
+                        }
+                        Ok(Next::Timeout) => prop_assert!(!held_by_us, "rank {}: timeout while its own slot is held", r),
+                        other => prop_assert!(false, "rank {}: unexpected {:?}", r, other),
+                    }
                 }
             }
             Op::Release(r, i) => {
@@ -130,7 +143,7 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let reclaimed = p.reclaim_dead_consumers();
                 for (r, m) in model.iter_mut().enumerate() {
                     let expected = if m.attached { 0 } else { m.held.len() as u64 };
-                    let got = reclaimed.iter().find(|(rr, _)| *rr as usize == r).map_or(0, |(_, n)| *n);
+                    let got = reclaimed.iter().find(|x| x.rank as usize == r).map_or(0, |x| x.batches);
                     prop_assert_eq!(got, expected, "rank {} reclaimed", r);
                     if !m.attached {
                         for (seq, b) in m.held.drain(..) {

@@ -20,13 +20,13 @@ pub const RF_OK: i32 = 0;
 pub const RF_END: i32 = 1;
 /// Nothing happened within the timeout (rf_next), or no loader appeared (rf_attach).
 pub const RF_TIMEOUT: i32 = 2;
-/// A bad argument: NULL pointer, invalid name, negative rank.
+/// A bad argument: NULL pointer, invalid name.
 pub const RF_E_INVALID: i32 = -1;
 /// The segment is corrupt, truncated, or not a ringfeed segment.
 pub const RF_E_CORRUPT: i32 = -2;
 /// The segment was made by another ABI version of ringfeed.
 pub const RF_E_VERSION: i32 = -3;
-/// The rank is not below the loader's world size.
+/// The rank is negative or not below the loader's world size.
 pub const RF_E_RANK: i32 = -4;
 /// Another live process is attached to this rank.
 pub const RF_E_BUSY: i32 = -5;
@@ -40,6 +40,14 @@ pub const RF_E_STALE: i32 = -8;
 pub const RF_E_IO: i32 = -9;
 /// A bug inside ringfeed (a panic was caught); the message says where.
 pub const RF_E_INTERNAL: i32 = -10;
+/// rf_next: the next batch goes into a slot that still holds a batch this
+/// feed took and did not release, so no wait could end. Nothing was taken;
+/// release that batch and call again.
+pub const RF_E_HELD: i32 = -11;
+/// The feed was attached by the parent of this (forked) process: a child
+/// cannot take or release the parent's batches. Attach in the child instead.
+/// rf_detach in the child only unmaps its copy.
+pub const RF_E_FORKED: i32 = -12;
 
 /// One sample of a batch. Its bytes are `batch.data + offset .. + len`.
 #[repr(C)]
@@ -105,7 +113,10 @@ pub struct rf_info {
     pub batches_expected: u64,
 }
 
-/// An attached trainer (opaque).
+/// An attached trainer (opaque). A feed is used by one thread at a time:
+/// calls on the same feed from several threads must be serialised by the
+/// caller (a mutex), releases included. Different feeds are independent.
+/// After fork(), only the process that attached may use it.
 pub struct rf_feed {
     consumer: Consumer,
 }
@@ -158,6 +169,8 @@ fn next_code(e: &NextError) -> i32 {
         NextError::LoaderGone { .. } => RF_E_LOADER_GONE,
         NextError::Aborted { .. } => RF_E_ABORTED,
         NextError::Corrupt { .. } => RF_E_CORRUPT,
+        NextError::SlotHeld { .. } => RF_E_HELD,
+        NextError::Forked(_) => RF_E_FORKED,
     }
 }
 
@@ -196,7 +209,10 @@ pub unsafe extern "C" fn rf_attach(name: *const c_char, rank: i32, timeout_ms: i
 /// Takes the next batch of this rank into `*batch`, waiting up to
 /// `timeout_ms` (-1: forever, 0: no wait). A batch that is ready is taken
 /// without a system call. Returns RF_OK, RF_END (run over), RF_TIMEOUT, or a
-/// negative RF_E_* code (rf_last_error says why).
+/// negative RF_E_* code (rf_last_error says why): RF_E_HELD at once, whatever
+/// the timeout, when the next batch's slot still holds a batch this feed has
+/// not released (a rank's batches take its K slots in turn). A dead loader is
+/// reported within about 100 ms, also to a caller polling with timeout 0.
 ///
 /// # Safety
 /// `feed` comes from rf_attach and was not detached; `batch` is writable.
@@ -246,6 +262,7 @@ pub unsafe extern "C" fn rf_release(feed: *mut rf_feed, batch: *const rf_batch) 
         let (feed, batch) = unsafe { (&mut *feed, &*batch) };
         match feed.consumer.release(batch.slot, batch.generation) {
             Ok(()) => RF_OK,
+            Err(e @ ReleaseError::Forked(_)) => fail(RF_E_FORKED, e),
             Err(e @ (ReleaseError::NotOurs { .. } | ReleaseError::NotTaken { .. } | ReleaseError::Stale { .. } | ReleaseError::AlreadyReleased { .. })) => {
                 fail(RF_E_STALE, e)
             }
@@ -299,8 +316,9 @@ pub unsafe extern "C" fn rf_detach(feed: *mut rf_feed) {
     }));
 }
 
-/// The message of the last error on this thread ("" if none). Valid until the
-/// next ringfeed call on this thread.
+/// The message of the last failed call on this thread ("" if none failed
+/// yet); a successful call does not clear it. Valid until the next ringfeed
+/// call on this thread.
 #[no_mangle]
 pub extern "C" fn rf_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())

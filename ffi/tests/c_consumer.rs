@@ -4,7 +4,9 @@
 //!   Rust `ring-test-consumer` on the other rank, checking every byte;
 //! - `header_only.c` proves the header compiles warning-free as C11 and as
 //!   C++ and that its `_Static_assert`s hold;
-//! - `attach_errors.c` checks RF_TIMEOUT, RF_E_RANK and RF_E_INVALID.
+//! - `attach_errors.c` checks RF_TIMEOUT, RF_E_RANK and RF_E_INVALID;
+//! - `held_and_fork.c` checks RF_E_HELD and RF_E_FORKED, and that neither
+//!   loses or repeats a batch.
 //!
 //! Needs a C compiler (`cc`, or `$CC`) and the `ringfeed` binary built in the
 //! same target directory as this test (`cargo build -p ringfeed`, with
@@ -196,4 +198,24 @@ fn attach_errors_from_c_say_what_went_wrong() {
     let child = Command::new(&exe).arg(&name).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn attach_errors");
     let out = finish(child, "attach_errors");
     assert_printed(&out, "attach_errors", "ok");
+}
+
+#[test]
+fn a_held_slot_and_a_forked_child_get_clear_codes_from_c_and_lose_nothing() {
+    let exe = build_c_program("held_and_fork");
+    let name = unique_name("held");
+    let mut cleanup = Cleanup { children: Vec::new(), name: name.clone() };
+    let producer = Command::new(ringfeed_bin())
+        .args(["ring-test-producer", "--name", &name, "--world-size", "1", "--batches", "6", "--slots-per-rank", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the producer");
+    cleanup.children.push(producer);
+    let child = Command::new(&exe).arg(&name).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn held_and_fork");
+    let out = finish(child, "held_and_fork");
+    let producer = cleanup.children.pop().expect("the producer");
+    let producer_out = finish(producer, "the producer");
+    assert_printed(&out, "held_and_fork", "ok");
+    assert_printed(&producer_out, "producer", "ready");
 }

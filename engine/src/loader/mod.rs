@@ -620,8 +620,14 @@ impl Loader {
     }
 
     fn reclaim(&self) {
-        for (rank, n) in self.producer.reclaim_dead_consumers() {
-            tracing::warn!("rank {rank}: its trainer went away holding {n} batch(es); reclaimed them, waiting for a trainer to attach to rank {rank}");
+        for r in self.producer.reclaim_dead_consumers() {
+            let (rank, n) = (r.rank, r.batches);
+            if r.took_every_batch {
+                // A loop variable still bound to the last batch at exit.
+                tracing::debug!("rank {rank}: its trainer exited holding {n} of its last batches, after taking every batch of the run; reclaimed them");
+            } else {
+                tracing::warn!("rank {rank}: its trainer went away holding {n} batch(es); reclaimed them, waiting for a trainer to attach to rank {rank}");
+            }
         }
     }
 

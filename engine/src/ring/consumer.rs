@@ -32,6 +32,39 @@ const ATTACH_POLL: Duration = Duration::from_millis(10);
 /// rank to be freed; it doubles up to `ATTACH_POLL`.
 const ATTACH_RETRY_FIRST: Duration = Duration::from_micros(200);
 
+/// Forks this process has been through: raised in the child by a
+/// `pthread_atfork` handler, so a consumer tells with one load that it was
+/// attached by the parent of this process.
+static FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn count_fork_in_child() {
+    FORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The number of forks so far, registering the counter on first use.
+fn forks_so_far() -> u64 {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    REGISTER.call_once(|| {
+        // SAFETY: the handler only touches an atomic, which is allowed in a
+        // child after fork. A failure (ENOMEM) leaves forks undetected, as
+        // before this check existed.
+        unsafe { libc::pthread_atfork(None, None, Some(count_fork_in_child)) };
+    });
+    FORKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A feed used in a child forked from the process that attached it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("this feed of {name:?} rank {rank} was attached by process {attached_by}, and this process is a fork of it: a forked child cannot take or give back that process's batches (the parent would see batches twice, or have a batch overwritten under its views). Attach in the child itself after the fork, or start worker processes with the 'spawn' method")]
+pub struct Forked {
+    /// The loader's name.
+    pub name: String,
+    /// The rank.
+    pub rank: u32,
+    /// Pid of the process that attached.
+    pub attached_by: u32,
+}
+
 /// Why attach failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
@@ -133,6 +166,26 @@ pub enum NextError {
         /// What is wrong.
         what: String,
     },
+    /// The next batch goes into a slot that still holds a batch this
+    /// consumer took and did not release: no wait can end until it does.
+    #[error("the next batch of rank {rank} of {name:?} goes into slot {slot}, which still holds the batch of epoch {epoch} step {step} that this process took and has not given back: the loader cannot publish until it is. A rank's batches take its {slots_per_rank} slot(s) in turn, so batch n + {slots_per_rank} waits for batch n to be given back. Give that batch back first (nothing was taken by this call), or start the loader with more --slots-per-rank")]
+    SlotHeld {
+        /// The name.
+        name: String,
+        /// The rank.
+        rank: u32,
+        /// The slot the next batch needs.
+        slot: u32,
+        /// Epoch of the batch still in it.
+        epoch: u64,
+        /// Step of the batch still in it.
+        step: u64,
+        /// K.
+        slots_per_rank: u32,
+    },
+    /// Used in a forked child.
+    #[error(transparent)]
+    Forked(#[from] Forked),
 }
 
 /// Why a release was refused.
@@ -172,6 +225,9 @@ pub enum ReleaseError {
         /// Generation.
         generation: u64,
     },
+    /// Used in a forked child.
+    #[error(transparent)]
+    Forked(#[from] Forked),
 }
 
 /// A batch taken by `next`. Its pointers stay valid until it is released or
@@ -252,6 +308,14 @@ pub struct Consumer {
     tables: Vec<Vec<SampleEntry>>,
     /// Set by `abandon`: drop leaves the ring as a dead process would.
     abandoned: bool,
+    /// `forks_so_far()` at attach: a different count now means this is a
+    /// forked child, which must not touch the rank's shared state.
+    forks_at_attach: u64,
+    /// Pid of the attaching process (messages).
+    pid: u32,
+    /// When the loader was last seen alive, across calls: a caller polling
+    /// with no timeout still learns of its death within a wait slice.
+    last_liveness: Option<Instant>,
 }
 
 // SAFETY: a Consumer owns its mapping and descriptor; moving it to another
@@ -425,7 +489,19 @@ impl Consumer {
         block.attach_count.fetch_add(1, Ordering::Relaxed);
         block.consumer_sleeping.store(0, Ordering::Relaxed);
         let k = layout.geometry.slots_per_rank as usize;
-        Ok(Consumer { name: name.to_string(), rank, fd, view, loader_pid, consumed, tables: vec![Vec::new(); k], abandoned: false })
+        Ok(Consumer {
+            name: name.to_string(),
+            rank,
+            fd,
+            view,
+            loader_pid,
+            consumed,
+            tables: vec![Vec::new(); k],
+            abandoned: false,
+            forks_at_attach: forks_so_far(),
+            pid: std::process::id(),
+            last_liveness: None,
+        })
     }
 
     /// The rank this consumer serves.
@@ -453,8 +529,19 @@ impl Consumer {
         (v != u64::MAX).then_some(v)
     }
 
+    fn forked(&self) -> Option<Forked> {
+        (FORKS.load(std::sync::atomic::Ordering::Relaxed) != self.forks_at_attach).then(|| Forked {
+            name: self.name.clone(),
+            rank: self.rank,
+            attached_by: self.pid,
+        })
+    }
+
     /// Takes the next batch if one is published, with no system call.
     pub fn try_next(&mut self) -> Result<Option<BatchRef>, NextError> {
+        if let Some(f) = self.forked() {
+            return Err(f.into());
+        }
         let block = self.view.rank(self.rank);
         let published = protocol::published_for(block);
         if published <= self.consumed {
@@ -567,10 +654,7 @@ impl Consumer {
     fn wait_next(&mut self, start: Instant, timeout: Option<Duration>) -> Result<Next, NextError> {
         let deadline = timeout.map(|t| start + t);
         let spin_until = start + SPIN_BEFORE_SLEEP;
-        // None until the first sleep, which checks liveness first: a consumer
-        // that calls `next` after the loader died learns it at once, not
-        // after a whole wait slice.
-        let mut last_liveness: Option<Instant> = None;
+        let mut checked_this_call = false;
         loop {
             if let Some(b) = self.try_next()? {
                 return Ok(Next::Batch(b));
@@ -578,15 +662,26 @@ impl Consumer {
             if let Some(r) = self.end_or_abort() {
                 return r;
             }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Ok(Next::Timeout);
+            if let Some(e) = self.next_slot_held() {
+                // A dead loader is the bigger news, and ends the run anyway.
+                if !self.loader_alive() {
+                    return Err(NextError::LoaderGone { name: self.name.clone(), pid: self.loader_pid });
+                }
+                return Err(e);
             }
-            if now < spin_until {
+            let now = Instant::now();
+            let out_of_time = deadline.is_some_and(|d| now >= d);
+            if now < spin_until && !out_of_time {
                 std::hint::spin_loop();
                 continue;
             }
-            if last_liveness.is_none_or(|t| now.duration_since(t) >= WAIT_SLICE) {
+            // Liveness is checked before the first sleep of a call, so a
+            // consumer that calls `next` after the loader died learns it at
+            // once, and at least once a wait slice across calls, so one that
+            // polls with no timeout (and never sleeps) learns it too.
+            let first_sleep = !checked_this_call && !out_of_time;
+            if first_sleep || self.last_liveness.is_none_or(|t| now.duration_since(t) >= WAIT_SLICE) {
+                checked_this_call = true;
                 if !self.loader_alive() {
                     // One more look: a loader that published its last batch and
                     // exited cleanly leaves those batches for us to take.
@@ -598,11 +693,40 @@ impl Consumer {
                     }
                     return Err(NextError::LoaderGone { name: self.name.clone(), pid: self.loader_pid });
                 }
-                last_liveness = Some(now);
+                self.last_liveness = Some(now);
+            }
+            if out_of_time {
+                return Ok(Next::Timeout);
             }
             let slice = deadline.map_or(WAIT_SLICE, |d| d.saturating_duration_since(now).min(WAIT_SLICE));
             self.sleep(slice);
         }
+    }
+
+    /// The error for a wait that cannot end: the slot of the next batch
+    /// still holds an earlier batch of ours, which only we can give back
+    /// (a feed is used by one thread at a time, so nothing frees it while
+    /// we wait). None when that slot is free or the next batch is the
+    /// rank's first use of it.
+    fn next_slot_held(&self) -> Option<NextError> {
+        let l = self.view.layout();
+        let k = u64::from(l.geometry.slots_per_rank);
+        let previous = self.consumed.checked_sub(k)?;
+        let slot = l.slot_of(self.rank, previous);
+        let meta = self.view.slot(slot);
+        // Batch `previous` was taken by this consumer (attach gave back all a
+        // predecessor held), so an unreleased generation there is ours.
+        if meta.released.load(Ordering::Acquire) >= l.generation_of(previous) {
+            return None;
+        }
+        Some(NextError::SlotHeld {
+            name: self.name.clone(),
+            rank: self.rank,
+            slot,
+            epoch: meta.epoch.load(Ordering::Relaxed),
+            step: meta.step.load(Ordering::Relaxed),
+            slots_per_rank: l.geometry.slots_per_rank,
+        })
     }
 
     fn sleep(&self, slice: Duration) {
@@ -622,6 +746,9 @@ impl Consumer {
 
     /// Releases a batch taken by `next`; its slot may be refilled at once.
     pub fn release(&mut self, slot: u32, generation: u64) -> Result<(), ReleaseError> {
+        if let Some(f) = self.forked() {
+            return Err(f.into());
+        }
         let k = self.view.layout().geometry.slots_per_rank;
         if slot / k != self.rank || slot >= self.view.layout().slot_count() {
             return Err(ReleaseError::NotOurs { slot, rank: self.rank });
@@ -658,7 +785,10 @@ impl Consumer {
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        if self.abandoned {
+        // A forked child's copy shares the parent's descriptor and rank lock:
+        // it unmaps and closes its own copies only, and leaves the rank's
+        // fields and slots to the parent.
+        if self.abandoned || self.forked().is_some() {
             return;
         }
         // Detach: give back what we hold so the loader need not wait for its

@@ -19,7 +19,7 @@ mod view;
 
 pub use consumer::{AttachError, AttachOptions, BatchRef, Consumer, Next, NextError, ReleaseError};
 pub use layout::{Layout, RingGeometry};
-pub use producer::{CreateError, Producer, PublishError, SlotClaim};
+pub use producer::{CreateError, Producer, PublishError, Reclaimed, SlotClaim};
 
 /// One sample of a batch: where its bytes lie in the slot payload, and which
 /// sample of the manifest it is. Same layout as `rf_sample` in the C header.

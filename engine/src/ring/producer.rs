@@ -172,6 +172,18 @@ pub enum PublishError {
     },
 }
 
+/// Batches given back for a consumer that went away without releasing them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// The rank.
+    pub rank: u32,
+    /// How many batches it still held.
+    pub batches: u64,
+    /// It had taken every batch of the run: a trainer that exits after its
+    /// last batch, still holding it, is normal, not a crash.
+    pub took_every_batch: bool,
+}
+
 /// The loader's handle on a ring it created. Dropping it marks the ring
 /// aborted (if it had not ended) and removes the name from /dev/shm.
 pub struct Producer {
@@ -542,9 +554,9 @@ impl Producer {
     }
 
     /// Reclaims the slots of every rank whose consumer is not attached (it
-    /// died, or detached without releasing). Returns (rank, batches reclaimed)
-    /// for each rank where something was reclaimed.
-    pub fn reclaim_dead_consumers(&self) -> Vec<(u32, u64)> {
+    /// died, or detached without releasing), one entry for each rank where
+    /// something was reclaimed.
+    pub fn reclaim_dead_consumers(&self) -> Vec<Reclaimed> {
         let mut out = Vec::new();
         for rank in 0..self.view.layout().geometry.world_size {
             let byte = segment::rank_lock_byte(rank);
@@ -559,7 +571,9 @@ impl Producer {
             block.consumer_pid.store(0, Ordering::Relaxed);
             let _ = segment::unlock_byte(&self.fd, byte);
             if n > 0 {
-                out.push((rank, n));
+                let expected = block.batches_expected.load(Ordering::Relaxed);
+                let took_every_batch = expected != u64::MAX && block.consumed.load(Ordering::Relaxed) >= expected;
+                out.push(Reclaimed { rank, batches: n, took_every_batch });
             }
         }
         out
