@@ -1,6 +1,10 @@
 """Every way attach and next fail raises its own ringfeed error, with a message
 that says what happened."""
 
+import os
+import re
+import signal
+import threading
 import time
 
 import pytest
@@ -16,6 +20,19 @@ def test_attach_to_a_name_that_never_appears_times_out_naming_it(unused_name):
     assert 0.25 <= waited < 3.0
     assert unused_name in str(e.value)
     assert isinstance(e.value, TimeoutError)  # the builtin one too
+    # attach waits in slices (for Ctrl-C); the message gives the whole wait.
+    reported_ms = int(re.search(r"within (\d+) ms", str(e.value)).group(1))
+    assert 250 <= reported_ms <= waited * 1000 + 50
+
+
+def test_ctrl_c_interrupts_an_attach_waiting_for_its_loader(unused_name):
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        ringfeed.attach(unused_name, 0, timeout=None)
+    assert time.monotonic() - start < 1.5
+    timer.join()
 
 
 @pytest.mark.parametrize("name", ["bad/name", "", ".hidden", "x" * 65, "sp ace", "nul\0byte", "caf\u00e9"])
@@ -97,6 +114,22 @@ def test_a_killed_loader_makes_next_raise_loader_gone_within_a_second(producer):
     assert time.monotonic() - killed < 1.5
     assert delivered_after_kill <= 2
     assert p.name in str(e.value) and "pid %d" % p.proc.pid in str(e.value)
+    feed.close()
+
+
+def test_a_consumer_polling_with_no_timeout_learns_the_loader_died(producer):
+    p = producer(world_size=1, batches=100, slots_per_rank=2)
+    feed = ringfeed.attach(p.name, 0, timeout=5)
+    feed.next(timeout=5).release()
+    p.kill()
+    killed = time.monotonic()
+    with pytest.raises(ringfeed.LoaderGoneError, match="gone"):
+        while time.monotonic() - killed < 3.0:
+            try:
+                feed.next(timeout=0).release()
+            except ringfeed.TimeoutError:
+                pass
+    assert time.monotonic() - killed < 1.0
     feed.close()
 
 

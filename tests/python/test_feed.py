@@ -1,9 +1,10 @@
 """Batches arrive in order with their bytes, as zero-copy views, and a slot goes
 back to the loader exactly when the last view of it dies.
 
-The loader's side is the observer: with K slots per rank it cannot publish
-another batch until one is given back, so "next() times out" means "the slot
-is still held" and "next() returns" means "it was released".
+The loader's side is the observer: a rank's batches take its K slots in turn,
+so batch n + K cannot be published until batch n is given back. "next()
+raises AllSlotsHeldError" means "the slot is still held" and "next() returns"
+means "it was released".
 """
 
 import gc
@@ -23,7 +24,7 @@ HELD_PROBE_S = 0.2  # how long next() waits to show that no slot is free
 
 
 def assert_slot_still_held(feed):
-    with pytest.raises(ringfeed.TimeoutError):
+    with pytest.raises(ringfeed.AllSlotsHeldError, match="still holds the batch"):
         feed.next(timeout=HELD_PROBE_S)
 
 
@@ -195,14 +196,36 @@ def test_next_refuses_to_wait_forever_when_every_slot_is_held(producer):
     with ringfeed.attach(p.name, 0, timeout=5) as feed:
         first, second = feed.next(timeout=5), feed.next(timeout=5)
         start = time.monotonic()
-        with pytest.raises(ringfeed.AllSlotsHeldError, match="all 2 slots"):
+        with pytest.raises(ringfeed.AllSlotsHeldError, match="still holds the batch of epoch 0 step 0"):
             feed.next()
         assert time.monotonic() - start < 1.0
-        with pytest.raises(ringfeed.TimeoutError, match="all 2 slots"):
+        # A finite timeout waits for a view to die elsewhere, then says why.
+        with pytest.raises(ringfeed.AllSlotsHeldError, match="holds 2 batch"):
             feed.next(timeout=0.1)
         first.release()
         assert feed.next().step == 2
         second.release()
+
+
+def test_holding_one_batch_stops_the_rank_k_batches_later_naming_that_batch(producer):
+    p = producer(world_size=1, batches=8, batch_size=2, sample_bytes=32, slots_per_rank=4)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        kept = feed.next(timeout=5)  # e.g. kept to look at its shapes
+        for step in (1, 2, 3):
+            with feed.next(timeout=5) as b:
+                assert b.step == step
+        start = time.monotonic()
+        with pytest.raises(ringfeed.AllSlotsHeldError, match=r"slot 0, which still holds the batch of epoch 0 step 0.*batch n \+ 4 waits"):
+            feed.next()
+        assert time.monotonic() - start < 1.0
+        assert feed.held == 1
+        kept.release()
+        steps = []
+        for b in feed:
+            steps.append(b.step)
+            b.release()
+        assert steps == [4, 5, 6, 7]
+    assert p.wait() == 0
 
 
 def test_the_end_is_reported_even_when_every_slot_is_held(producer):
@@ -243,16 +266,99 @@ def test_close_detaches_only_after_the_last_view_dies(producer):
     assert p.wait() == 0
 
 
+def _stopped(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def test_ctrl_c_interrupts_a_waiting_next(producer):
-    p = producer(world_size=1, batches=3, batch_size=2, sample_bytes=32, slots_per_rank=1)
+    p = producer(world_size=1, batches=3, batch_size=2, sample_bytes=32, slots_per_rank=2)
     with ringfeed.attach(p.name, 0, timeout=5) as feed:
-        held = feed.next(timeout=5)  # with one slot, nothing more can come
-        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        start = time.monotonic()
+        held = [feed.next(timeout=5), feed.next(timeout=5)]
+        # A stopped loader is alive but publishes nothing: next() waits.
+        os.kill(p.proc.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 5
+            while not _stopped(p.proc.pid):
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            del held
+            gc.collect()
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            start = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                feed.next(timeout=30)
+            assert time.monotonic() - start < 1.5
+            timer.join()
+        finally:
+            os.kill(p.proc.pid, signal.SIGCONT)
+        assert feed.next(timeout=5).step == 2
+
+
+@pytest.mark.parametrize("when", ["before the Batch is made", "after the Batch is made"])
+def test_a_batch_taken_as_ctrl_c_strikes_is_what_the_next_call_returns(producer, monkeypatch, when):
+    import ringfeed._feed as feed_module
+
+    p = producer(world_size=1, batches=6, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    real_init = feed_module.Batch.__init__
+    strikes = []
+
+    def interrupted_init(self, *args):
+        if when == "after the Batch is made":
+            real_init(self, *args)
+        if not strikes:
+            strikes.append(1)
+            raise KeyboardInterrupt
+        if when == "before the Batch is made":
+            real_init(self, *args)
+
+    steps = []
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        with feed.next(timeout=5) as b:
+            steps.append(b.step)
+        monkeypatch.setattr(feed_module.Batch, "__init__", interrupted_init)
         with pytest.raises(KeyboardInterrupt):
-            feed.next(timeout=30)
-        assert time.monotonic() - start < 1.5
-        timer.join()
-        held.release()
-        assert feed.next(timeout=5).step == 1
+            feed.next(timeout=5)
+        gc.collect()  # the half-made Batch, if any, dies here
+        assert feed.held == 1  # taken, not lost, not given back
+        for b in feed:
+            p.check_batch(b, b.step, 0)
+            steps.append(b.step)
+            b.release()
+    assert steps == [0, 1, 2, 3, 4, 5]
+    assert p.wait() == 0
+
+
+def test_a_forked_child_cannot_take_or_give_back_the_parents_batches(producer):
+    p = producer(world_size=1, batches=4, batch_size=2, sample_bytes=64, slots_per_rank=2)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        batch = feed.next(timeout=5)
+        view = batch.array()
+        before = view.copy()
+        pid = os.fork()
+        if pid == 0:  # the child: it must fail cleanly, and give nothing back
+            code = 1
+            try:
+                try:
+                    feed.next(timeout=1)
+                except ringfeed.ForkedError as e:
+                    code = 0 if "attach in the child" in str(e).lower() else 2
+                del batch, view
+                feed.close()
+                gc.collect()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.1)  # a wrongful give-back would let the loader overwrite now
+        np.testing.assert_array_equal(view, before)
+        p.check_batch(batch, 0, 0)
+        del view
+        batch.release()
+        steps = []
+        for b in feed:
+            steps.append(b.step)
+            b.release()
+        assert steps == [1, 2, 3]  # nothing taken twice, nothing skipped
+    assert p.wait() == 0

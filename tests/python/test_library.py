@@ -3,8 +3,10 @@
 import builtins
 import ctypes
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +46,7 @@ def test_every_error_is_a_ringfeed_error_and_a_runtime_error():
         ringfeed.VersionMismatchError, ringfeed.RankError, ringfeed.RankBusyError,
         ringfeed.StaleBatchError, ringfeed.TimeoutError, ringfeed.InvalidArgumentError,
         ringfeed.IOFailureError, ringfeed.InternalError, ringfeed.AllSlotsHeldError,
+        ringfeed.ForkedError,
     ]
     for cls in classes:
         assert issubclass(cls, ringfeed.Error) and issubclass(cls, RuntimeError), cls
@@ -66,6 +69,8 @@ def test_every_error_code_maps_to_its_class():
     assert type(error_for(_lib.RF_E_INTERNAL, "m")) is ringfeed.InternalError
     assert type(error_for(_lib.RF_E_INVALID, "m")) is ringfeed.InvalidArgumentError
     assert type(error_for(_lib.RF_TIMEOUT, "m")) is ringfeed.TimeoutError
+    assert type(error_for(_lib.RF_E_HELD, "m")) is ringfeed.AllSlotsHeldError
+    assert type(error_for(_lib.RF_E_FORKED, "m")) is ringfeed.ForkedError
     unknown = error_for(-99, "m")
     assert type(unknown) is ringfeed.Error and "-99" in str(unknown)
 
@@ -78,3 +83,11 @@ def test_ringfeed_lib_pointing_nowhere_fails_the_import_naming_the_path(tmp_path
     )
     assert out.returncode != 0
     assert "ImportError" in out.stdout and missing in out.stdout
+
+
+def test_every_return_code_of_the_header_has_the_same_value_in_the_binding():
+    header = (Path(__file__).resolve().parents[2] / "include" / "ringfeed.h").read_text()
+    codes = dict(re.findall(r"^#define (RF_(?:OK|END|TIMEOUT|E_[A-Z_]+)) (-?\d+)$", header, re.M))
+    assert len(codes) >= 15, codes
+    for name, value in codes.items():
+        assert getattr(_lib, name, None) == int(value), "%s is %s in the header, %r in the binding" % (name, value, getattr(_lib, name, None))

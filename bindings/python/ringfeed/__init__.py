@@ -26,12 +26,13 @@ the last view of it is gone. So:
 - ``release()`` defers while views are alive; it never leaves a dangling
   view. ``batch.released`` says whether the slot was given back. Releasing
   twice does nothing.
-- A view that you keep keeps its slot: the loader has ``slots_per_rank`` (K)
-  slots per rank, so holding K batches (or views of them) stops the ring. With
-  ``timeout=None`` (the default, and the iterator's) ``next()`` then raises
-  ``AllSlotsHeldError`` rather than waiting forever; with a finite timeout it
-  waits (another thread may drop a view) and raises ``TimeoutError``. Copy what
-  you need to keep (``.copy()``, ``.cuda()``), then drop the views.
+- A view that you keep keeps its slot. A rank's batches take its
+  ``slots_per_rank`` (K) slots in turn, so a batch held (or a view of it kept)
+  stops the rank K batches after it: ``next()`` then raises
+  ``AllSlotsHeldError`` at once, naming the batch, rather than waiting for
+  something that cannot happen (a view that dies on another thread meanwhile
+  is given back first). Copy what you need to keep (``.copy()``, ``.cuda()``),
+  then drop the views.
 - The iterator does not release the previous batch for you. Rebinding the loop
   variable drops it, as long as no view of it survives.
 - ``feed.close()`` (or leaving ``with feed:``) stops the feed; the ring stays
@@ -44,15 +45,23 @@ Views are writable: the slot belongs to this process until it is given back.
 
 Threads: use a Feed from one thread. Views may die on any thread; a slot freed
 while that thread is inside ``next()`` is given back within 150 ms. The C calls
-release the GIL, so a blocking ``next()`` does not stall other threads, and
-Ctrl-C interrupts it.
+release the GIL, so a blocking ``next()`` or ``attach()`` does not stall other
+threads, and Ctrl-C interrupts it. A batch that ``next()`` took just as Ctrl-C
+arrived is what the following ``next()`` returns, so an interrupted loop can go
+on where it stopped, and no slot is left taken but out of reach.
+
+Fork: a Feed belongs to the process that attached it. In a forked child (a
+fork-based DataLoader worker, ``multiprocessing`` with ``fork``) ``next()``
+raises ``ForkedError`` and the child's copies of the feed and its batches give
+nothing back when they die, so the parent's batches stay whole. Attach in the
+child itself if it needs batches.
 
 Errors are ``ringfeed.Error`` (a RuntimeError), one subclass per cause:
 ``LoaderGoneError``, ``AbortedError``, ``CorruptSegmentError``,
 ``VersionMismatchError``, ``RankError`` (also ValueError), ``RankBusyError``,
 ``StaleBatchError``, ``InvalidArgumentError`` (also ValueError),
-``IOFailureError``, ``InternalError``, ``AllSlotsHeldError`` and
-``TimeoutError`` (also the builtin TimeoutError). The message is the
+``IOFailureError``, ``InternalError``, ``AllSlotsHeldError``, ``ForkedError``
+and ``TimeoutError`` (also the builtin TimeoutError). The message is the
 library's, and says what to do.
 
 ``RINGFEED_LIB`` overrides the path of ``libringfeed.so`` (the package ships
@@ -66,6 +75,7 @@ from .errors import (
     AllSlotsHeldError,
     CorruptSegmentError,
     Error,
+    ForkedError,
     InternalError,
     InvalidArgumentError,
     IOFailureError,
@@ -88,6 +98,7 @@ __all__ = [
     "Batch",
     "CorruptSegmentError",
     "Error",
+    "ForkedError",
     "Feed",
     "FeedInfo",
     "IOFailureError",

@@ -20,6 +20,7 @@ import ctypes
 import functools
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -98,10 +99,27 @@ def _rank_from_env():
     return 0
 
 
-def _detach(feed_ptr):
+# Forks this process went through. A handle made before a fork belongs to the
+# parent: in the child its finalizers do nothing (the library would refuse
+# anyway, with RF_E_FORKED), so no warning fires for every inherited batch.
+_FORKS = 0
+
+
+def _count_fork_in_child():
+    global _FORKS
+    _FORKS += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_count_fork_in_child)
+
+
+def _detach(feed_ptr, forks):
     """Finalizer of a _Handle: detaches (unmaps the ring). Never raises."""
     if sys.is_finalizing():
         return  # the OS drops the mapping and the rank lock at exit
+    if forks != _FORKS:
+        return  # a forked child: the parent's rank is not ours to detach
     try:
         _LIB.rf_detach(feed_ptr)
     except Exception:  # noqa: BLE001 - a finalizer must not raise
@@ -116,20 +134,29 @@ class _Handle:
     a call is queued in ``pending`` and given back by the next call.
     """
 
-    __slots__ = ("ptr", "name", "rank", "call_lock", "state_lock", "pending", "held", "__weakref__")
+    __slots__ = ("ptr", "name", "rank", "forks", "call_lock", "pending", "queued", "claims", "undelivered", "__weakref__")
 
     def __init__(self, ptr, name, rank):
         self.ptr = ptr
         self.name = name
         self.rank = rank
+        self.forks = _FORKS
         self.call_lock = threading.Lock()
-        # Reentrant: a finalizer may run on this thread while it is held.
-        self.state_lock = threading.RLock()
         self.pending = collections.deque()
-        self.held = 0  # batches taken and not yet given back (or queued)
+        # Set when a slot is queued in `pending`: wakes a next() that waits for it.
+        self.queued = threading.Event()
+        # One _Claim per batch taken and not yet given back (or queued).
+        self.claims = set()
+        # A batch rf_next took that never reached the caller (an exception,
+        # such as Ctrl-C, struck first): the next next() returns it.
+        self.undelivered = None
         # atexit=False: at interpreter exit the OS unmaps; unmapping earlier
         # could pull memory from under a daemon thread still reading a view.
-        weakref.finalize(self, _detach, ptr).atexit = False
+        weakref.finalize(self, _detach, ptr, self.forks).atexit = False
+
+    @property
+    def held(self):
+        return len(self.claims) + (self.undelivered is not None)
 
     def release_now(self, raw):
         """rf_release under call_lock (held by the caller). Returns (rc, message)."""
@@ -147,23 +174,51 @@ class _Handle:
             _warn_if_failed(rc, message)
 
 
+def _unqueue(queue, raw):
+    """Removes ``raw`` (by identity) from the pending queue; True if it was there."""
+    for i, queued in enumerate(queue):
+        if queued is raw:
+            del queue[i]
+            return True
+    return False
+
+
 def _warn_if_failed(rc, message):
     if rc != _lib.RF_OK:
         warnings.warn("ringfeed: giving back a slot failed: %s" % message, RuntimeWarning, stacklevel=2)
 
 
-def _give_back(handle, raw):
+class _Claim:
+    """One batch taken by rf_next, given back exactly once: by the finalizer of
+    its base, or by next() itself when an exception (Ctrl-C) struck between
+    rf_next and the Batch reaching the caller."""
+
+    __slots__ = ("given_back",)
+
+    def __init__(self):
+        self.given_back = False
+
+    def take_back(self, handle):
+        """True once: the caller is the one to give the slot back."""
+        if self.given_back:
+            return False
+        self.given_back = True
+        handle.claims.discard(self)
+        return True
+
+
+def _give_back(handle, raw, claim):
     """Finalizer of a batch base: the last view died, release the slot.
 
     Runs on whichever thread dropped the last view, possibly in the middle of
     another call on this feed (garbage collection); it never blocks and never
     raises.
     """
-    if sys.is_finalizing():
+    if sys.is_finalizing() or handle.forks != _FORKS:
         return
     try:
-        with handle.state_lock:
-            handle.held -= 1
+        if not claim.take_back(handle):
+            return
         if handle.call_lock.acquire(blocking=False):
             try:
                 handle.drain_pending()
@@ -173,6 +228,7 @@ def _give_back(handle, raw):
             _warn_if_failed(rc, message)
         else:
             handle.pending.append(raw)
+            handle.queued.set()
     except Exception:  # noqa: BLE001 - a finalizer must not raise
         pass
 
@@ -195,7 +251,7 @@ class Batch:
 
     __slots__ = ("_base", "_finalizer", "_table", "epoch", "step", "slot", "generation", "nbytes", "data_ptr")
 
-    def __init__(self, handle, raw):
+    def __init__(self, handle, raw, claim):
         n = raw.n_samples
         # The sample table lives in the library's private memory, reused when
         # this slot is reused: copy it (24 bytes a sample).
@@ -208,8 +264,9 @@ class Batch:
         self.nbytes = raw.data_len
         self.data_ptr = raw.data or 0
         self._base = _base_type(raw.data_len).from_address(self.data_ptr)
-        self._finalizer = weakref.finalize(self._base, _give_back, handle, raw)
+        self._finalizer = weakref.finalize(self._base, _give_back, handle, raw, claim)
         self._finalizer.atexit = False
+        handle.claims.add(claim)
 
     def __len__(self):
         return len(self._table)
@@ -409,62 +466,78 @@ class Feed:
         """The next batch, or None once the run is over.
 
         Waits up to ``timeout`` seconds (None: as long as it takes, while the
-        loader lives) and raises ringfeed.TimeoutError after that. Raises
-        AllSlotsHeldError instead of waiting forever when timeout is None and
-        every slot of this rank is held by this process.
+        loader lives) and raises ringfeed.TimeoutError after that.
+
+        When the next batch's slot still holds a batch of this process, only
+        this process can free it: with ``timeout=None`` next() raises
+        AllSlotsHeldError at once rather than wait forever; with a finite
+        timeout it waits for a view to die on another thread, and raises
+        AllSlotsHeldError if none does in time.
         """
         handle = self._handle
         if handle is None:
             raise ValueError("the feed of %r rank %d is closed" % (self._name, self._rank))
         timeout_ms = _timeout_ms(timeout)
-        all_held = handle.held >= self._info.slots_per_rank
-        if all_held:
-            # Nothing can be published until we give a slot back; look once
-            # for the end of the run (or an error) before refusing to wait.
-            rc, raw, message = self._call_next(handle, 0)
-            if rc != _lib.RF_TIMEOUT or timeout_ms == 0:
-                return self._result(handle, rc, raw, message, timeout)
-            if timeout_ms < 0:
-                raise errors.AllSlotsHeldError(self._all_held_message())
         deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
         while True:
-            slice_ms = int(_NEXT_SLICE_S * 1000)
-            if deadline is not None:
-                slice_ms = max(0, min(slice_ms, int(math.ceil((deadline - time.monotonic()) * 1000))))
-            rc, raw, message = self._call_next(handle, slice_ms)
-            if rc != _lib.RF_TIMEOUT or (deadline is not None and time.monotonic() >= deadline):
-                return self._result(handle, rc, raw, message, timeout)
+            slice_s = _NEXT_SLICE_S if deadline is None else max(0.0, min(_NEXT_SLICE_S, deadline - time.monotonic()))
+            handle.queued.clear()
+            rc, batch, message = self._call_next(handle, int(math.ceil(slice_s * 1000)))
+            out_of_time = deadline is not None and time.monotonic() >= deadline
+            if rc == _lib.RF_E_HELD and deadline is not None and not out_of_time:
+                if not handle.pending:
+                    handle.queued.wait(slice_s)
+                continue  # a view died on another thread: give its slot back, look again
+            if rc == _lib.RF_E_HELD and handle.pending:
+                continue
+            if rc != _lib.RF_TIMEOUT or out_of_time:
+                return self._result(handle, rc, batch, message, timeout)
 
     def _call_next(self, handle, timeout_ms):
-        raw = _lib.rf_batch()
-        with handle.call_lock:
-            handle.drain_pending()
-            rc = _LIB.rf_next(handle.ptr, ctypes.byref(raw), timeout_ms)
-            message = _lib.last_error(_LIB) if rc < 0 else ""
-        return rc, raw, message
+        """One rf_next call, returning (rc, Batch or None, message).
 
-    def _result(self, handle, rc, raw, message, timeout):
+        A batch taken reaches the caller, or, if an exception (Ctrl-C) strikes
+        between rf_next and the return, stays held and is what the next call
+        returns: never lost, never skipped. rf_next writes the batch only on
+        success, and a real batch has generation >= 1."""
+        raw = _lib.rf_batch()
+        claim = _Claim()
+        batch = None
+        with handle.call_lock:
+            try:
+                handle.drain_pending()
+                if handle.undelivered is not None:
+                    raw = handle.undelivered
+                    handle.undelivered = None
+                    rc, message = _lib.RF_OK, ""
+                else:
+                    rc = _LIB.rf_next(handle.ptr, ctypes.byref(raw), timeout_ms)
+                    message = _lib.last_error(_LIB) if rc < 0 else ""
+                if rc == _lib.RF_OK:
+                    batch = Batch(handle, raw, claim)
+            except BaseException:
+                # Either no Batch was armed (take_back wins), or one was and
+                # died while the exception unwound, its finalizer queueing the
+                # slot because we hold call_lock: take it off the queue.
+                if raw.generation != 0 and (claim.take_back(handle) or _unqueue(handle.pending, raw)):
+                    handle.undelivered = raw
+                raise
+        return rc, batch, message
+
+    def _result(self, handle, rc, batch, message, timeout):
         if rc == _lib.RF_OK:
-            with handle.state_lock:
-                handle.held += 1
-            return Batch(handle, raw)
+            return batch
         if rc == _lib.RF_END:
             return None
         if rc == _lib.RF_TIMEOUT:
-            text = "no batch for rank %d of loader %r within %s s" % (self._rank, self._name, timeout)
-            if handle.held >= self._info.slots_per_rank:
-                text += "; " + self._all_held_message()
-            raise errors.TimeoutError(text)
+            raise errors.TimeoutError("no batch for rank %d of loader %r within %s s" % (self._rank, self._name, timeout))
+        if rc == _lib.RF_E_HELD:
+            message += (
+                ". A batch stays held until it is released and every view of it (sample(), array(), "
+                "buffer(), tensors made from them) is gone; this process holds %d batch(es) of rank %d"
+                % (handle.held, self._rank)
+            )
         raise errors.error_for(rc, message)
-
-    def _all_held_message(self):
-        k = self._info.slots_per_rank
-        return (
-            "all %d slots of rank %d are held by this process: the loader cannot publish the next batch "
-            "until one is given back. A batch stays held until it is released and every view of it "
-            "(sample(), array(), buffer(), tensors made from them) is gone. Release one first, or start "
-            "the loader with more --slots-per-rank" % (k, self._rank)
-        )
 
 
 def attach(name=None, rank=None, timeout=30.0):
@@ -490,12 +563,8 @@ def attach(name=None, rank=None, timeout=30.0):
     rank = int(rank)
     if rank > _INT32_MAX:
         raise errors.RankError("rank %d is out of range (at most %d)" % (rank, _INT32_MAX))
-    timeout_ms = _timeout_ms(timeout)
-    ptr = ctypes.c_void_p()
-    rc = _LIB.rf_attach(name.encode("utf-8"), rank, timeout_ms, ctypes.byref(ptr))
-    if rc != _lib.RF_OK:
-        raise errors.error_for(rc, _lib.last_error(_LIB))
-    handle = _Handle(ptr.value, name, rank)
+    ptr = _attach_in_slices(name, rank, _timeout_ms(timeout))
+    handle = _Handle(ptr, name, rank)
     raw = _lib.rf_info()
     rc = _LIB.rf_get_info(handle.ptr, ctypes.byref(raw))
     if rc != _lib.RF_OK:
@@ -512,6 +581,31 @@ def attach(name=None, rank=None, timeout=30.0):
     )
     _check_world_size(info, name)
     return Feed(handle, info)
+
+
+def _attach_in_slices(name, rank, timeout_ms):
+    """rf_attach in calls of at most _NEXT_SLICE_S, so that Ctrl-C stops a
+    trainer waiting for its loader (Python runs signal handlers between
+    calls). Retries a missing loader and a busy rank until the deadline;
+    the error then says how long the whole wait was."""
+    start = time.monotonic()
+    deadline = None if timeout_ms < 0 else start + timeout_ms / 1000.0
+    encoded = name.encode("utf-8")
+    while True:
+        slice_ms = int(_NEXT_SLICE_S * 1000)
+        if deadline is not None:
+            slice_ms = max(0, min(slice_ms, int(math.ceil((deadline - time.monotonic()) * 1000))))
+        ptr = ctypes.c_void_p()
+        rc = _LIB.rf_attach(encoded, rank, slice_ms, ctypes.byref(ptr))
+        if rc == _lib.RF_OK:
+            return ptr.value
+        message = _lib.last_error(_LIB)
+        waiting = rc in (_lib.RF_TIMEOUT, _lib.RF_E_BUSY)
+        if not waiting or (deadline is not None and time.monotonic() >= deadline):
+            if rc == _lib.RF_TIMEOUT:
+                waited_ms = int((time.monotonic() - start) * 1000)
+                message = re.sub(r"within \d+ ms", "within %d ms" % waited_ms, message, count=1)
+            raise errors.error_for(rc, message)
 
 
 def _check_world_size(info, name):

@@ -21,6 +21,8 @@ RF_E_ABORTED = -7
 RF_E_STALE = -8
 RF_E_IO = -9
 RF_E_INTERNAL = -10
+RF_E_HELD = -11
+RF_E_FORKED = -12
 
 # Sentinel of rf_info.batches_expected: the loader did not say.
 BATCHES_UNKNOWN = 2**64 - 1

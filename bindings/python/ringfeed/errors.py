@@ -86,9 +86,21 @@ class TimeoutError(Error, builtins.TimeoutError):
 
 
 class AllSlotsHeldError(Error):
-    """next() was asked to wait forever while this process holds every slot of
-    its rank: the loader cannot publish another batch until one is released,
-    so the wait could never end."""
+    """The next batch goes into a slot that still holds a batch this process
+    took and has not given back, so no wait could end: a rank's batches take
+    its ``slots_per_rank`` slots in turn, and holding one batch (or a view of
+    it) stops the rank that many batches later. Raised at once, whatever the
+    timeout; nothing was taken, so call next() again after giving it back."""
+
+    code = _lib.RF_E_HELD
+
+
+class ForkedError(Error):
+    """The feed was attached by the parent of this forked process (a fork-based
+    DataLoader worker, multiprocessing with 'fork'): a child cannot take or give
+    back the parent's batches. Attach in the child, or use the 'spawn' method."""
+
+    code = _lib.RF_E_FORKED
 
 
 _BY_CODE = {
@@ -105,6 +117,8 @@ _BY_CODE = {
         IOFailureError,
         InternalError,
         TimeoutError,
+        AllSlotsHeldError,
+        ForkedError,
     )
 }
 
