@@ -74,7 +74,10 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| ringfeed::cli::say::QuietStderr)
+        // A failed write is dropped: tracing would report it with eprintln!,
+        // which panics on a closed pipe and would take the loader down.
+        .log_internal_errors(false)
         // Colour codes only for a terminal, not in log files.
         .with_ansi(std::io::stderr().is_terminal())
         .without_time()
@@ -102,7 +105,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ringfeed: error: {}", error_chain(&e));
+            ringfeed::cli::say::err(format_args!("ringfeed: error: {}", error_chain(&e)));
             ExitCode::FAILURE
         }
     }

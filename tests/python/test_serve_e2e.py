@@ -134,8 +134,9 @@ def test_serve_errors_name_the_path_or_value(dataset, args, needle):
     assert needle in p.stderr.decode(), p.stderr.decode()
 
 
-def test_sigterm_stops_the_loader_removes_its_segment_and_tells_the_trainers(dataset, c_consumer):
-    name = "e2e-sigterm-%s" % uuid.uuid4().hex[:8]
+@pytest.mark.parametrize("sig", [15, 1], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_stops_the_loader_removes_its_segment_and_tells_the_trainers(dataset, c_consumer, sig):
+    name = "e2e-sig%d-%s" % (sig, uuid.uuid4().hex[:8])
     loader = subprocess.Popen(
         [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "4", "--world-size", "2", "--epochs", "1000"],
         stderr=subprocess.PIPE,
@@ -147,13 +148,35 @@ def test_sigterm_stops_the_loader_removes_its_segment_and_tells_the_trainers(dat
     while not os.path.exists("/dev/shm/ringfeed-" + name) and time.time() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
-    loader.terminate()
+    loader.send_signal(sig)
     _, loader_err = loader.communicate(timeout=10)
-    assert loader.returncode == 128 + 15, loader_err.decode()
+    assert loader.returncode == 128 + sig, loader_err.decode()
     assert not os.path.exists("/dev/shm/ringfeed-" + name)
     (rc, _, err), = wait_all([consumer], 10)
     assert rc != 0
-    assert "stopped before the end of the run" in err.decode() and "signal 15" in err.decode(), err.decode()
+    assert "stopped before the end of the run" in err.decode() and "signal %d" % sig in err.decode(), err.decode()
+
+
+def test_a_closed_stderr_does_not_stop_the_loader(dataset, c_consumer):
+    # `ringfeed serve ... 2>&1 | grep -m1 serving` closes the pipe once the
+    # line is found; every later log line must fail quietly, not kill it.
+    root, hashes = dataset
+    name = "e2e-epipe-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(root), "--name", name, "--batch-size", "8", "--epochs", "3"],
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, RINGFEED_LOG="debug"),  # many lines, all into the closed pipe
+    )
+    for line in loader.stderr:
+        if b"serving" in line:
+            break
+    loader.stderr.close()
+    consumer = subprocess.Popen([c_consumer, name, "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    (rc, out, err), = wait_all([consumer], 60)
+    assert rc == 0, err.decode()
+    assert len(parse(out)) == 3 * (len(hashes) // 8) * 8
+    assert loader.wait(timeout=30) == 0
+    assert not os.path.exists("/dev/shm/ringfeed-" + name)
 
 
 def need_private_mounts():

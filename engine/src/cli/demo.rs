@@ -104,7 +104,7 @@ pub fn run_consumer(a: &DemoConsumerArgs) -> Result<()> {
         batches += 1;
     }
     fs::write(&a.out, out).with_context(|| format!("cannot write {}", a.out.display()))?;
-    println!("{batches} {bytes} {}", first_batch.unwrap_or_default().as_micros());
+    crate::cli::say::say_out!("{batches} {bytes} {}", first_batch.unwrap_or_default().as_micros());
     Ok(())
 }
 
@@ -166,7 +166,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     let data_dir = dir.join("data");
     let t = Instant::now();
     let total = make_dataset(&data_dir, a.files, a.max_sample_bytes)?;
-    println!("demo: wrote {} files ({}) to {} in {:.2} s", a.files, human_bytes(total), data_dir.display(), t.elapsed().as_secs_f64());
+    crate::cli::say::say_out!("demo: wrote {} files ({}) to {} in {:.2} s", a.files, human_bytes(total), data_dir.display(), t.elapsed().as_secs_f64());
     let name = format!("demo-{}", std::process::id());
     let cfg = ServeConfig {
         source: data_dir.clone(),
@@ -226,13 +226,13 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     }
     check_exactly_once(&sampler, &ranks)?;
     let secs = report.elapsed.as_secs_f64();
-    println!(
+    crate::cli::say::say_out!(
         "demo: exactly-once check passed: {} ranks × {} epochs, every sample of every epoch delivered once (tail of {} dropped per epoch), bytes equal to the files",
         a.world_size,
         a.epochs,
         sampler.config().n_samples % sampler.step_samples()
     );
-    println!(
+    crate::cli::say::say_out!(
         "demo: delivered {} batches, {} samples, {} in {:.3} s: {:.2} GB/s, {:.0} samples/s (reader {}, ring {} in /dev/shm)",
         report.batches,
         report.samples,
@@ -244,9 +244,9 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         human_bytes(ring_bytes),
     );
     let fb = first_batch_us.iter().map(|us| format!("{:.1} ms", *us as f64 / 1e3)).collect::<Vec<_>>().join(", ");
-    println!("demo: time from attach to first batch per rank: {fb}");
+    crate::cli::say::say_out!("demo: time from attach to first batch per rank: {fb}");
     if let (Some(first), Some(all)) = (report.first_publish, report.all_first_published) {
-        println!(
+        crate::cli::say::say_out!(
             "demo: the loader published the first rank's first batch {:.1} ms after creating the ring, and every rank's by {:.1} ms (the consumers were already waiting)",
             first.as_secs_f64() * 1e3,
             all.as_secs_f64() * 1e3

@@ -171,7 +171,7 @@ impl ServeArgs {
 }
 
 /// Runs a loader until every batch was delivered and released. Returns the
-/// exit code: 0, or 128 + signal when stopped by SIGINT/SIGTERM.
+/// exit code: 0, or 128 + signal when stopped by SIGINT, SIGTERM or SIGHUP.
 pub fn run(args: &ServeArgs) -> Result<u8> {
     let cfg = args.config()?;
     args.check_before_listing()?;
@@ -213,7 +213,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         }
         None => "listed (manifest cache off)".to_owned(),
     };
-    eprintln!(
+    crate::cli::say::say_err!(
         "ringfeed: manifest: {} samples in {} files ({}), {how}, planned in {:.2} s",
         plan.manifest().len(),
         plan.manifest().files().len(),
@@ -231,7 +231,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             cfg.epochs
         );
     }
-    // From here on SIGINT/SIGTERM only set a flag that the loader acts on,
+    // From here on SIGINT/SIGTERM/SIGHUP only set a flag that the loader acts on,
     // so that it removes its segment and tells the trainers. Before, during
     // a listing that may take minutes, they end the process at once: there
     // is nothing to clean up yet.
@@ -239,7 +239,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     let loader = Loader::start(plan)?;
     let layout = *loader.producer().layout();
     let plan = loader.plan();
-    eprintln!(
+    crate::cli::say::say_err!(
         "ringfeed: serving {} samples ({}) from {} as {:?} to {} rank(s): batch {}, {} batches per rank, {} slots/rank of {}, ring {} in /dev/shm/ringfeed-{}",
         plan.manifest().len(),
         human_bytes(plan.manifest().total_bytes()),
@@ -256,7 +256,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     match loader.run(&signals::STOP) {
         Ok(report) => {
             let secs = report.elapsed.as_secs_f64();
-            eprintln!(
+            crate::cli::say::say_err!(
                 "ringfeed: done: {} batches, {} samples, {} in {:.2} s ({:.2} GB/s, reader {})",
                 report.batches,
                 report.samples,
@@ -268,7 +268,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             Ok(0)
         }
         Err(ServeError::Signal(sig)) => {
-            eprintln!("ringfeed: stopped by signal {sig}: trainers were told (once they have taken what was published, next fails with \"stopped before the end of the run\"), segment removed");
+            crate::cli::say::say_err!("ringfeed: stopped by signal {sig}: trainers were told (once they have taken what was published, next fails with \"stopped before the end of the run\"), segment removed");
             Ok(128u8.saturating_add(sig as u8))
         }
         Err(err)

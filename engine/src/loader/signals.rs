@@ -1,5 +1,6 @@
-//! SIGINT/SIGTERM turn into a flag the loader polls, so it can tell the
-//! trainers, remove its segment and exit instead of dying mid-write.
+//! SIGINT, SIGTERM and SIGHUP (the terminal of an ssh session closing) turn
+//! into a flag the loader polls, so it can tell the trainers, remove its
+//! segment and exit instead of dying mid-write.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -11,9 +12,9 @@ extern "C" fn on_signal(sig: libc::c_int) {
     STOP.store(sig as u32, Ordering::Relaxed);
 }
 
-/// Installs the handlers for SIGINT and SIGTERM.
+/// Installs the handlers for SIGINT, SIGTERM and SIGHUP.
 pub fn install() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: sigaction is plain old data; the handler only stores to an
         // atomic, which is async-signal-safe.
         unsafe {
