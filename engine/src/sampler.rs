@@ -271,6 +271,30 @@ pub struct Sampler {
     step_samples: u64,
 }
 
+/// Checks B and W alone, before any dataset is known (so that `serve`
+/// reports a bad flag before a long listing).
+pub fn check_shape(batch_size: u32, world_size: u32) -> Result<(), SamplerError> {
+    if batch_size == 0 {
+        return Err(SamplerError::ZeroBatchSize);
+    }
+    if batch_size > MAX_BATCH_SIZE {
+        return Err(SamplerError::BatchSizeTooLarge {
+            batch_size,
+            max: MAX_BATCH_SIZE,
+        });
+    }
+    if world_size == 0 {
+        return Err(SamplerError::ZeroWorldSize);
+    }
+    if world_size > MAX_WORLD_SIZE {
+        return Err(SamplerError::WorldSizeTooLarge {
+            world_size,
+            max: MAX_WORLD_SIZE,
+        });
+    }
+    Ok(())
+}
+
 impl Sampler {
     /// Checks `cfg` and builds a sampler.
     pub fn new(cfg: SamplerConfig) -> Result<Sampler, SamplerError> {
@@ -282,24 +306,7 @@ impl Sampler {
             epochs,
             ..
         } = cfg;
-        if batch_size == 0 {
-            return Err(SamplerError::ZeroBatchSize);
-        }
-        if batch_size > MAX_BATCH_SIZE {
-            return Err(SamplerError::BatchSizeTooLarge {
-                batch_size,
-                max: MAX_BATCH_SIZE,
-            });
-        }
-        if world_size == 0 {
-            return Err(SamplerError::ZeroWorldSize);
-        }
-        if world_size > MAX_WORLD_SIZE {
-            return Err(SamplerError::WorldSizeTooLarge {
-                world_size,
-                max: MAX_WORLD_SIZE,
-            });
-        }
+        check_shape(batch_size, world_size)?;
         if n_samples > MAX_SAMPLES {
             return Err(SamplerError::TooManySamples {
                 n_samples,

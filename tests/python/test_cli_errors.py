@@ -97,3 +97,18 @@ def test_a_log_filter_that_would_silence_ringfeed_is_named():
     assert "leaves ringfeed's own log silent" in err and "spaces around a word" in err, err
     rc, _, err = run(["stat", "nobody", "--once"], env={"RINGFEED_LOG": "ringfeed=debug"})
     assert "RINGFEED_LOG" not in err, err
+
+
+@pytest.mark.parametrize("flags,env,words", [
+    (["--batch-size", "0"], {}, ["batch size is 0", "--batch-size"]),
+    (["--batch-size", str(2**20 + 1)], {}, ["above the limit", "--batch-size"]),
+    (["--batch-size", "4", "--world-size", "129"], {}, ["world size 129", "--world-size at most 128"]),
+    (["--batch-size", "4"], {"LOCAL_WORLD_SIZE": "200"}, ["world size 200"]),
+])
+def test_batch_and_world_size_are_checked_before_the_source_is_listed(flags, env, words):
+    # The source does not exist: an error about it would mean it was looked at first.
+    rc, _, err = run(["serve", "--source", "/nonexistent-ringfeed-source", "--name", "x"] + flags, env)
+    assert rc != 0
+    assert "nonexistent" not in err, err
+    for w in words:
+        assert w in err, err

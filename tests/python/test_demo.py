@@ -12,3 +12,31 @@ def test_the_demo_passes_its_exactly_once_check_and_prints_its_figures():
     assert "demo: exactly-once check passed" in out, out + err
     assert "GB/s" in out and "time from attach to first batch per rank" in out, out
     assert "every rank's by" in out, out
+
+
+def test_a_consumer_that_dies_stops_the_demo_with_its_rank_instead_of_a_hang():
+    import os
+    import signal
+    import time
+
+    demo = subprocess.Popen([ringfeed_bin(), "demo", "--files", "500", "--epochs", "100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        consumers = []
+        while len(consumers) < 2:
+            assert time.monotonic() < deadline, "the demo started no consumers"
+            out = subprocess.run(["pgrep", "-P", str(demo.pid), "-f", "demo-consumer"], stdout=subprocess.PIPE).stdout
+            consumers = [int(x) for x in out.split()]
+            time.sleep(0.05)
+        time.sleep(0.5)  # serving by now
+        os.kill(consumers[0], signal.SIGKILL)
+        out, err = demo.communicate(timeout=30)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    err = err.decode()
+    assert demo.returncode == 1, err
+    assert "the consumer of rank" in err and "failed" in err and "the loader stopped" in err, err
+    assert not os.path.exists("/dev/shm/ringfeed-demo-%d" % demo.pid)

@@ -392,3 +392,23 @@ def test_gc_removes_a_dead_loaders_segment_and_says_so(dataset):
     assert p.returncode == 0
     assert "removed /dev/shm/ringfeed-%s" % name in p.stdout.decode(), p.stdout.decode()
     assert not os.path.exists("/dev/shm/ringfeed-" + name)
+
+
+def test_a_rank_that_no_trainer_attaches_to_is_named_while_the_loader_waits(dataset, c_consumer):
+    import time
+
+    name = "e2e-missing-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "8", "--world-size", "2"],
+        stderr=subprocess.PIPE,
+    )
+    # Only rank 0 comes (LOCAL_WORLD_SIZE typo, or rank 1 crashed before
+    # attaching): it takes what it can, then the run cannot go on.
+    consumer = subprocess.Popen([c_consumer, name, "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(6)  # the loader names the ranks it waits for every 5 s
+    loader.terminate()
+    _, loader_err = loader.communicate(timeout=10)
+    wait_all([consumer], 10)
+    text = loader_err.decode()
+    assert "WARN" in text and "waiting for rank(s) [1]: no trainer is attached" in text, text
+    assert "--world-size 2" in text, text

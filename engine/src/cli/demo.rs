@@ -11,13 +11,15 @@ use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::cli::testing::{pattern_fill, pattern_mismatch};
-use crate::loader::{signals, Loader, Plan, ServeConfig};
+use crate::loader::{signals, Loader, Plan, ServeConfig, STOP_NOT_A_SIGNAL};
 use crate::reader::{IoChoice, ReaderConfig};
 use crate::ring::segment::human_bytes;
 use crate::ring::{AttachOptions, Consumer, Next};
@@ -212,7 +214,39 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         }
     };
     let ring_bytes = loader.producer().layout().segment_bytes;
-    let report = loader.run(&signals::STOP)?;
+    // A consumer that fails (its byte check, a crash) would leave the loader
+    // waiting for a new trainer on its rank forever: a watcher stops the run.
+    let stop = Arc::new(AtomicU32::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (stop, done) = (Arc::clone(&stop), Arc::clone(&done));
+        let pids: Vec<u32> = ranks.iter().map(|r| r.child.id()).collect();
+        std::thread::spawn(move || watch_consumers(&pids, &stop, &done))
+    };
+    let result = loader.run(&stop);
+    done.store(true, Ordering::Relaxed);
+    let failed = watcher.join().unwrap_or(None);
+    let report = match (result, failed) {
+        (Ok(report), _) => report,
+        (Err(e), failed) => {
+            for rank in &mut ranks {
+                let _ = rank.child.kill();
+            }
+            let mut why = Vec::new();
+            for (r, rank) in ranks.iter_mut().enumerate() {
+                if let Ok(status) = rank.child.wait() {
+                    if Some(r as u32) == failed {
+                        let said = if status.code().is_some() { "; its message is above" } else { "" };
+                        why.push(format!("the consumer of rank {r} failed ({status}){said}"));
+                    }
+                }
+            }
+            if why.is_empty() {
+                return Err(e.into());
+            }
+            bail!("{}; the loader stopped", why.join("; "));
+        }
+    };
     let mut first_batch_us = Vec::new();
     for (r, rank) in ranks.iter_mut().enumerate() {
         let stdout = rank.child.stdout.take().context("consumer stdout")?;
@@ -254,6 +288,38 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     }
     std::io::stdout().flush()?;
     Ok(())
+}
+
+/// Polls the consumers until `done`; on the first that exits with an error
+/// or a signal, sets `stop` and returns its rank. A consumer that exits 0 has
+/// taken its last batch. `waitid(WNOWAIT)` leaves the child to be reaped by
+/// its `Child`.
+fn watch_consumers(pids: &[u32], stop: &AtomicU32, done: &AtomicBool) -> Option<u32> {
+    while !done.load(Ordering::Relaxed) {
+        let sig = signals::STOP.load(Ordering::Relaxed);
+        if sig != 0 {
+            stop.store(sig, Ordering::Relaxed);
+            return None;
+        }
+        for (r, &pid) in pids.iter().enumerate() {
+            // SAFETY: waitid writes only into `info`; WNOWAIT reaps nothing.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            let rc = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
+            // SAFETY: after a successful waitid the pid and status fields are set.
+            let (exited, failed) = unsafe { (info.si_pid() != 0, info.si_code != libc::CLD_EXITED || info.si_status() != 0) };
+            if rc == 0 && exited && failed {
+                // The others would only report the loader's stop: end them first.
+                for &other in pids.iter().filter(|&&p| p != pid) {
+                    // SAFETY: a signal to our own child, not yet reaped.
+                    unsafe { libc::kill(other as libc::pid_t, libc::SIGKILL) };
+                }
+                stop.store(STOP_NOT_A_SIGNAL, Ordering::Relaxed);
+                return Some(r as u32);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }
 
 fn check_exactly_once(sampler: &crate::sampler::Sampler, ranks: &[RankResult]) -> Result<()> {

@@ -133,6 +133,7 @@ impl ServeArgs {
             bail!("--queue-depth {}: must be from 1 to {}", self.queue_depth, crate::reader::QUEUE_DEPTH_MAX);
         }
         crate::ring::segment::validate_name(&self.name)?;
+        crate::sampler::check_shape(self.batch_size, world_size_from(self.world_size)?)?;
         Ok(())
     }
 

@@ -121,7 +121,14 @@ pub enum ServeError {
     /// Stopped by a signal.
     #[error("stopped by signal {0}")]
     Signal(u32),
+    /// Stopped by its caller (`stop` set to [`STOP_NOT_A_SIGNAL`]).
+    #[error("stopped by its caller")]
+    Stopped,
 }
+
+/// A `stop` value that is not a signal: the caller (the demo, when one of
+/// its consumers failed) ends the run; trainers see "stopped on an error".
+pub const STOP_NOT_A_SIGNAL: u32 = u32::MAX;
 
 /// What a finished run did.
 #[derive(Clone, Debug, Default)]
@@ -383,10 +390,7 @@ impl Loader {
         let mut progress_base = (0u64, Instant::now());
         let mut batch = Vec::with_capacity(self.plan.cfg.batch_size as usize);
         loop {
-            let sig = stop.load(Ordering::Relaxed);
-            if sig != 0 {
-                return Err(ServeError::Signal(sig));
-            }
+            check_stop(stop)?;
             let blocked = self.fill_ranks(&mut batch)?;
             self.submit_queued()?;
             if !self.warming && !self.reserving {
@@ -415,6 +419,7 @@ impl Loader {
             }
             if last_progress.elapsed() >= PROGRESS_EVERY {
                 self.log_progress(&mut progress_base);
+                self.log_unattached(&blocked, "");
                 last_progress = Instant::now();
             }
             let idle = self.reader.in_flight() == 0 && self.queued.is_empty();
@@ -427,13 +432,15 @@ impl Loader {
         tracing::debug!("every batch published; waiting for the trainers to release the last ones");
         let all: Vec<u32> = (0..world).collect();
         while !self.producer.all_released() {
-            let sig = stop.load(Ordering::Relaxed);
-            if sig != 0 {
-                return Err(ServeError::Signal(sig));
-            }
+            check_stop(stop)?;
             if last_reclaim.elapsed() >= RECLAIM_EVERY {
                 self.reclaim();
                 last_reclaim = Instant::now();
+            }
+            if last_progress.elapsed() >= PROGRESS_EVERY {
+                let undrained: Vec<u32> = all.iter().copied().filter(|&r| !self.producer.rank_drained(r)).collect();
+                self.log_unattached(&undrained, "every batch is published; ");
+                last_progress = Instant::now();
             }
             self.producer.wait_for_release(&all, RECLAIM_EVERY, |p| !p.all_released());
         }
@@ -631,6 +638,28 @@ impl Loader {
         }
     }
 
+    /// Names the ranks among `waiting` that no trainer is attached to: a
+    /// trainer that crashed before attaching, or a rank-count typo, would
+    /// otherwise look like a loader that hangs in silence.
+    fn log_unattached(&self, waiting: &[u32], context: &str) {
+        let missing: Vec<u32> = waiting.iter().copied().filter(|&r| !self.producer.consumer_attached(r)).collect();
+        if missing.is_empty() {
+            return;
+        }
+        let w = self.plan.cfg.world_size;
+        let line = format!(
+            "{context}waiting for rank(s) {missing:?}: no trainer is attached to them (the loader serves ranks 0..{w}; each trainer \
+             attaches with LOCAL_RANK set to its rank, and the job needs --world-size {w} trainers)"
+        );
+        if (0..w).any(|r| self.producer.ever_attached(r)) {
+            // Some trainers came and these did not: a crash or a rank mismatch.
+            tracing::warn!("{line}");
+        } else {
+            // None yet: trainers still starting (torchrun, imports) is normal.
+            tracing::info!("{line}");
+        }
+    }
+
     fn log_progress(&self, base: &mut (u64, Instant)) {
         let secs = base.1.elapsed().as_secs_f64();
         let mb = (self.report.bytes - base.0) as f64 / 1e6;
@@ -638,6 +667,14 @@ impl Loader {
         let (epoch, _) = self.cursors.first().map(RankCursor::position).unwrap_or_default();
         tracing::info!("epoch {epoch}: {}/{} batches published, {:.1} MB/s", self.report.batches, total, mb / secs.max(1e-9));
         *base = (self.report.bytes, Instant::now());
+    }
+}
+
+fn check_stop(stop: &AtomicU32) -> Result<(), ServeError> {
+    match stop.load(Ordering::Relaxed) {
+        0 => Ok(()),
+        STOP_NOT_A_SIGNAL => Err(ServeError::Stopped),
+        sig => Err(ServeError::Signal(sig)),
     }
 }
 

@@ -239,7 +239,8 @@ impl ManifestCache {
     pub fn forget_file(path: &Path) -> io::Result<bool> {
         match fs::remove_file(path) {
             Ok(()) => Ok(true),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(false),
+            // ENOTDIR: a part of the path is a file, so there is no cache file.
+            Err(err) if err.kind() == io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ENOTDIR) => Ok(false),
             Err(err) => Err(err),
         }
     }

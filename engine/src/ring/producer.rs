@@ -584,6 +584,11 @@ impl Producer {
         segment::byte_is_locked(&self.fd, segment::rank_lock_byte(rank)).unwrap_or(false)
     }
 
+    /// True once any consumer has attached to `rank` in this run.
+    pub fn ever_attached(&self, rank: u32) -> bool {
+        self.view.rank(rank).attach_count.load(Ordering::Relaxed) > 0
+    }
+
     /// Pid last recorded by `rank`'s consumer (messages only), 0 if none.
     pub fn consumer_pid(&self, rank: u32) -> u32 {
         self.view.rank(rank).consumer_pid.load(Ordering::Relaxed)
