@@ -137,10 +137,14 @@ def test_gc_removes_the_cached_manifest_of_a_directory_that_is_gone(trees):
     assert kept not in out, out
 
 
-def test_an_unusable_cache_dir_is_one_warning_naming_it_and_serving_goes_on(trees, tmp_path):
+def test_an_unusable_cache_dir_is_one_warning_naming_it_and_serving_goes_on(tmp_path):
+    source = tmp_path / "data"
+    source.mkdir()
+    for i in range(4):
+        (source / ("f%d" % i)).write_bytes(b"u" * 100)
     not_a_dir = tmp_path / "not-a-dir"
     not_a_dir.write_bytes(b"")
-    line, stderr = start(trees[0][2], "--cache-dir", str(not_a_dir))
+    line, stderr = start(source, "--cache-dir", str(not_a_dir))
     assert "listed" in line, stderr
     warnings = [l for l in stderr.splitlines() if "WARN" in l]
     assert len(warnings) == 1 and "cannot write the manifest cache" in warnings[0] and str(not_a_dir) in warnings[0], stderr
