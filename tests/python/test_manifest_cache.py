@@ -142,6 +142,7 @@ def test_an_unusable_cache_dir_is_one_warning_naming_it_and_serving_goes_on(tmp_
     source.mkdir()
     for i in range(4):
         (source / ("f%d" % i)).write_bytes(b"u" * 100)
+    time.sleep(RACY_WINDOW_S)  # old enough to be stored: the store is what fails
     not_a_dir = tmp_path / "not-a-dir"
     not_a_dir.write_bytes(b"")
     line, stderr = start(source, "--cache-dir", str(not_a_dir))
