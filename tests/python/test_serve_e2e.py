@@ -405,10 +405,16 @@ def test_a_rank_that_no_trainer_attaches_to_is_named_while_the_loader_waits(data
     # Only rank 0 comes (LOCAL_WORLD_SIZE typo, or rank 1 crashed before
     # attaching): it takes what it can, then the run cannot go on.
     consumer = subprocess.Popen([c_consumer, name, "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(6)  # the loader names the ranks it waits for every 5 s
-    loader.terminate()
-    _, loader_err = loader.communicate(timeout=10)
-    wait_all([consumer], 10)
+    try:
+        time.sleep(6)  # the loader names the ranks it waits for every 5 s
+        loader.terminate()
+        _, loader_err = loader.communicate(timeout=10)
+        wait_all([consumer], 10)
+    finally:
+        for p in (loader, consumer):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     text = loader_err.decode()
     assert "WARN" in text and "waiting for rank(s) [1]: no trainer is attached" in text, text
     assert "--world-size 2" in text, text
