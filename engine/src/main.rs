@@ -58,15 +58,15 @@ fn main() -> ExitCode {
             Ok(filter) => {
                 if filter_silences_ringfeed(&v) {
                     let spaces = if v.trim() != v { " (spaces around a word make it part of a module name)" } else { "" };
-                    eprintln!(
+                    cli::say::err(format_args!(
                         "ringfeed: warning: RINGFEED_LOG={v:?} leaves ringfeed's own log silent, errors included: a word \
                          that is not a level names a module{spaces}; try debug, info, warn or error (or ringfeed=debug)"
-                    );
+                    ));
                 }
                 filter
             }
             Err(e) => {
-                eprintln!("ringfeed: warning: RINGFEED_LOG={v:?} is not a log filter ({e}); using \"info\" (try debug, info, warn or error)");
+                cli::say::err(format_args!("ringfeed: warning: RINGFEED_LOG={v:?} is not a log filter ({e}); using \"info\" (try debug, info, warn or error)"));
                 "info".into()
             }
         },
@@ -74,7 +74,7 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(|| ringfeed::cli::say::QuietStderr)
+        .with_writer(|| cli::say::QuietStderr)
         // A failed write is dropped: tracing would report it with eprintln!,
         // which panics on a closed pipe and would take the loader down.
         .log_internal_errors(false)
@@ -105,7 +105,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            ringfeed::cli::say::err(format_args!("ringfeed: error: {}", error_chain(&e)));
+            cli::say::err(format_args!("ringfeed: error: {}", error_chain(&e)));
             ExitCode::FAILURE
         }
     }

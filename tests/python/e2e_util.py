@@ -54,8 +54,13 @@ def wait_all(procs, timeout):
             out, err = p.communicate(timeout=timeout)
             outs.append((p.returncode, out, err))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_survivors(procs)
     return outs
+
+
+def kill_survivors(procs):
+    """Kills and reaps every process still running (a test that failed midway)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 
-from e2e_util import compile_c, crc32, python_consumer, ringfeed_bin, wait_all
+from e2e_util import compile_c, crc32, kill_survivors, python_consumer, ringfeed_bin, wait_all
 
 
 @pytest.fixture(scope="module")
@@ -313,10 +313,7 @@ def test_a_file_that_changes_size_during_the_run_stops_the_loader_with_its_path_
         _, err = loader.communicate(timeout=30)
         (rc, _, cerr), = wait_all([consumer], 10)
     finally:
-        for p in (loader, consumer):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_survivors([loader, consumer])
     text = err.decode()
     assert loader.returncode != 0, text
     assert str(src / "f17") in text, text
@@ -411,10 +408,7 @@ def test_a_rank_that_no_trainer_attaches_to_is_named_while_the_loader_waits(data
         _, loader_err = loader.communicate(timeout=10)
         wait_all([consumer], 10)
     finally:
-        for p in (loader, consumer):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_survivors([loader, consumer])
     text = loader_err.decode()
     assert "WARN" in text and "waiting for rank(s) [1]: no trainer is attached" in text, text
     assert "--world-size 2" in text, text

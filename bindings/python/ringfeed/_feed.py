@@ -83,6 +83,17 @@ def _timeout_ms(timeout):
     return min(int(math.ceil(seconds * 1000.0)), _TIMEOUT_MS_MAX)
 
 
+def _slice_s(deadline):
+    """Seconds of the next C call: _NEXT_SLICE_S, or less to end at ``deadline``."""
+    if deadline is None:
+        return _NEXT_SLICE_S
+    return max(0.0, min(_NEXT_SLICE_S, deadline - time.monotonic()))
+
+
+def _ms(seconds):
+    return int(math.ceil(seconds * 1000))
+
+
 def _rank_from_env():
     """LOCAL_RANK, else RANK, else 0."""
     for var in ("LOCAL_RANK", "RANK"):
@@ -99,27 +110,11 @@ def _rank_from_env():
     return 0
 
 
-# Forks this process went through. A handle made before a fork belongs to the
-# parent: in the child its finalizers do nothing (the library would refuse
-# anyway, with RF_E_FORKED), so no warning fires for every inherited batch.
-_FORKS = 0
-
-
-def _count_fork_in_child():
-    global _FORKS
-    _FORKS += 1
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_count_fork_in_child)
-
-
-def _detach(feed_ptr, forks):
-    """Finalizer of a _Handle: detaches (unmaps the ring). Never raises."""
+def _detach(feed_ptr):
+    """Finalizer of a _Handle: detaches (unmaps the ring). Never raises. In a
+    forked child the library only unmaps the child's copy (RF_E_FORKED rules)."""
     if sys.is_finalizing():
         return  # the OS drops the mapping and the rank lock at exit
-    if forks != _FORKS:
-        return  # a forked child: the parent's rank is not ours to detach
     try:
         _LIB.rf_detach(feed_ptr)
     except Exception:  # noqa: BLE001 - a finalizer must not raise
@@ -134,13 +129,12 @@ class _Handle:
     a call is queued in ``pending`` and given back by the next call.
     """
 
-    __slots__ = ("ptr", "name", "rank", "forks", "call_lock", "pending", "queued", "claims", "undelivered", "__weakref__")
+    __slots__ = ("ptr", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "__weakref__")
 
     def __init__(self, ptr, name, rank):
         self.ptr = ptr
         self.name = name
         self.rank = rank
-        self.forks = _FORKS
         self.call_lock = threading.Lock()
         self.pending = collections.deque()
         # Set when a slot is queued in `pending`: wakes a next() that waits for it.
@@ -152,7 +146,7 @@ class _Handle:
         self.undelivered = None
         # atexit=False: at interpreter exit the OS unmaps; unmapping earlier
         # could pull memory from under a daemon thread still reading a view.
-        weakref.finalize(self, _detach, ptr, self.forks).atexit = False
+        weakref.finalize(self, _detach, ptr).atexit = False
 
     @property
     def held(self):
@@ -184,7 +178,8 @@ def _unqueue(queue, raw):
 
 
 def _warn_if_failed(rc, message):
-    if rc != _lib.RF_OK:
+    # RF_E_FORKED: a forked child's copy of a batch died; the parent keeps it.
+    if rc not in (_lib.RF_OK, _lib.RF_E_FORKED):
         warnings.warn("ringfeed: giving back a slot failed: %s" % message, RuntimeWarning, stacklevel=2)
 
 
@@ -214,7 +209,7 @@ def _give_back(handle, raw, claim):
     another call on this feed (garbage collection); it never blocks and never
     raises.
     """
-    if sys.is_finalizing() or handle.forks != _FORKS:
+    if sys.is_finalizing():
         return
     try:
         if not claim.take_back(handle):
@@ -480,16 +475,14 @@ class Feed:
         timeout_ms = _timeout_ms(timeout)
         deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
         while True:
-            slice_s = _NEXT_SLICE_S if deadline is None else max(0.0, min(_NEXT_SLICE_S, deadline - time.monotonic()))
+            slice_s = _slice_s(deadline)
             handle.queued.clear()
-            rc, batch, message = self._call_next(handle, int(math.ceil(slice_s * 1000)))
+            rc, batch, message = self._call_next(handle, _ms(slice_s))
             out_of_time = deadline is not None and time.monotonic() >= deadline
-            if rc == _lib.RF_E_HELD and deadline is not None and not out_of_time:
+            if rc == _lib.RF_E_HELD and (handle.pending or (deadline is not None and not out_of_time)):
                 if not handle.pending:
-                    handle.queued.wait(slice_s)
-                continue  # a view died on another thread: give its slot back, look again
-            if rc == _lib.RF_E_HELD and handle.pending:
-                continue
+                    handle.queued.wait(slice_s)  # for a view to die on another thread
+                continue  # give back what died meanwhile, look again
             if rc != _lib.RF_TIMEOUT or out_of_time:
                 return self._result(handle, rc, batch, message, timeout)
 
@@ -592,11 +585,8 @@ def _attach_in_slices(name, rank, timeout_ms):
     deadline = None if timeout_ms < 0 else start + timeout_ms / 1000.0
     encoded = name.encode("utf-8")
     while True:
-        slice_ms = int(_NEXT_SLICE_S * 1000)
-        if deadline is not None:
-            slice_ms = max(0, min(slice_ms, int(math.ceil((deadline - time.monotonic()) * 1000))))
         ptr = ctypes.c_void_p()
-        rc = _LIB.rf_attach(encoded, rank, slice_ms, ctypes.byref(ptr))
+        rc = _LIB.rf_attach(encoded, rank, _ms(_slice_s(deadline)), ctypes.byref(ptr))
         if rc == _lib.RF_OK:
             return ptr.value
         message = _lib.last_error(_LIB)

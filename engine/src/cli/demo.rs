@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
+use crate::cli::say::say_out;
 use crate::cli::testing::{pattern_fill, pattern_mismatch};
 use crate::loader::{signals, Loader, Plan, ServeConfig, STOP_NOT_A_SIGNAL};
 use crate::reader::{IoChoice, ReaderConfig};
@@ -106,7 +107,7 @@ pub fn run_consumer(a: &DemoConsumerArgs) -> Result<()> {
         batches += 1;
     }
     fs::write(&a.out, out).with_context(|| format!("cannot write {}", a.out.display()))?;
-    crate::cli::say::say_out!("{batches} {bytes} {}", first_batch.unwrap_or_default().as_micros());
+    say_out!("{batches} {bytes} {}", first_batch.unwrap_or_default().as_micros());
     Ok(())
 }
 
@@ -168,7 +169,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     let data_dir = dir.join("data");
     let t = Instant::now();
     let total = make_dataset(&data_dir, a.files, a.max_sample_bytes)?;
-    crate::cli::say::say_out!("demo: wrote {} files ({}) to {} in {:.2} s", a.files, human_bytes(total), data_dir.display(), t.elapsed().as_secs_f64());
+    say_out!("demo: wrote {} files ({}) to {} in {:.2} s", a.files, human_bytes(total), data_dir.display(), t.elapsed().as_secs_f64());
     let name = format!("demo-{}", std::process::id());
     let cfg = ServeConfig {
         source: data_dir.clone(),
@@ -229,22 +230,19 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     let report = match (result, failed) {
         (Ok(report), _) => report,
         (Err(e), failed) => {
-            for rank in &mut ranks {
-                let _ = rank.child.kill();
-            }
-            let mut why = Vec::new();
+            let mut failed_status = None;
             for (r, rank) in ranks.iter_mut().enumerate() {
-                if let Ok(status) = rank.child.wait() {
-                    if Some(r as u32) == failed {
-                        let said = if status.code().is_some() { "; its message is above" } else { "" };
-                        why.push(format!("the consumer of rank {r} failed ({status}){said}"));
-                    }
+                let _ = rank.child.kill();
+                let status = rank.child.wait();
+                if Some(r as u32) == failed {
+                    failed_status = status.ok();
                 }
             }
-            if why.is_empty() {
+            let (Some(r), Some(status)) = (failed, failed_status) else {
                 return Err(e.into());
-            }
-            bail!("{}; the loader stopped", why.join("; "));
+            };
+            let said = if status.code().is_some() { "; its message is above" } else { "" };
+            bail!("the consumer of rank {r} failed ({status}){said}; the loader stopped");
         }
     };
     let mut first_batch_us = Vec::new();
@@ -260,13 +258,13 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     }
     check_exactly_once(&sampler, &ranks)?;
     let secs = report.elapsed.as_secs_f64();
-    crate::cli::say::say_out!(
+    say_out!(
         "demo: exactly-once check passed: {} ranks × {} epochs, every sample of every epoch delivered once (tail of {} dropped per epoch), bytes equal to the files",
         a.world_size,
         a.epochs,
         sampler.config().n_samples % sampler.step_samples()
     );
-    crate::cli::say::say_out!(
+    say_out!(
         "demo: delivered {} batches, {} samples, {} in {:.3} s: {:.2} GB/s, {:.0} samples/s (reader {}, ring {} in /dev/shm)",
         report.batches,
         report.samples,
@@ -278,9 +276,9 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         human_bytes(ring_bytes),
     );
     let fb = first_batch_us.iter().map(|us| format!("{:.1} ms", *us as f64 / 1e3)).collect::<Vec<_>>().join(", ");
-    crate::cli::say::say_out!("demo: time from attach to first batch per rank: {fb}");
+    say_out!("demo: time from attach to first batch per rank: {fb}");
     if let (Some(first), Some(all)) = (report.first_publish, report.all_first_published) {
-        crate::cli::say::say_out!(
+        say_out!(
             "demo: the loader published the first rank's first batch {:.1} ms after creating the ring, and every rank's by {:.1} ms (the consumers were already waiting)",
             first.as_secs_f64() * 1e3,
             all.as_secs_f64() * 1e3

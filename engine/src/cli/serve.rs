@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 
+use crate::cli::say::say_err;
 use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
 use crate::manifest::{Manifest, ManifestCache, ManifestOptions, ManifestOrigin};
 use crate::reader::{IoChoice, ReadError, ReaderConfig};
@@ -214,7 +215,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         }
         None => "listed (manifest cache off)".to_owned(),
     };
-    crate::cli::say::say_err!(
+    say_err!(
         "ringfeed: manifest: {} samples in {} files ({}), {how}, planned in {:.2} s",
         plan.manifest().len(),
         plan.manifest().files().len(),
@@ -240,7 +241,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     let loader = Loader::start(plan)?;
     let layout = *loader.producer().layout();
     let plan = loader.plan();
-    crate::cli::say::say_err!(
+    say_err!(
         "ringfeed: serving {} samples ({}) from {} as {:?} to {} rank(s): batch {}, {} batches per rank, {} slots/rank of {}, ring {} in /dev/shm/ringfeed-{}",
         plan.manifest().len(),
         human_bytes(plan.manifest().total_bytes()),
@@ -257,7 +258,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     match loader.run(&signals::STOP) {
         Ok(report) => {
             let secs = report.elapsed.as_secs_f64();
-            crate::cli::say::say_err!(
+            say_err!(
                 "ringfeed: done: {} batches, {} samples, {} in {:.2} s ({:.2} GB/s, reader {})",
                 report.batches,
                 report.samples,
@@ -269,7 +270,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             Ok(0)
         }
         Err(ServeError::Signal(sig)) => {
-            crate::cli::say::say_err!("ringfeed: stopped by signal {sig}: trainers were told (once they have taken what was published, next fails with \"stopped before the end of the run\"), segment removed");
+            say_err!("ringfeed: stopped by signal {sig}: trainers were told (once they have taken what was published, next fails with \"stopped before the end of the run\"), segment removed");
             Ok(128u8.saturating_add(sig as u8))
         }
         Err(err)

@@ -654,6 +654,18 @@ impl Consumer {
     fn wait_next(&mut self, start: Instant, timeout: Option<Duration>) -> Result<Next, NextError> {
         let deadline = timeout.map(|t| start + t);
         let spin_until = start + SPIN_BEFORE_SLEEP;
+        if let Some(r) = self.end_or_abort() {
+            return r;
+        }
+        // Checked once: only this consumer can free that slot, and it is in
+        // this call (a feed is used by one thread at a time).
+        if let Some(e) = self.next_slot_held() {
+            // A dead loader is the bigger news, and ends the run anyway.
+            if !self.loader_alive() {
+                return Err(NextError::LoaderGone { name: self.name.clone(), pid: self.loader_pid });
+            }
+            return Err(e);
+        }
         let mut checked_this_call = false;
         loop {
             if let Some(b) = self.try_next()? {
@@ -661,13 +673,6 @@ impl Consumer {
             }
             if let Some(r) = self.end_or_abort() {
                 return r;
-            }
-            if let Some(e) = self.next_slot_held() {
-                // A dead loader is the bigger news, and ends the run anyway.
-                if !self.loader_alive() {
-                    return Err(NextError::LoaderGone { name: self.name.clone(), pid: self.loader_pid });
-                }
-                return Err(e);
             }
             let now = Instant::now();
             let out_of_time = deadline.is_some_and(|d| now >= d);
@@ -706,9 +711,13 @@ impl Consumer {
     /// The error for a wait that cannot end: the slot of the next batch
     /// still holds an earlier batch of ours, which only we can give back
     /// (a feed is used by one thread at a time, so nothing frees it while
-    /// we wait). None when that slot is free or the next batch is the
-    /// rank's first use of it.
+    /// we wait). None when that slot is free, when the next batch is the
+    /// rank's first use of it, or when there is no next batch (the wait
+    /// ends with the end of the run).
     fn next_slot_held(&self) -> Option<NextError> {
+        if self.batches_expected().is_some_and(|n| self.consumed >= n) {
+            return None;
+        }
         let l = self.view.layout();
         let k = u64::from(l.geometry.slots_per_rank);
         let previous = self.consumed.checked_sub(k)?;
