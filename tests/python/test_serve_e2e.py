@@ -412,3 +412,35 @@ def test_a_rank_that_no_trainer_attaches_to_is_named_while_the_loader_waits(data
     text = loader_err.decode()
     assert "WARN" in text and "waiting for rank(s) [1]: no trainer is attached" in text, text
     assert "--world-size 2" in text, text
+
+
+def test_a_rank_that_took_its_last_batch_ends_without_waiting_for_slower_ranks(dataset):
+    """Each rank advances on its own; its loop must end once it has every
+    batch of the run, not when the slowest rank is done (here rank 1 never
+    comes: before, rank 0 waited for END until the loader was stopped)."""
+    import ringfeed
+
+    root, hashes = dataset
+    name = "e2e-finish-%s" % uuid.uuid4().hex[:8]
+    world, batch, epochs = 2, 8, 2
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(root), "--name", name, "--batch-size", str(batch),
+         "--world-size", str(world), "--epochs", str(epochs)],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        taken = 0
+        with ringfeed.attach(name, rank=0, timeout=30) as feed:
+            while True:
+                b = feed.next(timeout=20)  # TimeoutError here is the bug
+                if b is None:
+                    break
+                taken += 1
+                b.release()
+        assert taken == epochs * (len(hashes) // (world * batch))
+        assert loader.poll() is None, "the loader still waits for rank 1"
+    finally:
+        loader.terminate()
+        _, loader_err = loader.communicate(timeout=30)
+        kill_survivors([loader])
+    assert loader.returncode == 128 + 15, loader_err.decode()

@@ -315,6 +315,8 @@ pub struct Loader {
     ranks_started: u32,
     /// Bytes of the first batches published so far.
     first_step_bytes: u64,
+    /// Ranks told that their last batch is published.
+    finished: Vec<bool>,
 }
 
 impl Loader {
@@ -338,6 +340,7 @@ impl Loader {
         }
         producer.set_reader_info(opened.engine.backend_name(), 0);
         let cursors = (0..cfg.world_size).map(|_| RankCursor::new(&plan.sampler)).collect();
+        let finished = vec![false; cfg.world_size as usize];
         let report = ServeReport { backend: opened.engine.backend_name(), ..Default::default() };
         let max_in_flight = opened.engine.max_in_flight();
         let warm_up_in_flight = (cfg.batch_size as usize).clamp(WARM_UP_IN_FLIGHT_MIN.min(max_in_flight), max_in_flight);
@@ -357,6 +360,7 @@ impl Loader {
             reserving: false,
             ranks_started: 0,
             first_step_bytes: 0,
+            finished,
         })
     }
 
@@ -593,6 +597,12 @@ impl Loader {
                 if rank_starts {
                     self.rank_started(r, bytes, at);
                 }
+            }
+            if !self.finished[r as usize] && self.producer.published(r) >= self.plan.batches_per_rank() {
+                // Its last batch is out: its trainer ends its loop once it
+                // has taken it, without waiting for slower ranks.
+                self.producer.finish_rank(r);
+                self.finished[r as usize] = true;
             }
         }
         Ok(())
