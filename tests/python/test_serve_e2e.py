@@ -444,3 +444,52 @@ def test_a_rank_that_took_its_last_batch_ends_without_waiting_for_slower_ranks(d
         _, loader_err = loader.communicate(timeout=30)
         kill_survivors([loader])
     assert loader.returncode == 128 + 15, loader_err.decode()
+
+
+@pytest.mark.parametrize("io", ["uring", "pread"])
+def test_a_stop_is_not_held_up_by_a_read_that_never_returns(tmp_path, io):
+    """Opening a FIFO put in place of a dataset file blocks until a writer
+    comes, like a read from a hung network filesystem. SIGTERM must still
+    tell the trainer, remove the segment and end the loader."""
+    import time
+
+    import ringfeed
+
+    root = tmp_path / "data"
+    root.mkdir()
+    for i in range(10):
+        (root / ("f%02d" % i)).write_bytes(bytes([i]) * 1000)
+    name = "e2e-hung-%s-%s" % (io, uuid.uuid4().hex[:8])
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(root), "--name", name, "--batch-size", "1", "--no-shuffle",
+         "--slots-per-rank", "2", "--io", io, "--manifest-cache", "off"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with ringfeed.attach(name, rank=0, timeout=30) as feed:
+            # The loader is two batches ahead: samples 0 and 1 are read. File
+            # 5 becomes a FIFO before the loader opens it.
+            fifo = root / "f05"
+            fifo.unlink()
+            os.mkfifo(fifo)
+            for i in range(5):
+                b = feed.next(timeout=20)
+                assert bytes(b.sample(0))[:1] == bytes([i])
+                b.release()
+            with pytest.raises(ringfeed.TimeoutError):
+                feed.next(timeout=1)  # the loader is stuck opening f05
+            stopped = time.monotonic()
+            loader.terminate()
+            with pytest.raises(ringfeed.AbortedError):
+                feed.next(timeout=20)
+            told = time.monotonic() - stopped
+        _, err = loader.communicate(timeout=20)
+        took = time.monotonic() - stopped
+    finally:
+        kill_survivors([loader])
+    text = err.decode()
+    assert loader.returncode == 128 + 15, text
+    assert told < 2, "the trainer learned of the stop %.1f s after SIGTERM" % told
+    assert took < 15, "the loader took %.1f s to exit" % took
+    assert not os.path.exists("/dev/shm/ringfeed-" + name)
+    assert "read(s) still under way" in text and "FIFO" in text, text

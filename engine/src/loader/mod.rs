@@ -32,6 +32,10 @@ const REAP_WAIT: Duration = Duration::from_millis(10);
 const WARM_UP_IN_FLIGHT_MIN: usize = 32;
 /// How often a progress line is logged.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// How long a stopping loader waits for the reads under way.
+const READS_GRACE: Duration = Duration::from_secs(5);
+/// Reads in flight with no completion for this long get a warning.
+const READS_STALLED: Duration = Duration::from_secs(30);
 
 /// Everything `ringfeed serve` needs.
 #[derive(Clone, Debug)]
@@ -317,6 +321,10 @@ pub struct Loader {
     first_step_bytes: u64,
     /// Ranks told that their last batch is published.
     finished: Vec<bool>,
+    /// When a read last completed, or reads were last idle (see `watch_stall`).
+    reads_moved: Instant,
+    /// The last stall warning.
+    stall_warned: Option<Instant>,
 }
 
 impl Loader {
@@ -361,6 +369,8 @@ impl Loader {
             ranks_started: 0,
             first_step_bytes: 0,
             finished,
+            reads_moved: Instant::now(),
+            stall_warned: None,
         })
     }
 
@@ -378,13 +388,48 @@ impl Loader {
     /// signal number once the process was asked to stop.
     pub fn run(mut self, stop: &AtomicU32) -> Result<ServeReport, ServeError> {
         let result = self.run_inner(stop);
-        match &result {
-            Ok(()) => {}
-            Err(ServeError::Signal(sig)) => self.producer.abort(*sig),
-            Err(_) => self.producer.abort(0),
+        if let Err(err) = &result {
+            // Trainers learn it now, and the name is free for a new loader,
+            // whether or not the reads under way ever return.
+            self.producer.abort(if let ServeError::Signal(sig) = err { *sig } else { 0 });
+            self.producer.remove_name();
         }
         self.report.elapsed = self.started.elapsed();
-        result.map(|()| self.report.clone())
+        let report = self.report.clone();
+        self.shut_down(READS_GRACE);
+        result.map(|()| report)
+    }
+
+    /// Drops the reader, then the ring. A read that does not return (a hung
+    /// network filesystem, a FIFO put in place of a file) would block its
+    /// drop, and a stop, forever: after `grace` the ring's mapping is left
+    /// in place (the read may still write into it) and this returns; the
+    /// process is expected to exit.
+    fn shut_down(self, grace: Duration) {
+        let Loader { reader, producer, .. } = self;
+        let in_flight = reader.in_flight();
+        if in_flight == 0 {
+            drop(reader);
+            drop(producer);
+            return;
+        }
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new().name("ringfeed-reader-stop".into()).spawn(move || {
+            drop(reader);
+            let _ = done_tx.send(());
+        });
+        // A thread that could not start dropped the reader in this one.
+        if spawned.is_err() || done_rx.recv_timeout(grace).is_ok() {
+            drop(producer);
+            return;
+        }
+        tracing::error!(
+            "{in_flight} read(s) still under way {:.0} s after the loader stopped (a hung network filesystem, or a FIFO or device in place of a dataset file?); \
+             leaving them: the trainers were told and the segment's name is removed",
+            grace.as_secs_f64()
+        );
+        // The reads may still write into the ring: never unmap it.
+        std::mem::forget(producer);
     }
 
     fn run_inner(&mut self, stop: &AtomicU32) -> Result<(), ServeError> {
@@ -424,6 +469,7 @@ impl Loader {
             if last_progress.elapsed() >= PROGRESS_EVERY {
                 self.log_progress(&mut progress_base);
                 self.log_unattached(&blocked, "");
+                self.watch_stall();
                 last_progress = Instant::now();
             }
             let idle = self.reader.in_flight() == 0 && self.queued.is_empty();
@@ -569,6 +615,9 @@ impl Loader {
     }
 
     fn complete(&mut self) -> Result<(), ServeError> {
+        if !self.completions.is_empty() {
+            self.reads_moved = Instant::now();
+        }
         for c in self.completions.drain(..) {
             // Every failed read ends the run, and the failed read's slot is
             // never published. `ReadOp::spare_byte` relies on it: the read
@@ -667,6 +716,27 @@ impl Loader {
         } else {
             // None yet: trainers still starting (torchrun, imports) is normal.
             tracing::info!("{line}");
+        }
+    }
+
+    /// Warns, every `READS_STALLED`, while reads are in flight and none has
+    /// completed for that long: otherwise a read that never returns looks
+    /// like a loader that hangs in silence.
+    fn watch_stall(&mut self) {
+        let in_flight = self.reader.in_flight();
+        if in_flight == 0 {
+            self.reads_moved = Instant::now();
+            return;
+        }
+        let still = self.reads_moved.elapsed();
+        let quiet = self.stall_warned.is_none_or(|t| t.elapsed() >= READS_STALLED);
+        if still >= READS_STALLED && quiet {
+            tracing::warn!(
+                "no read has completed for {:.0} s, with {in_flight} in flight (a hung network filesystem, or a FIFO or device in place of a dataset file under {}?)",
+                still.as_secs_f64(),
+                self.plan.cfg.source.display()
+            );
+            self.stall_warned = Some(Instant::now());
         }
     }
 

@@ -195,6 +195,8 @@ pub struct Producer {
     published: Vec<u64>,
     /// Set by `abandon`: drop leaves the ring as a dead process would.
     abandoned: bool,
+    /// `remove_name` ran: the name in /dev/shm is no longer ours.
+    name_removed: bool,
     /// Per slot: its payload is allocated in /dev/shm (see `Backing`).
     backing: Arc<Backing>,
     /// The thread `reserve_rest` started; Drop stops and joins it.
@@ -334,7 +336,7 @@ impl Producer {
         Self::write_header(&view);
         let w = layout.geometry.world_size as usize;
         let backing = Arc::new(Backing { allocated: (0..layout.slot_count()).map(|_| AtomicBool::new(false)).collect(), stop: AtomicBool::new(false) });
-        let producer = Producer { name: name.to_string(), path, fd, view, next_claim: vec![0; w], published: vec![0; w], abandoned: false, backing, reserver: None };
+        let producer = Producer { name: name.to_string(), path, fd, view, next_claim: vec![0; w], published: vec![0; w], abandoned: false, name_removed: false, backing, reserver: None };
         // SYNC POINT: Release pairs with the consumer's Acquire of `state` in
         // attach: a consumer that reads READY sees every header field.
         producer.view.header().state.store(state::READY, Ordering::Release);
@@ -644,6 +646,18 @@ impl Producer {
     pub fn abandon(mut self) {
         self.abandoned = true;
     }
+
+    /// Removes the segment's name from /dev/shm now, rather than at drop: a
+    /// loader that stops tells its trainers (`abort`) and frees the name at
+    /// once, even while a read it cannot cancel still writes into the ring
+    /// (the mapping stays until drop). Later calls, and drop, do nothing
+    /// more, so a new loader that took the name meanwhile keeps it.
+    pub fn remove_name(&mut self) {
+        if !self.name_removed {
+            self.name_removed = true;
+            let _ = segment::shm_unlink(&self.name);
+        }
+    }
 }
 
 impl Drop for Producer {
@@ -659,7 +673,7 @@ impl Drop for Producer {
         if state_now != state::ENDED && state_now != state::ABORTED {
             self.abort(0);
         }
-        let _ = segment::shm_unlink(&self.name);
+        self.remove_name();
     }
 }
 
