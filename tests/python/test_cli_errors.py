@@ -103,6 +103,8 @@ def test_a_log_filter_that_would_silence_ringfeed_is_named():
     (["--batch-size", "0"], {}, ["batch size is 0", "--batch-size"]),
     (["--batch-size", str(2**20 + 1)], {}, ["above the limit", "--batch-size"]),
     (["--batch-size", "4", "--world-size", "129"], {}, ["world size 129", "--world-size at most 128"]),
+    (["--batch-size", "4", "--slots-per-rank", "1025"], {}, ["--slots-per-rank 1025", "at most 1024"]),
+    (["--batch-size", "4", "--slot-bytes", str(2**36 + 1)], {}, ["--slot-bytes %d" % (2**36 + 1), "64.0 GiB"]),
     (["--batch-size", "4"], {"LOCAL_WORLD_SIZE": "200"}, ["world size 200"]),
 ])
 def test_batch_and_world_size_are_checked_before_the_source_is_listed(flags, env, words):
@@ -112,3 +114,29 @@ def test_batch_and_world_size_are_checked_before_the_source_is_listed(flags, env
     assert "nonexistent" not in err, err
     for w in words:
         assert w in err, err
+
+
+def test_a_ring_too_large_for_its_flags_or_data_names_what_to_lower(tmp_path):
+    """The ring's limits, reached by the flags together or by the data (the
+    B largest samples of sparse 40 GB files), name the flag to change."""
+    big = tmp_path / "big"
+    big.mkdir()
+    for n in "ab":
+        with open(big / n, "wb") as f:
+            f.truncate(40 << 30)
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(130):
+        (many / ("f%03d" % i)).write_bytes(b"x")
+    cases = [
+        (["--source", str(big), "--batch-size", "2"], ["2 largest samples together, 80.0 GiB", "lower --batch-size"]),
+        (["--source", str(many), "--batch-size", "1", "--world-size", "128", "--slots-per-rank", "1024", "--slot-bytes", str(60 << 30)],
+         ["128 rank(s) x 1024 slots of 60.0 GiB", "16.0 TiB", "lower --slots-per-rank"]),
+    ]
+    for flags, words in cases:
+        name = "clierr-%s" % uuid.uuid4().hex[:8]
+        rc, _, err = run(["serve", "--name", name, "--manifest-cache", "off"] + flags)
+        assert rc == 1, err
+        for w in words:
+            assert w in err, (w, err)
+        assert not os.path.exists("/dev/shm/ringfeed-" + name)

@@ -124,11 +124,18 @@ impl ServeArgs {
         if self.epochs == 0 {
             bail!("--epochs 0 serves nothing; pass at least 1");
         }
+        use crate::ring::layout::{MAX_SLOTS_PER_RANK, MAX_SLOT_PAYLOAD_BYTES};
         if self.slots_per_rank == Some(0) {
             bail!("--slots-per-rank 0: each rank needs at least 1 slot (2 or more lets the loader read ahead)");
         }
+        if let Some(k) = self.slots_per_rank.filter(|&k| k > MAX_SLOTS_PER_RANK) {
+            bail!("--slots-per-rank {k}: a rank can have at most {MAX_SLOTS_PER_RANK} slots");
+        }
         if self.slot_bytes == Some(0) {
             bail!("--slot-bytes 0: a slot must hold at least one byte; leave it out to size slots from the data");
+        }
+        if let Some(b) = self.slot_bytes.filter(|&b| b > MAX_SLOT_PAYLOAD_BYTES) {
+            bail!("--slot-bytes {b}: a slot can hold at most {MAX_SLOT_PAYLOAD_BYTES} bytes ({})", human_bytes(MAX_SLOT_PAYLOAD_BYTES));
         }
         if !(1..=crate::reader::QUEUE_DEPTH_MAX).contains(&self.queue_depth) {
             bail!("--queue-depth {}: must be from 1 to {}", self.queue_depth, crate::reader::QUEUE_DEPTH_MAX);
@@ -192,7 +199,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         (Ok(plan), _, _) => plan,
         // A size the cache's checks could not see (past 4,096 files) may be
         // what failed: plan again over a fresh listing before reporting.
-        (Err(err), Some(cache), Some(ManifestOrigin::Cached { path, .. })) => {
+        (Err(err @ (ServeError::SlotTooSmall { .. } | ServeError::Shape(_))), Some(cache), Some(ManifestOrigin::Cached { path, .. })) => {
             tracing::info!("the manifest from the cache {} cannot be planned ({err}); listing {} again", path.display(), cfg.source.display());
             let (manifest, listed) = Manifest::build_cached(&cfg.source, &opts, cache, true)?;
             origin = Some(listed);

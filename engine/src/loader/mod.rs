@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use crate::manifest::{Manifest, ManifestError, ManifestOptions};
 use crate::reader::{open_engine, Completion, FileTable, IoChoice, ReadEngine, ReadError, ReadOp, ReaderConfig};
 use crate::ring::segment::{self, human_bytes};
+use crate::ring::layout::GeometryError;
 use crate::ring::{CreateError, Layout, Producer, PublishError, RingGeometry};
 use crate::sampler::{ResumeState, Sampler, SamplerConfig, SamplerError};
 
@@ -119,6 +120,9 @@ pub enum ServeError {
         /// Slot payload size.
         slot_bytes: u64,
     },
+    /// The ring these flags and this dataset ask for cannot be built.
+    #[error("cannot build the ring: {0}")]
+    Shape(String),
     /// Internal protocol misuse (a bug).
     #[error("internal error: {0}")]
     Publish(#[from] PublishError),
@@ -261,6 +265,10 @@ impl Plan {
             let g = RingGeometry { world_size: cfg.world_size, slots_per_rank: k, max_samples_per_slot: cfg.batch_size, slot_payload_bytes: slot_bytes };
             fit_auto_slots(g, segment::shm_room_for(&cfg.name).map(|room| room.left()))
         });
+        let geometry = RingGeometry { world_size: cfg.world_size, slots_per_rank, max_samples_per_slot: cfg.batch_size, slot_payload_bytes: slot_bytes };
+        if let Err(e) = Layout::compute(geometry) {
+            return Err(ServeError::Shape(shape_problem(&cfg, geometry, &e)));
+        }
         let files = Arc::new(FileTable::over(manifest.root(), Arc::clone(manifest.files()), cfg.record_bytes.is_some())?);
         Ok(Plan { cfg, manifest, sampler, slot_bytes, slots_per_rank, files })
     }
@@ -747,6 +755,33 @@ impl Loader {
         let (epoch, _) = self.cursors.first().map(RankCursor::position).unwrap_or_default();
         tracing::info!("epoch {epoch}: {}/{} batches published, {:.1} MB/s", self.report.batches, total, mb / secs.max(1e-9));
         *base = (self.report.bytes, Instant::now());
+    }
+}
+
+/// Says which flag (or which property of the data) makes `g` impossible.
+fn shape_problem(cfg: &ServeConfig, g: RingGeometry, e: &GeometryError) -> String {
+    use crate::ring::layout::{MAX_SEGMENT_BYTES, MAX_SLOTS_PER_RANK, MAX_SLOT_PAYLOAD_BYTES};
+    match e {
+        GeometryError::OutOfRange { field: "slots_per_rank", value, .. } => {
+            format!("--slots-per-rank {value} is more than the {MAX_SLOTS_PER_RANK} a rank can have")
+        }
+        GeometryError::OutOfRange { field: "slot_payload_bytes", value, .. } if cfg.slot_bytes.is_some() => {
+            format!("--slot-bytes {value} is more than the {} a slot can hold", human_bytes(MAX_SLOT_PAYLOAD_BYTES))
+        }
+        GeometryError::OutOfRange { field: "slot_payload_bytes", value, .. } => format!(
+            "a slot must hold the {} largest samples together, {}, more than the {} a slot can hold; lower --batch-size",
+            cfg.batch_size,
+            human_bytes(*value),
+            human_bytes(MAX_SLOT_PAYLOAD_BYTES)
+        ),
+        GeometryError::TooLarge { .. } => format!(
+            "{} rank(s) x {} slots of {} would be more than {} of shared memory; lower --slots-per-rank, --batch-size or --slot-bytes",
+            g.world_size,
+            g.slots_per_rank,
+            human_bytes(g.slot_payload_bytes),
+            human_bytes(MAX_SEGMENT_BYTES)
+        ),
+        other => format!("{other} (--world-size {}, --batch-size {})", g.world_size, g.max_samples_per_slot),
     }
 }
 
