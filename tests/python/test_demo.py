@@ -40,3 +40,30 @@ def test_a_consumer_that_dies_stops_the_demo_with_its_rank_instead_of_a_hang():
     assert demo.returncode == 1, err
     assert "the consumer of rank" in err and "failed" in err and "the loader stopped" in err, err
     assert not os.path.exists("/dev/shm/ringfeed-demo-%d" % demo.pid)
+
+
+def test_ctrl_c_while_the_demo_writes_its_dataset_stops_it_and_cleans_up():
+    import os
+    import signal
+    import tempfile
+    import time
+
+    # Enough files to take several seconds to write on any machine.
+    demo = subprocess.Popen([ringfeed_bin(), "demo", "--files", "2000000", "--max-sample-bytes", "64"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    data = os.path.join(tempfile.gettempdir(), "ringfeed-demo-%d" % demo.pid, "data")
+    try:
+        deadline = time.monotonic() + 30
+        while not (os.path.isdir(data) and len(os.listdir(data)) > 100):
+            assert time.monotonic() < deadline and demo.poll() is None, "the demo wrote no files"
+            time.sleep(0.02)
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=10)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    err = err.decode()
+    assert demo.returncode == 1, err
+    assert "stopped by signal 2 while writing the dataset" in err, err
+    assert not os.path.exists(os.path.dirname(data)), "the demo left its files"

@@ -116,6 +116,10 @@ fn make_dataset(dir: &Path, files: u64, max: u64) -> Result<u64> {
     let mut total = 0;
     let mut buf = Vec::new();
     for i in 0..files {
+        let sig = signals::STOP.load(Ordering::Relaxed);
+        if sig != 0 {
+            bail!("stopped by signal {sig} while writing the dataset ({i} of {files} files written); nothing was served");
+        }
         let len = demo_sample_bytes(i, max);
         buf.resize(len as usize, 0);
         pattern_fill(i, &mut buf);
