@@ -362,3 +362,47 @@ def test_a_forked_child_cannot_take_or_give_back_the_parents_batches(producer):
             b.release()
         assert steps == [1, 2, 3]  # nothing taken twice, nothing skipped
     assert p.wait() == 0
+
+
+def test_a_forked_child_that_outlives_its_trainer_does_not_keep_the_rank(producer):
+    """A rank's lock lasts while any copy of its descriptor is open. A forked
+    child (an orphaned multiprocessing worker) that outlives a trainer killed
+    by SIGKILL must not keep the rank locked: the restarted trainer attaches
+    and gets the batches its predecessor never took."""
+    import signal
+    import subprocess
+    import sys
+
+    p = producer(world_size=1, batches=4, batch_size=2, sample_bytes=64, slots_per_rank=2)
+    script = (
+        "import os, signal, sys, time\n"
+        "import ringfeed\n"
+        "feed = ringfeed.attach(sys.argv[1], 0, timeout=5)\n"
+        "b = feed.next(timeout=5)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    null = os.open(os.devnull, os.O_RDWR)\n"
+        "    os.dup2(null, 1)\n"
+        "    os.dup2(null, 2)\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print(pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    trainer = subprocess.run([sys.executable, "-c", script, p.name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             timeout=30, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert trainer.returncode == -signal.SIGKILL, trainer.stderr.decode()
+    child = int(trainer.stdout.split()[0])
+    try:
+        assert os.path.exists("/proc/%d" % child), "the forked child should still be running"
+        with ringfeed.attach(p.name, 0, timeout=5) as feed:
+            steps = []
+            for b in feed:
+                steps.append(b.step)
+                b.release()
+        # Batch 0 was taken by the killed trainer: a new trainer of the rank
+        # continues with the next one it did not take.
+        assert steps == [1, 2, 3]
+    finally:
+        os.kill(child, signal.SIGKILL)
+    assert p.wait() == 0

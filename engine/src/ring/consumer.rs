@@ -8,7 +8,9 @@
 //! after it was checked.
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::AtomicI32;
 use std::time::{Duration, Instant};
 
 use crate::ring::futex;
@@ -37,18 +39,48 @@ const ATTACH_RETRY_FIRST: Duration = Duration::from_micros(200);
 /// attached by the parent of this process.
 static FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-extern "C" fn count_fork_in_child() {
+/// Most feeds of one process whose rank lock a forked child gives up.
+const LOCK_FDS_MAX: usize = 64;
+
+/// The descriptors of this process's feeds, each holding its rank's lock
+/// (-1: free entry). A rank lock is an OFD lock: it lasts while any
+/// descriptor of its open file description is open, and a forked child gets
+/// copies of them all. A child that outlived its trainer (an orphaned
+/// multiprocessing worker, say) would keep the rank locked, so no new trainer
+/// could attach to it and the loader would never reclaim its slots: the
+/// child closes its copies at once, in the atfork handler. (The ring is
+/// mapped through another open file description, `segment::map_apart`, so
+/// the child's mapping, which it keeps, holds no lock.)
+static LOCK_FDS: [AtomicI32; LOCK_FDS_MAX] = [const { AtomicI32::new(-1) }; LOCK_FDS_MAX];
+
+extern "C" fn in_forked_child() {
     FORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    for entry in &LOCK_FDS {
+        let fd = entry.swap(-1, std::sync::atomic::Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: the child's copy of a feed's descriptor; its Consumer
+            // knows (`lock_entry`) not to close it again. close is
+            // async-signal-safe, as a handler after fork requires.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// Records `fd` for `in_forked_child`; None when the table is full (a child
+/// then keeps its copy until it exits, as before the table existed).
+fn register_lock_fd(fd: i32) -> Option<usize> {
+    use std::sync::atomic::Ordering::Relaxed;
+    LOCK_FDS.iter().position(|entry| entry.compare_exchange(-1, fd, Relaxed, Relaxed).is_ok())
 }
 
 /// The number of forks so far, registering the counter on first use.
 fn forks_so_far() -> u64 {
     static REGISTER: std::sync::Once = std::sync::Once::new();
     REGISTER.call_once(|| {
-        // SAFETY: the handler only touches an atomic, which is allowed in a
-        // child after fork. A failure (ENOMEM) leaves forks undetected, as
-        // before this check existed.
-        unsafe { libc::pthread_atfork(None, None, Some(count_fork_in_child)) };
+        // SAFETY: the handler only touches atomics and calls close, which
+        // is allowed in a child after fork. A failure (ENOMEM) leaves forks
+        // undetected, as before this check existed.
+        unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
     });
     FORKS.load(std::sync::atomic::Ordering::Relaxed)
 }
@@ -300,7 +332,10 @@ pub struct AttachOptions {
 pub struct Consumer {
     name: String,
     rank: u32,
-    fd: OwnedFd,
+    /// Closed in Drop, unless a forked child's atfork handler already did.
+    fd: ManuallyDrop<OwnedFd>,
+    /// This feed's entry in `LOCK_FDS`.
+    lock_entry: Option<usize>,
     view: View,
     loader_pid: u32,
     consumed: u64,
@@ -436,7 +471,10 @@ impl Consumer {
             let e = corrupt(&path, format!("it is {size} bytes, smaller than a ring header ({HEADER_BYTES})"));
             return Err(if alive || size == 0 { Retry::Later(Some(e)) } else { Retry::Never(e) });
         }
-        let map = segment::map(&fd, size).map_err(|e| io_err("cannot map", e))?;
+        // Not through `fd`: the rank lock taken on `fd` below must end when
+        // the descriptor is closed, even in a forked child that keeps the
+        // mapping (see `LOCK_FDS`).
+        let map = segment::map_apart(&fd, size).map_err(|e| io_err("cannot map", e))?;
         // SAFETY: the mapping is `size` bytes long and stays alive for this
         // borrow. Racing writes by another process can only make validation
         // fail; the copy taken by validate_header is what we keep.
@@ -492,7 +530,8 @@ impl Consumer {
         Ok(Consumer {
             name: name.to_string(),
             rank,
-            fd,
+            lock_entry: register_lock_fd(fd.as_raw_fd()),
+            fd: ManuallyDrop::new(fd),
             view,
             loader_pid,
             consumed,
@@ -797,18 +836,28 @@ impl Drop for Consumer {
         // A forked child's copy shares the parent's descriptor and rank lock:
         // it unmaps and closes its own copies only, and leaves the rank's
         // fields and slots to the parent.
-        if self.abandoned || self.forked().is_some() {
-            return;
+        let forked = self.forked().is_some();
+        if !self.abandoned && !forked {
+            // Detach: give back what we hold so the loader need not wait for
+            // its periodic reclaim, then let closing the descriptor drop our
+            // lock.
+            let block = self.view.rank(self.rank);
+            let slots = self.view.rank_slots(self.rank);
+            let (_, wake) = protocol::reclaim(block, &slots, &self.view.header().producer_sleeping);
+            if wake {
+                futex::wake_all(&block.release_futex);
+            }
+            block.consumer_pid.store(0, Ordering::Relaxed);
         }
-        // Detach: give back what we hold so the loader need not wait for its
-        // periodic reclaim, then let closing the descriptor drop our lock.
-        let block = self.view.rank(self.rank);
-        let slots = self.view.rank_slots(self.rank);
-        let (_, wake) = protocol::reclaim(block, &slots, &self.view.header().producer_sleeping);
-        if wake {
-            futex::wake_all(&block.release_futex);
+        match self.lock_entry {
+            // The atfork handler closed the child's copy; its number may
+            // belong to another file by now.
+            Some(_) if forked => return,
+            Some(entry) => LOCK_FDS[entry].store(-1, std::sync::atomic::Ordering::Relaxed),
+            None => {}
         }
-        block.consumer_pid.store(0, Ordering::Relaxed);
+        // SAFETY: the descriptor is not used after this.
+        unsafe { ManuallyDrop::drop(&mut self.fd) };
     }
 }
 

@@ -365,6 +365,20 @@ pub fn map(fd: &OwnedFd, len: u64) -> io::Result<MmapRaw> {
     MmapOptions::new().len(len).map_raw(&file)
 }
 
+/// Maps `len` bytes of the file behind `fd` through a new open file
+/// description of it (reopened through /proc/self/fd), so that the mapping
+/// holds no reference to `fd`'s description. An OFD lock taken on `fd` then
+/// lasts only while a descriptor of it is open: a forked child that closes
+/// its copy of `fd` but keeps the mapping (and the views into it) does not
+/// keep the lock. Without /proc, maps through `fd` itself.
+pub fn map_apart(fd: &OwnedFd, len: u64) -> io::Result<MmapRaw> {
+    let len_usize = usize::try_from(len).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment larger than the address space"))?;
+    match File::options().read(true).write(true).open(format!("/proc/self/fd/{}", fd.as_raw_fd())) {
+        Ok(file) => MmapOptions::new().len(len_usize).map_raw(&file),
+        Err(_) => map(fd, len),
+    }
+}
+
 /// Watches /dev/shm for new entries, so that a consumer started before its
 /// loader attaches the moment the segment appears instead of at its next
 /// poll (a 10 ms poll put 5 ms on average on every such first batch).
