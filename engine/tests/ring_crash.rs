@@ -390,8 +390,10 @@ fn abort_on_a_signal_gives_aborted_naming_it_to_a_waiting_consumer() {
 fn consumer_attaching_while_the_loader_creates_its_segment_waits_for_it() {
     let name = unique_name("creating");
     let segment = Segment(name.clone());
-    // The state between the loader's shm_open and its lock: empty, unlocked.
-    std::fs::File::create(segment.path()).expect("create an empty segment");
+    // The state between the loader's shm_open and its lock: empty, unlocked;
+    // dated a minute back, so the loader below takes it for a dead one's.
+    let empty = std::fs::File::create(segment.path()).expect("create an empty segment");
+    empty.set_modified(std::time::SystemTime::now() - Duration::from_secs(60)).expect("date it back");
     let attacher = {
         let name = name.clone();
         std::thread::spawn(move || Consumer::attach(&name, 0, opts(HANG)).map(|c| c.rank()))
@@ -402,6 +404,20 @@ fn consumer_attaching_while_the_loader_creates_its_segment_waits_for_it() {
     let attached = attacher.join().expect("attach thread");
     assert!(matches!(attached, Ok(0)), "attach during the loader's creation: {attached:?}");
     drop(p);
+}
+
+#[test]
+fn a_loader_never_replaces_a_segment_another_loader_is_creating() {
+    let name = unique_name("racing");
+    let segment = Segment(name.clone());
+    // Another loader between its shm_open and its lock (one that could not
+    // take the /dev/shm lock): empty, unlocked, just made. Replacing it would
+    // leave that loader serving a ring nobody can attach to.
+    std::fs::File::create(segment.path()).expect("create an empty segment");
+    let g = RingGeometry { world_size: 1, slots_per_rank: 2, max_samples_per_slot: 1, slot_payload_bytes: 4096 };
+    let err = Producer::create(&name, g).err().expect("create must refuse");
+    assert!(err.to_string().contains("creating its segment right now"), "{err}");
+    assert_eq!(std::fs::metadata(segment.path()).expect("still there").len(), 0);
 }
 
 // Bug story: `next` meant to check the loader's liveness before its first

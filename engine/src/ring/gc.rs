@@ -40,22 +40,10 @@ pub fn collect() -> io::Result<Vec<GcOutcome>> {
     Ok(names.into_iter().map(|name| inspect(&name)).collect())
 }
 
-/// How long an empty segment is presumed to be still in creation.
-const CREATION_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
-
-fn is_fresh_and_empty(fd: &std::os::fd::OwnedFd) -> bool {
-    let Ok(meta) = std::fs::File::from(match fd.try_clone() {
-        Ok(fd) => fd,
-        Err(_) => return false,
-    })
-    .metadata() else {
-        return false;
-    };
-    let age = meta.modified().ok().and_then(|m| m.elapsed().ok());
-    meta.len() == 0 && age.is_some_and(|a| a < CREATION_GRACE)
-}
-
 fn inspect(name: &str) -> GcOutcome {
+    // Loaders create, and replace dead, segments under this lock: what is
+    // checked below is still there when it is removed.
+    let _shm_lock = segment::ShmDirLock::take(std::time::Duration::from_secs(2));
     let fd = match segment::shm_open(name, libc::O_RDONLY, 0) {
         Ok(fd) => fd,
         Err(error) => return GcOutcome::Failed { name: name.to_string(), error },
@@ -64,7 +52,7 @@ fn inspect(name: &str) -> GcOutcome {
         Ok(true) => GcOutcome::Alive { name: name.to_string() },
         // An empty, unlocked segment younger than a few seconds is a loader
         // between its shm_open and its lock: leave it alone.
-        Ok(false) if is_fresh_and_empty(&fd) => GcOutcome::Alive { name: name.to_string() },
+        Ok(false) if segment::is_fresh_and_empty(&fd) => GcOutcome::Alive { name: name.to_string() },
         Ok(false) => {
             let bytes = segment::file_size(&fd).unwrap_or(0);
             match segment::shm_unlink(name) {

@@ -304,6 +304,11 @@ impl Producer {
         let layout = Layout::compute(geometry)?;
         let path = segment::shm_path(name).display().to_string();
         let io_err = |what, source| CreateError::Io { what, path: path.clone(), source };
+        // Held from before the name is taken to the sizing: another loader
+        // (or `ringfeed gc`) never sees this segment between its shm_open and
+        // its lock, where it would look dead, and the room check below and
+        // the sizing are one step against loaders starting at once.
+        let shm_lock = segment::ShmDirLock::take(SHM_LOCK_PATIENCE);
         let fd = match segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
@@ -320,9 +325,7 @@ impl Producer {
         }
         // Room for the whole ring must be free now, less what other loaders'
         // rings will still allocate; the payloads themselves are allocated
-        // slot by slot (see `Backing`). The lock on /dev/shm makes the check
-        // and the sizing one step against other loaders starting at once.
-        let shm_lock = segment::ShmDirLock::take(SHM_LOCK_PATIENCE);
+        // slot by slot (see `Backing`).
         if let Some(room) = segment::shm_room_for(name) {
             if room.left() < layout.segment_bytes {
                 return Err(shm_too_small(&path, layout.segment_bytes, room));
@@ -387,6 +390,11 @@ impl Producer {
         if segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|e| io_err("cannot check", e))? {
             let pid = read_loader_pid(&fd).unwrap_or(0);
             return Err(CreateError::AlreadyRunning { name: name.to_string(), pid });
+        }
+        if segment::is_fresh_and_empty(&fd) {
+            // A loader that could not take the /dev/shm lock, between its
+            // shm_open and its own lock.
+            return Err(CreateError::AlreadyRunning { name: name.to_string(), pid: 0 });
         }
         tracing::warn!("removing {path}, left behind by a loader that died");
         segment::shm_unlink(name).map_err(|e| io_err("cannot remove stale", e))

@@ -325,6 +325,20 @@ impl ShmDirLock {
     }
 }
 
+/// How long an empty segment with no loader lock is presumed to be in
+/// creation: a loader between its `shm_open` and its lock.
+const CREATION_GRACE: Duration = Duration::from_secs(5);
+
+/// True for an empty segment younger than `CREATION_GRACE`: a loader may be
+/// about to lock it, so it must not be taken for a dead loader's.
+pub fn is_fresh_and_empty(fd: &OwnedFd) -> bool {
+    let Ok(meta) = fd.try_clone().map(File::from).and_then(|f| f.metadata()) else {
+        return false;
+    };
+    let age = meta.modified().ok().and_then(|m| m.elapsed().ok());
+    meta.len() == 0 && age.is_some_and(|a| a < CREATION_GRACE)
+}
+
 /// Sets the file's size (its bytes are holes until allocated).
 pub fn set_len(fd: &OwnedFd, bytes: u64) -> io::Result<()> {
     let len = libc::off_t::try_from(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
