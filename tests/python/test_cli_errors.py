@@ -124,12 +124,17 @@ def test_a_ring_too_large_for_its_flags_or_data_names_what_to_lower(tmp_path):
     for n in "ab":
         with open(big / n, "wb") as f:
             f.truncate(40 << 30)
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    with open(huge / "one", "wb") as f:
+        f.truncate(70 << 30)
     many = tmp_path / "many"
     many.mkdir()
     for i in range(130):
         (many / ("f%03d" % i)).write_bytes(b"x")
     cases = [
         (["--source", str(big), "--batch-size", "2"], ["2 largest samples together, 80.0 GiB", "lower --batch-size"]),
+        (["--source", str(huge), "--batch-size", "1"], ["a sample of 70.0 GiB", "split such files", "--record-bytes"]),
         (["--source", str(many), "--batch-size", "1", "--world-size", "128", "--slots-per-rank", "1024", "--slot-bytes", str(60 << 30)],
          ["128 rank(s) x 1024 slots of 60.0 GiB", "16.0 TiB", "lower --slots-per-rank"]),
     ]

@@ -149,3 +149,39 @@ def test_an_unusable_cache_dir_is_one_warning_naming_it_and_serving_goes_on(tmp_
     assert "listed" in line, stderr
     warnings = [l for l in stderr.splitlines() if "WARN" in l]
     assert len(warnings) == 1 and "cannot write the manifest cache" in warnings[0] and str(not_a_dir) in warnings[0], stderr
+
+
+def test_with_record_bytes_a_count_from_a_stale_cache_is_listed_again_before_it_is_reported(tmp_path):
+    """With --record-bytes the number of samples comes from file sizes, which
+    the cache cannot see past a few thousand files: a plan that fails on the
+    cached count (too few samples for one step) must list again first."""
+    big = tmp_path / "records"
+    big.mkdir()
+    n = STAT_FILES_MAX + 4
+    for i in range(n):
+        (big / ("f%05d" % i)).write_bytes(b"r" * 10)
+    time.sleep(RACY_WINDOW_S)
+    line, _ = start(big, "--record-bytes", "10")
+    assert "%d samples" % n in line and "listed (cached in " in line, line
+    for i in range(n):  # one more record in every file; the directory is unchanged
+        with open(big / ("f%05d" % i), "ab") as f:
+            f.write(b"r" * 10)
+    name = "e2e-cache-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(big), "--name", name, "--batch-size", str(n + 10), "--record-bytes", "10"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        lines = []
+        for l in loader.stderr:
+            lines.append(l)
+            if l.startswith("ringfeed: serving"):
+                loader.send_signal(signal.SIGINT)
+        loader.wait(timeout=30)
+    finally:
+        if loader.poll() is None:
+            loader.kill()
+            loader.wait()
+    text = "".join(lines)
+    assert "ringfeed: error" not in text, text
+    assert "manifest: %d samples" % (2 * n) in text and "ringfeed: serving" in text, text

@@ -199,7 +199,11 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         (Ok(plan), _, _) => plan,
         // A size the cache's checks could not see (past 4,096 files) may be
         // what failed: plan again over a fresh listing before reporting.
-        (Err(err @ (ServeError::SlotTooSmall { .. } | ServeError::Shape(_))), Some(cache), Some(ManifestOrigin::Cached { path, .. })) => {
+        // Sizes set the slot size, and with --record-bytes the number of
+        // samples too.
+        (Err(err), Some(cache), Some(ManifestOrigin::Cached { path, .. }))
+            if cfg.record_bytes.is_some() || matches!(err, ServeError::SlotTooSmall { .. } | ServeError::Shape(_)) =>
+        {
             tracing::info!("the manifest from the cache {} cannot be planned ({err}); listing {} again", path.display(), cfg.source.display());
             let (manifest, listed) = Manifest::build_cached(&cfg.source, &opts, cache, true)?;
             origin = Some(listed);

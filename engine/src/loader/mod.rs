@@ -267,7 +267,7 @@ impl Plan {
         });
         let geometry = RingGeometry { world_size: cfg.world_size, slots_per_rank, max_samples_per_slot: cfg.batch_size, slot_payload_bytes: slot_bytes };
         if let Err(e) = Layout::compute(geometry) {
-            return Err(ServeError::Shape(shape_problem(&cfg, geometry, &e)));
+            return Err(ServeError::Shape(shape_problem(&cfg, geometry, manifest.max_sample_bytes(), &e)));
         }
         let files = Arc::new(FileTable::over(manifest.root(), Arc::clone(manifest.files()), cfg.record_bytes.is_some())?);
         Ok(Plan { cfg, manifest, sampler, slot_bytes, slots_per_rank, files })
@@ -394,6 +394,12 @@ impl Loader {
 
     /// Serves every batch, then waits until all are released. `stop` holds a
     /// signal number once the process was asked to stop.
+    ///
+    /// On a stop or an error the trainers are told and the ring's name is
+    /// removed at once. A read that does not return within `READS_GRACE`
+    /// after that is left under way, and so are the ring's mapping, its
+    /// memory, its descriptor and the reader's threads, until the process
+    /// exits: the caller should exit soon after an error.
     pub fn run(mut self, stop: &AtomicU32) -> Result<ServeReport, ServeError> {
         let result = self.run_inner(stop);
         if let Err(err) = &result {
@@ -427,15 +433,21 @@ impl Loader {
             let _ = done_tx.send(());
         });
         // A thread that could not start dropped the reader in this one.
-        if spawned.is_err() || done_rx.recv_timeout(grace).is_ok() {
-            drop(producer);
-            return;
+        let waited = if spawned.is_err() { Ok(()) } else { done_rx.recv_timeout(grace) };
+        match waited {
+            Ok(()) => {
+                drop(producer);
+                return;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => tracing::error!(
+                "{in_flight} read(s) still under way {:.0} s after the loader stopped (a hung network filesystem, or a FIFO or device in place of a dataset file?); \
+                 leaving them: the trainers were told and the segment's name is removed (its memory is freed when this process exits)",
+                grace.as_secs_f64()
+            ),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                tracing::error!("the reader panicked while stopping, with {in_flight} read(s) under way; leaving the ring mapped until this process exits");
+            }
         }
-        tracing::error!(
-            "{in_flight} read(s) still under way {:.0} s after the loader stopped (a hung network filesystem, or a FIFO or device in place of a dataset file?); \
-             leaving them: the trainers were told and the segment's name is removed",
-            grace.as_secs_f64()
-        );
         // The reads may still write into the ring: never unmap it.
         std::mem::forget(producer);
     }
@@ -759,7 +771,7 @@ impl Loader {
 }
 
 /// Says which flag (or which property of the data) makes `g` impossible.
-fn shape_problem(cfg: &ServeConfig, g: RingGeometry, e: &GeometryError) -> String {
+fn shape_problem(cfg: &ServeConfig, g: RingGeometry, largest_sample: u64, e: &GeometryError) -> String {
     use crate::ring::layout::{MAX_SEGMENT_BYTES, MAX_SLOTS_PER_RANK, MAX_SLOT_PAYLOAD_BYTES};
     match e {
         GeometryError::OutOfRange { field: "slots_per_rank", value, .. } => {
@@ -768,6 +780,11 @@ fn shape_problem(cfg: &ServeConfig, g: RingGeometry, e: &GeometryError) -> Strin
         GeometryError::OutOfRange { field: "slot_payload_bytes", value, .. } if cfg.slot_bytes.is_some() => {
             format!("--slot-bytes {value} is more than the {} a slot can hold", human_bytes(MAX_SLOT_PAYLOAD_BYTES))
         }
+        GeometryError::OutOfRange { field: "slot_payload_bytes", .. } if largest_sample > MAX_SLOT_PAYLOAD_BYTES => format!(
+            "a sample of {} is more than the {} a slot can hold; split such files, or serve them as fixed-size records with --record-bytes",
+            human_bytes(largest_sample),
+            human_bytes(MAX_SLOT_PAYLOAD_BYTES)
+        ),
         GeometryError::OutOfRange { field: "slot_payload_bytes", value, .. } => format!(
             "a slot must hold the {} largest samples together, {}, more than the {} a slot can hold; lower --batch-size",
             cfg.batch_size,

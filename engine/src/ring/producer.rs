@@ -383,6 +383,15 @@ impl Producer {
             .ok();
     }
 
+    /// Stops and joins the thread `reserve_rest` started: a stopping loader
+    /// allocates no more of the ring.
+    fn stop_reserving(&mut self) {
+        self.backing.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.reserver.take() {
+            let _ = t.join();
+        }
+    }
+
     fn remove_if_dead(name: &str) -> Result<(), CreateError> {
         let path = segment::shm_path(name).display().to_string();
         let io_err = |what, source| CreateError::Io { what, path: path.clone(), source };
@@ -661,6 +670,7 @@ impl Producer {
     /// (the mapping stays until drop). Later calls, and drop, do nothing
     /// more, so a new loader that took the name meanwhile keeps it.
     pub fn remove_name(&mut self) {
+        self.stop_reserving();
         if !self.name_removed {
             self.name_removed = true;
             let _ = segment::shm_unlink(&self.name);
@@ -670,10 +680,7 @@ impl Producer {
 
 impl Drop for Producer {
     fn drop(&mut self) {
-        self.backing.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.reserver.take() {
-            let _ = t.join();
-        }
+        self.stop_reserving();
         if self.abandoned {
             return;
         }
