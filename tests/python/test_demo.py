@@ -2,7 +2,7 @@
 exactly-once check and print its figures."""
 import subprocess
 
-from e2e_util import ringfeed_bin
+from e2e_util import kill_survivors, ringfeed_bin
 
 
 def test_the_demo_passes_its_exactly_once_check_and_prints_its_figures():
@@ -33,9 +33,7 @@ def test_a_consumer_that_dies_stops_the_demo_with_its_rank_instead_of_a_hang():
         os.kill(consumers[0], signal.SIGKILL)
         out, err = demo.communicate(timeout=30)
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        kill_survivors([demo])
     err = err.decode()
     assert demo.returncode == 1, err
     assert "the consumer of rank" in err and "failed" in err and "the loader stopped" in err, err
@@ -60,9 +58,7 @@ def test_ctrl_c_while_the_demo_writes_its_dataset_stops_it_and_cleans_up():
         demo.send_signal(signal.SIGINT)
         out, err = demo.communicate(timeout=10)
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        kill_survivors([demo])
     err = err.decode()
     assert demo.returncode == 1, err
     assert "stopped by signal 2 while writing the dataset" in err, err

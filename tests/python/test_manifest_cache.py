@@ -38,11 +38,12 @@ def trees(tmp_path_factory):
     return smalls, big
 
 
-def start(source, *extra):
-    """Runs serve until its manifest line, then stops it with SIGINT; returns that line."""
+def start(source, *extra, batch_size=2):
+    """Runs serve until it serves, then stops it with SIGINT; returns its
+    manifest line and all it logged."""
     name = "e2e-cache-%s" % uuid.uuid4().hex[:8]
     loader = subprocess.Popen(
-        [ringfeed_bin(), "serve", "--source", str(source), "--name", name, "--batch-size", "2", "--world-size", "1"] + list(extra),
+        [ringfeed_bin(), "serve", "--source", str(source), "--name", name, "--batch-size", str(batch_size), "--world-size", "1"] + list(extra),
         stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -166,22 +167,6 @@ def test_with_record_bytes_a_count_from_a_stale_cache_is_listed_again_before_it_
     for i in range(n):  # one more record in every file; the directory is unchanged
         with open(big / ("f%05d" % i), "ab") as f:
             f.write(b"r" * 10)
-    name = "e2e-cache-%s" % uuid.uuid4().hex[:8]
-    loader = subprocess.Popen(
-        [ringfeed_bin(), "serve", "--source", str(big), "--name", name, "--batch-size", str(n + 10), "--record-bytes", "10"],
-        stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        lines = []
-        for l in loader.stderr:
-            lines.append(l)
-            if l.startswith("ringfeed: serving"):
-                loader.send_signal(signal.SIGINT)
-        loader.wait(timeout=30)
-    finally:
-        if loader.poll() is None:
-            loader.kill()
-            loader.wait()
-    text = "".join(lines)
+    _, text = start(big, "--record-bytes", "10", batch_size=n + 10)
     assert "ringfeed: error" not in text, text
     assert "manifest: %d samples" % (2 * n) in text and "ringfeed: serving" in text, text
