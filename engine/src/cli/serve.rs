@@ -120,26 +120,14 @@ pub fn local_source(source: &str) -> Result<PathBuf> {
 impl ServeArgs {
     /// Checks the flags that need no dataset, so that a mistake is reported
     /// before a long listing, in the flag's own name.
-    fn check_before_listing(&self) -> Result<()> {
+    fn check_before_listing(&self, cfg: &ServeConfig) -> Result<()> {
         if self.epochs == 0 {
             bail!("--epochs 0 serves nothing; pass at least 1");
-        }
-        use crate::ring::layout::{MAX_SLOTS_PER_RANK, MAX_SLOT_PAYLOAD_BYTES};
-        if self.slots_per_rank == Some(0) {
-            bail!("--slots-per-rank 0: each rank needs at least 1 slot (2 or more lets the loader read ahead)");
-        }
-        if let Some(k) = self.slots_per_rank.filter(|&k| k > MAX_SLOTS_PER_RANK) {
-            bail!("--slots-per-rank {k}: a rank can have at most {MAX_SLOTS_PER_RANK} slots");
-        }
-        if self.slot_bytes == Some(0) {
-            bail!("--slot-bytes 0: a slot must hold at least one byte; leave it out to size slots from the data");
-        }
-        if let Some(b) = self.slot_bytes.filter(|&b| b > MAX_SLOT_PAYLOAD_BYTES) {
-            bail!("--slot-bytes {b}: a slot can hold at most {MAX_SLOT_PAYLOAD_BYTES} bytes ({})", human_bytes(MAX_SLOT_PAYLOAD_BYTES));
         }
         if !(1..=crate::reader::QUEUE_DEPTH_MAX).contains(&self.queue_depth) {
             bail!("--queue-depth {}: must be from 1 to {}", self.queue_depth, crate::reader::QUEUE_DEPTH_MAX);
         }
+        cfg.check_ring_flags()?;
         crate::ring::segment::validate_name(&self.name)?;
         crate::sampler::check_shape(self.batch_size, world_size_from(self.world_size)?)?;
         Ok(())
@@ -183,7 +171,7 @@ impl ServeArgs {
 /// exit code: 0, or 128 + signal when stopped by SIGINT, SIGTERM or SIGHUP.
 pub fn run(args: &ServeArgs) -> Result<u8> {
     let cfg = args.config()?;
-    args.check_before_listing()?;
+    args.check_before_listing(&cfg)?;
     let listing = std::time::Instant::now();
     let cache = args.manifest_cache();
     let opts = ManifestOptions { record_bytes: cfg.record_bytes, threads: 0, progress: cfg.progress };

@@ -226,6 +226,27 @@ pub fn auto_slots_per_rank(batch_size: u32, queue_depth: u32, slot_bytes: u64) -
     k
 }
 
+impl ServeConfig {
+    /// Checks the ring flags that need no dataset (`--slots-per-rank`,
+    /// `--slot-bytes`) against the ring's limits, naming the flag.
+    pub fn check_ring_flags(&self) -> Result<(), ServeError> {
+        use crate::ring::layout::{MAX_SLOTS_PER_RANK, MAX_SLOT_PAYLOAD_BYTES};
+        let bad = |m: String| Err(ServeError::Shape(m));
+        match self.slots_per_rank {
+            Some(0) => return bad("--slots-per-rank 0: each rank needs at least 1 slot (2 or more lets the loader read ahead)".into()),
+            Some(k) if k > MAX_SLOTS_PER_RANK => return bad(format!("--slots-per-rank {k}: a rank can have at most {MAX_SLOTS_PER_RANK} slots")),
+            _ => {}
+        }
+        match self.slot_bytes {
+            Some(0) => bad("--slot-bytes 0: a slot must hold at least one byte; leave it out to size slots from the data".into()),
+            Some(b) if b > MAX_SLOT_PAYLOAD_BYTES => {
+                bad(format!("--slot-bytes {b}: a slot can hold at most {MAX_SLOT_PAYLOAD_BYTES} bytes ({})", human_bytes(MAX_SLOT_PAYLOAD_BYTES)))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 impl Plan {
     /// Lists the dataset and plans the run.
     pub fn new(cfg: ServeConfig) -> Result<Plan, ServeError> {
@@ -235,6 +256,7 @@ impl Plan {
 
     /// Plans the run over an already built manifest.
     pub fn with_manifest(cfg: ServeConfig, manifest: Arc<Manifest>) -> Result<Plan, ServeError> {
+        cfg.check_ring_flags()?;
         let sampler = Sampler::new(SamplerConfig {
             n_samples: manifest.len(),
             batch_size: cfg.batch_size,
@@ -327,8 +349,6 @@ pub struct Loader {
     ranks_started: u32,
     /// Bytes of the first batches published so far.
     first_step_bytes: u64,
-    /// Ranks told that their last batch is published.
-    finished: Vec<bool>,
     /// When a read last completed, or reads were last idle (see `watch_stall`).
     reads_moved: Instant,
     /// The last stall warning.
@@ -356,7 +376,6 @@ impl Loader {
         }
         producer.set_reader_info(opened.engine.backend_name(), 0);
         let cursors = (0..cfg.world_size).map(|_| RankCursor::new(&plan.sampler)).collect();
-        let finished = vec![false; cfg.world_size as usize];
         let report = ServeReport { backend: opened.engine.backend_name(), ..Default::default() };
         let max_in_flight = opened.engine.max_in_flight();
         let warm_up_in_flight = (cfg.batch_size as usize).clamp(WARM_UP_IN_FLIGHT_MIN.min(max_in_flight), max_in_flight);
@@ -376,7 +395,6 @@ impl Loader {
             reserving: false,
             ranks_started: 0,
             first_step_bytes: 0,
-            finished,
             reads_moved: Instant::now(),
             stall_warned: None,
         })
@@ -666,12 +684,11 @@ impl Loader {
                 if rank_starts {
                     self.rank_started(r, bytes, at);
                 }
-            }
-            if !self.finished[r as usize] && self.producer.published(r) >= self.plan.batches_per_rank() {
-                // Its last batch is out: its trainer ends its loop once it
-                // has taken it, without waiting for slower ranks.
-                self.producer.finish_rank(r);
-                self.finished[r as usize] = true;
+                if self.producer.published(r) == self.plan.batches_per_rank() {
+                    // Its last batch is out: its trainer ends its loop once
+                    // it has taken it, without waiting for slower ranks.
+                    self.producer.finish_rank(r);
+                }
             }
         }
         Ok(())
@@ -770,16 +787,11 @@ impl Loader {
     }
 }
 
-/// Says which flag (or which property of the data) makes `g` impossible.
+/// Says which property of the data, or which flags together, make `g`
+/// impossible (each flag alone passed `ServeConfig::check_ring_flags`).
 fn shape_problem(cfg: &ServeConfig, g: RingGeometry, largest_sample: u64, e: &GeometryError) -> String {
-    use crate::ring::layout::{MAX_SEGMENT_BYTES, MAX_SLOTS_PER_RANK, MAX_SLOT_PAYLOAD_BYTES};
+    use crate::ring::layout::{MAX_SEGMENT_BYTES, MAX_SLOT_PAYLOAD_BYTES};
     match e {
-        GeometryError::OutOfRange { field: "slots_per_rank", value, .. } => {
-            format!("--slots-per-rank {value} is more than the {MAX_SLOTS_PER_RANK} a rank can have")
-        }
-        GeometryError::OutOfRange { field: "slot_payload_bytes", value, .. } if cfg.slot_bytes.is_some() => {
-            format!("--slot-bytes {value} is more than the {} a slot can hold", human_bytes(MAX_SLOT_PAYLOAD_BYTES))
-        }
         GeometryError::OutOfRange { field: "slot_payload_bytes", .. } if largest_sample > MAX_SLOT_PAYLOAD_BYTES => format!(
             "a sample of {} is more than the {} a slot can hold; split such files, or serve them as fixed-size records with --record-bytes",
             human_bytes(largest_sample),

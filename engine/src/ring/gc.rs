@@ -43,7 +43,7 @@ pub fn collect() -> io::Result<Vec<GcOutcome>> {
 fn inspect(name: &str) -> GcOutcome {
     // Loaders create, and replace dead, segments under this lock: what is
     // checked below is still there when it is removed.
-    let _shm_lock = segment::ShmDirLock::take(std::time::Duration::from_secs(2));
+    let _shm_lock = segment::ShmDirLock::take();
     let fd = match segment::shm_open(name, libc::O_RDONLY, 0) {
         Ok(fd) => fd,
         Err(error) => return GcOutcome::Failed { name: name.to_string(), error },

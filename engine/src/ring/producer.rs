@@ -287,10 +287,6 @@ fn alloc_error(path: &str, fd: &OwnedFd, needed_bytes: u64, e: io::Error) -> Cre
     }
 }
 
-/// Longest a loader waits for the lock on /dev/shm before it checks the
-/// room unlocked (the lock is held for microseconds by a running loader).
-const SHM_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
-
 fn now_unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
@@ -308,7 +304,7 @@ impl Producer {
         // (or `ringfeed gc`) never sees this segment between its shm_open and
         // its lock, where it would look dead, and the room check below and
         // the sizing are one step against loaders starting at once.
-        let shm_lock = segment::ShmDirLock::take(SHM_LOCK_PATIENCE);
+        let shm_lock = segment::ShmDirLock::take();
         let fd = match segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {

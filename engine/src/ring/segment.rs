@@ -287,20 +287,24 @@ fn ofd_locks_at_byte_zero(text: &str) -> std::collections::HashSet<FileId> {
 }
 
 /// An exclusive `flock` on the /dev/shm directory. A loader holds it from
-/// its free-room check to the ftruncate that sizes its ring, so that of two
+/// before its shm_open to the ftruncate that sizes its ring, so that of two
 /// loaders starting at once the second sees the first's ring (see
-/// [`promised_to_other_rings`]) and both never pass a check only one fits.
-/// Dropping it unlocks.
+/// [`promised_to_other_rings`]) and both never pass a check only one fits,
+/// and so that no other loader, nor `ringfeed gc`, sees its segment before
+/// it is locked (it would look dead). Dropping it unlocks.
 pub struct ShmDirLock {
     _dir: File,
 }
 
 impl ShmDirLock {
-    /// Takes the lock, waiting at most `patience` (it is held for
-    /// microseconds). None when /dev/shm cannot be opened or a holder keeps
-    /// it longer (a stopped process): the check then goes on unlocked, as
-    /// it would where the lock did not exist.
-    pub fn take(patience: Duration) -> Option<ShmDirLock> {
+    /// Longest wait for the lock (it is held for microseconds).
+    const PATIENCE: Duration = Duration::from_secs(2);
+
+    /// Takes the lock, waiting at most `PATIENCE`. None when /dev/shm cannot
+    /// be opened or a holder keeps it longer (a stopped process): the caller
+    /// then goes on unlocked, as it would where the lock did not exist.
+    pub fn take() -> Option<ShmDirLock> {
+        let patience = Self::PATIENCE;
         let dir = File::open(SHM_DIR).ok()?;
         let deadline = std::time::Instant::now() + patience;
         loop {
@@ -315,7 +319,7 @@ impl ShmDirLock {
             }
             if std::time::Instant::now() >= deadline {
                 tracing::warn!(
-                    "another process has held the lock on {SHM_DIR} for {patience:?}; checking the room for the ring without it \
+                    "another process has held the lock on {SHM_DIR} for {patience:?}; going on without it \
                      (a loader starting at this moment may be missed)"
                 );
                 return None;
@@ -386,11 +390,8 @@ pub fn map(fd: &OwnedFd, len: u64) -> io::Result<MmapRaw> {
 /// its copy of `fd` but keeps the mapping (and the views into it) does not
 /// keep the lock. Without /proc, maps through `fd` itself.
 pub fn map_apart(fd: &OwnedFd, len: u64) -> io::Result<MmapRaw> {
-    let len_usize = usize::try_from(len).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment larger than the address space"))?;
-    match File::options().read(true).write(true).open(format!("/proc/self/fd/{}", fd.as_raw_fd())) {
-        Ok(file) => MmapOptions::new().len(len_usize).map_raw(&file),
-        Err(_) => map(fd, len),
-    }
+    let reopened = File::options().read(true).write(true).open(format!("/proc/self/fd/{}", fd.as_raw_fd())).map(OwnedFd::from);
+    map(reopened.as_ref().unwrap_or(fd), len)
 }
 
 /// Watches /dev/shm for new entries, so that a consumer started before its
