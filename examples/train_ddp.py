@@ -6,6 +6,10 @@
     # the job, unchanged apart from where batches come from:
     RINGFEED_NAME=job1 torchrun --nproc-per-node 8 examples/train_ddp.py
 
+On several machines, each runs its own loader with the whole job's world size
+and its place in it (`--world-size 16 --nnodes 2 --node-rank N`), and torchrun
+as usual; attach() checks RANK and WORLD_SIZE against the loader's ranks.
+
 Each rank attaches to its slice of the ring (rank from LOCAL_RANK) and gets
 batches as zero-copy numpy views of shared memory; torch.from_numpy wraps
 them without a copy. Every rank gets the same number of batches per epoch,

@@ -253,6 +253,21 @@ int32_t rf_release(struct rf_feed *feed, const struct rf_batch *batch);
 int32_t rf_get_info(const struct rf_feed *feed, struct rf_info *info);
 
 /**
+ * Where the feed's ranks sit in the training job. A job on several machines
+ * has one loader on each, serving a run of the job's ranks: this feed is
+ * job rank `*first_rank + rank` of `*job_world_size` (torchrun's RANK and
+ * WORLD_SIZE). On one machine `*first_rank` is 0 and `*job_world_size` the
+ * loader's world size. Compare them with the job's own to catch a loader
+ * started with the wrong `--node-rank` or without `--nnodes`, which would
+ * feed the same samples to two machines.
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `first_rank` and
+ * `job_world_size` are writable.
+ */
+int32_t rf_get_job(const struct rf_feed *feed, uint32_t *first_rank, uint32_t *job_world_size);
+
+/**
  * Detaches: batches still held are given back, and every pointer from this
  * feed becomes invalid. NULL is ignored.
  *

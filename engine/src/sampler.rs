@@ -20,8 +20,9 @@
 
 use thiserror::Error;
 
-/// Most ranks one loader feeds; equal to the ring's `MAX_RANKS`.
-pub const MAX_WORLD_SIZE: u32 = crate::ring::layout::MAX_RANKS;
+/// Most ranks in a job, all machines together (one loader serves at most
+/// the ring's `MAX_RANKS` of them).
+pub const MAX_WORLD_SIZE: u32 = 1 << 20;
 
 /// Most samples in one batch. A batch's index list is built on every step,
 /// so it is bounded like everything else on the hot path.
@@ -212,7 +213,7 @@ pub enum SamplerError {
     #[error("world size is 0; pass --world-size of at least 1 (or set LOCAL_WORLD_SIZE, which wins over WORLD_SIZE)")]
     ZeroWorldSize,
     /// `world_size > MAX_WORLD_SIZE`.
-    #[error("world size {world_size} is above the limit of {max} ranks per loader; run one loader per node with --world-size at most {max}")]
+    #[error("world size {world_size} is above the limit of {max} ranks; lower --world-size")]
     WorldSizeTooLarge {
         /// The requested world size.
         world_size: u32,
@@ -524,12 +525,15 @@ mod tests {
             Sampler::new(config(10, 1, 0)).unwrap_err(),
             SamplerError::ZeroWorldSize
         );
+        // A job of 129 ranks is fine (one loader serves up to 128 of them);
+        // one beyond MAX_WORLD_SIZE is not.
+        assert!(Sampler::new(config(1000, 1, 129)).is_ok());
         assert!(matches!(
-            Sampler::new(config(1000, 1, 129)),
+            Sampler::new(config(1 << 21, 1, MAX_WORLD_SIZE + 1)),
             Err(SamplerError::WorldSizeTooLarge {
-                world_size: 129,
+                world_size,
                 ..
-            })
+            }) if world_size == MAX_WORLD_SIZE + 1
         ));
         let mut beyond = config(10, 1, 1);
         beyond.start = ResumeState {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 use ringfeed::ring::consumer::{validate_header, Next};
-use ringfeed::ring::layout::{HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES};
+use ringfeed::ring::layout::{JobRanks, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES};
 use ringfeed::ring::segment::{self, LOADER_LOCK_BYTE};
 use ringfeed::ring::{AttachError, AttachOptions, Consumer, CreateError, Layout, NextError, Producer, ReleaseError, RingGeometry, SampleEntry};
 
@@ -33,6 +33,8 @@ const MAX_SAMPLES_AT: usize = 24;
 const SLOT_PAYLOAD_BYTES_AT: usize = 32;
 const SLOT_TABLE_OFFSET_AT: usize = 56;
 const PAYLOAD_OFFSET_AT: usize = 64;
+const JOB_WORLD_SIZE_AT: usize = 96;
+const FIRST_RANK_AT: usize = 100;
 // Slot fields, from the start of a slot's metadata.
 const GENERATION_AT: u64 = 0;
 const N_SAMPLES_AT: u64 = 24;
@@ -193,6 +195,40 @@ fn geometry_out_of_range_is_refused_before_any_arithmetic() {
         let msg = corrupt_header_err(test, tamper);
         assert!(msg.contains(expected), "{test}: {msg}");
     }
+}
+
+#[test]
+fn a_ring_whose_ranks_are_not_all_in_its_job_is_corrupt() {
+    // GEOMETRY has 2 ranks: ranks 3..5 of a job of 4, and a run that
+    // overflows u32 when added up, are refused.
+    for (test, first, job) in [("job-past-end", 3, 4), ("job-smaller", 0, 1), ("job-wraps", u32::MAX, u32::MAX)] {
+        let msg = corrupt_header_err(test, |b| {
+            put_u32(b, FIRST_RANK_AT, first);
+            put_u32(b, JOB_WORLD_SIZE_AT, job);
+        });
+        assert!(msg.contains(&format!("job ranks {first}..")) && msg.contains(&format!("a job of {job} ranks")), "{test}: {msg}");
+    }
+}
+
+#[test]
+fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
+    // Ranks 6 and 7 of a job of 8 (the last of 4 machines of 2 ranks).
+    let name = unique("job");
+    let job = JobRanks { first_rank: 6, job_world_size: 8 };
+    let _producer = Producer::create_in_job(&name, GEOMETRY, job).unwrap();
+    let consumer = Consumer::attach(&name, 1, SHORT).unwrap();
+    assert_eq!(consumer.job(), job);
+    drop(consumer);
+    // A job that leaves no room for the ring's ranks is refused when made.
+    let err = Producer::create_in_job(&unique("job-bad"), GEOMETRY, JobRanks { first_rank: 7, job_world_size: 8 }).err().expect("ranks 7..9 of 8");
+    assert!(matches!(err, CreateError::JobRanks(_)) && err.to_string().contains("job ranks 7..9 of a job of 8 ranks"), "{err}");
+    // Zeros, from a loader that predates the fields: the ring is the job.
+    let plain = unique("job-zero");
+    let mut bytes = real_segment_bytes(&plain);
+    put_u32(&mut bytes, FIRST_RANK_AT, 0);
+    put_u32(&mut bytes, JOB_WORLD_SIZE_AT, 0);
+    let (_, job) = validate_header(&bytes, "buf").unwrap();
+    assert_eq!(job, JobRanks::single(GEOMETRY.world_size));
 }
 
 #[test]

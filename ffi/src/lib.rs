@@ -300,6 +300,34 @@ pub unsafe extern "C" fn rf_get_info(feed: *const rf_feed, info: *mut rf_info) -
     })
 }
 
+/// Where the feed's ranks sit in the training job. A job on several machines
+/// has one loader on each, serving a run of the job's ranks: this feed is
+/// job rank `*first_rank + rank` of `*job_world_size` (torchrun's RANK and
+/// WORLD_SIZE). On one machine `*first_rank` is 0 and `*job_world_size` the
+/// loader's world size. Compare them with the job's own to catch a loader
+/// started with the wrong `--node-rank` or without `--nnodes`, which would
+/// feed the same samples to two machines.
+///
+/// # Safety
+/// `feed` comes from rf_attach and was not detached; `first_rank` and
+/// `job_world_size` are writable.
+#[no_mangle]
+pub unsafe extern "C" fn rf_get_job(feed: *const rf_feed, first_rank: *mut u32, job_world_size: *mut u32) -> i32 {
+    guard(|| {
+        if feed.is_null() || first_rank.is_null() || job_world_size.is_null() {
+            return fail(RF_E_INVALID, "rf_get_job: feed, first_rank and job_world_size must not be NULL");
+        }
+        // SAFETY: a live feed from rf_attach.
+        let job = unsafe { &(*feed).consumer }.job();
+        // SAFETY: both are non-NULL and writable by contract.
+        unsafe {
+            *first_rank = job.first_rank;
+            *job_world_size = job.job_world_size;
+        }
+        RF_OK
+    })
+}
+
 /// Detaches: batches still held are given back, and every pointer from this
 /// feed becomes invalid. NULL is ignored.
 ///

@@ -102,7 +102,12 @@ def test_a_log_filter_that_would_silence_ringfeed_is_named():
 @pytest.mark.parametrize("flags,env,words", [
     (["--batch-size", "0"], {}, ["batch size is 0", "--batch-size"]),
     (["--batch-size", str(2**20 + 1)], {}, ["above the limit", "--batch-size"]),
-    (["--batch-size", "4", "--world-size", "129"], {}, ["world size 129", "--world-size at most 128"]),
+    (["--batch-size", "4", "--world-size", "129"], {}, ["world size 129", "at most 128 ranks", "--nnodes and --node-rank"]),
+    (["--batch-size", "4", "--world-size", "512", "--nnodes", "2"], {}, ["256 ranks per machine", "128"]),
+    (["--batch-size", "4", "--world-size", "4", "--nnodes", "2", "--node-rank", "2"], {}, ["--node-rank 2", "--nnodes 2", "0 to 1"]),
+    (["--batch-size", "4", "--world-size", "5", "--nnodes", "2"], {}, ["world size 5", "--nnodes 2", "--nproc-per-node"]),
+    (["--batch-size", "4", "--nnodes", "2"], {}, ["--nnodes 2", "pass --world-size"]),
+    (["--batch-size", "4", "--nnodes", "0"], {}, ["--nnodes 0"]),
     (["--batch-size", "4", "--slots-per-rank", "1025"], {}, ["--slots-per-rank 1025", "at most 1024"]),
     (["--batch-size", "4", "--slot-bytes", str(2**36 + 1)], {}, ["--slot-bytes %d" % (2**36 + 1), "64.0 GiB"]),
     (["--batch-size", "4"], {"LOCAL_WORLD_SIZE": "200"}, ["world size 200"]),

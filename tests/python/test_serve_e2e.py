@@ -254,7 +254,7 @@ def test_a_trainer_whose_local_world_size_differs_from_the_loaders_is_refused(da
         env = dict(os.environ, RINGFEED_NAME=name, LOCAL_RANK="0", LOCAL_WORLD_SIZE="4")
         p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=60)
         text = p.stdout.decode()
-        assert "serves world size 2" in text and "LOCAL_WORLD_SIZE=4" in text, text + p.stderr.decode()
+        assert "serves 2 rank(s) on this machine" in text and "LOCAL_WORLD_SIZE=4" in text, text + p.stderr.decode()
     finally:
         loader.terminate()
         loader.communicate(timeout=10)
@@ -493,3 +493,99 @@ def test_a_stop_is_not_held_up_by_a_read_that_never_returns(tmp_path, io):
     assert took < 15, "the loader took %.1f s to exit" % took
     assert not os.path.exists("/dev/shm/ringfeed-" + name)
     assert "read(s) still under way" in text and "FIFO" in text, text
+
+
+def _serve_job(root, loaders, consumers, io="auto"):
+    """Runs one loader per (name, extra args) and one Python consumer per
+    (name, rank argument, extra env); returns each consumer's rows."""
+    procs = [
+        subprocess.Popen(
+            [ringfeed_bin(), "serve", "--source", str(root), "--name", name, "--batch-size", "8", "--epochs", "2",
+             "--seed", "11", "--io", io] + extra,
+            stderr=subprocess.PIPE,
+        )
+        for name, extra in loaders
+    ]
+    try:
+        results = wait_all(
+            [subprocess.Popen(python_consumer("hash_consumer.py", name, rank), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=dict(os.environ, **env))
+             for name, rank, env in consumers],
+            timeout=120,
+        )
+        for p in procs:
+            _, err = p.communicate(timeout=30)
+            assert p.returncode == 0, err.decode()
+    finally:
+        kill_survivors(procs)
+    rows = []
+    for i, (rc, out, err) in enumerate(results):
+        assert rc == 0, "consumer %d: %s" % (i, err.decode())
+        rows.append(parse(out))
+    return rows
+
+
+def _torchrun_env(node, local_rank, nnodes=2, per_node=2):
+    return {"RANK": str(node * per_node + local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(nnodes * per_node),
+            "LOCAL_WORLD_SIZE": str(per_node)}
+
+
+@pytest.mark.parametrize("io", ["uring", "pread"])
+def test_a_job_on_two_machines_gets_exactly_the_batches_it_would_get_on_one(dataset, io):
+    # Two loaders on this machine stand in for the loaders of two machines:
+    # `--world-size 4 --nnodes 2 --node-rank N`, each with two trainers that
+    # take their rank from torchrun's variables. Job rank r must get exactly
+    # what rank r of one loader serving all 4 ranks gets, so that across the
+    # machines every sample comes once per epoch.
+    root, hashes = dataset
+    tag = uuid.uuid4().hex[:8]
+    one = _serve_job(root, [("e2e-one-" + tag, ["--world-size", "4"])],
+                     [("e2e-one-" + tag, r, {}) for r in range(4)], io)
+    names = ["e2e-node%d-%s" % (n, tag) for n in range(2)]
+    two = _serve_job(root, [(names[n], ["--world-size", "4", "--nnodes", "2", "--node-rank", str(n)]) for n in range(2)],
+                     [(names[n], "env", _torchrun_env(n, l)) for n in range(2) for l in range(2)], io)
+    steps = len(hashes) // (4 * 8)
+    per_epoch = defaultdict(list)
+    for rank in range(4):
+        assert len(two[rank]) == 2 * steps * 8, "job rank %d" % rank
+        assert two[rank] == one[rank], "job rank %d got other batches on two machines than on one" % rank
+        for epoch, step, index, length, h in two[rank]:
+            assert (length, h) == hashes[index]
+            per_epoch[epoch].append(index)
+    for epoch, indices in per_epoch.items():
+        assert len(indices) == len(set(indices)) == steps * 4 * 8, "epoch %d" % epoch
+
+
+@pytest.mark.parametrize("loader_args, node, needles", [
+    # The README's one-machine command run on each of two machines: both
+    # would serve the same samples.
+    (["--world-size", "2"], 1, ["WORLD_SIZE=4", "--world-size 4 --nnodes 2 --node-rank N", "same samples"]),
+    # Two machines both started as node 0.
+    (["--world-size", "4", "--nnodes", "2", "--node-rank", "0"], 1, ["RANK=2", "--node-rank 0", "with --node-rank 1"]),
+])
+def test_a_trainer_whose_job_ranks_differ_from_its_loaders_is_refused(dataset, loader_args, node, needles):
+    name = "e2e-job-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "4"] + loader_args,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        code = "import ringfeed\ntry:\n    ringfeed.attach(timeout=20)\nexcept ringfeed.RankError as e:\n    print(e)\n"
+        env = dict(os.environ, RINGFEED_NAME=name, **_torchrun_env(node, 0))
+        p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=60)
+        text = p.stdout.decode()
+        for needle in needles:
+            assert needle in text, text + p.stderr.decode()
+        # The same trainer with its rank given explicitly is its own business.
+        code = "import ringfeed\nf = ringfeed.attach(rank=0, timeout=20)\nprint(f.info.first_rank, f.info.job_world_size)\n"
+        p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=60)
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode().split() == (["0", "2"] if "--nnodes" not in loader_args else ["0", "4"])
+        if "--nnodes" in loader_args:
+            stat = subprocess.run([ringfeed_bin(), "stat", name, "--once", "--interval", "0.2"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, timeout=30)
+            out = stat.stdout.decode()
+            assert "a job of 4 ranks" in out and "job ranks 0..=1" in out, out + stat.stderr.decode()
+    finally:
+        loader.terminate()
+        loader.communicate(timeout=10)

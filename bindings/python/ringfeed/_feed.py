@@ -56,6 +56,8 @@ FeedInfo = collections.namedtuple(
         "payload_region_address",
         "payload_region_bytes",
         "batches_expected",
+        "first_rank",
+        "job_world_size",
     ],
 )
 FeedInfo.__doc__ = """Shape of the ring a feed is attached to.
@@ -64,7 +66,11 @@ FeedInfo.__doc__ = """Shape of the ring a feed is attached to.
 every slot: pin them once with ``cudaHostRegister`` (e.g.
 ``torch.cuda.cudart().cudaHostRegister(addr, nbytes, 0)``) to copy batches to
 the GPU by DMA. ``batches_expected`` is the number of batches this rank gets in
-the whole run, or None if the loader did not say.
+the whole run, or None if the loader did not say. ``first_rank`` and
+``job_world_size`` place the loader's ranks in the whole job: this feed is job
+rank ``first_rank + rank`` of ``job_world_size`` (torchrun's RANK and
+WORLD_SIZE); on one machine ``first_rank`` is 0 and ``job_world_size`` equals
+``world_size``.
 """
 
 
@@ -549,7 +555,8 @@ def attach(name=None, rank=None, timeout=30.0):
         raise errors.InvalidArgumentError("the loader name must be a str, not %s" % type(name).__name__)
     if "\0" in name:
         raise errors.InvalidArgumentError("invalid loader name %r: it contains a NUL character" % name)
-    if rank is None:
+    rank_from_env = rank is None
+    if rank_from_env:
         rank = _rank_from_env()
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
         raise errors.RankError("rank must be an int, not %r" % (rank,))
@@ -571,8 +578,16 @@ def attach(name=None, rank=None, timeout=30.0):
         payload_region_address=raw.payload_region or 0,
         payload_region_bytes=raw.payload_region_bytes,
         batches_expected=None if raw.batches_expected == _lib.BATCHES_UNKNOWN else raw.batches_expected,
+        first_rank=0,
+        job_world_size=raw.world_size,
     )
-    _check_world_size(info, name)
+    if hasattr(_LIB, "rf_get_job"):
+        first, job = ctypes.c_uint32(), ctypes.c_uint32()
+        rc = _LIB.rf_get_job(handle.ptr, ctypes.byref(first), ctypes.byref(job))
+        if rc != _lib.RF_OK:
+            raise errors.error_for(rc, _lib.last_error(_LIB))
+        info = info._replace(first_rank=first.value, job_world_size=job.value)
+    _check_job(info, name, rank_from_env)
     return Feed(handle, info)
 
 
@@ -598,22 +613,62 @@ def _attach_in_slices(name, rank, timeout_ms):
             raise errors.error_for(rc, message)
 
 
-def _check_world_size(info, name):
-    """torchrun's LOCAL_WORLD_SIZE must match the loader's --world-size:
-    otherwise some ranks would never be served, or DDP would wait forever for
-    ranks the loader does not know. (The handle detaches when dropped.)"""
-    env = os.environ.get("LOCAL_WORLD_SIZE")
-    if env is None:
-        return
+def _env_count(var):
+    """An environment variable torchrun sets, as an int, or None if unset."""
+    text = os.environ.get(var)
+    if text is None or text.strip() == "":
+        return None
     try:
-        local_world_size = int(env)
+        return int(text)
     except ValueError:
-        raise errors.RankError("LOCAL_WORLD_SIZE=%r is not a number" % env) from None
-    if local_world_size != info.world_size:
+        raise errors.RankError("%s=%r is not a number" % (var, text)) from None
+
+
+def _check_job(info, name, rank_from_env):
+    """torchrun's variables must match the ranks the loader serves: otherwise
+    some ranks would never be served, DDP would wait forever for ranks the
+    loader does not know, or two machines would train on the same samples.
+    RANK and WORLD_SIZE are checked when the rank came from the environment
+    and WORLD_SIZE is set, as torchrun sets it. (The handle detaches when
+    dropped.)"""
+    ranks = "ranks %d..%d" % (info.first_rank, info.first_rank + info.world_size - 1)
+    local_world_size = _env_count("LOCAL_WORLD_SIZE")
+    if local_world_size is not None and local_world_size != info.world_size:
+        if info.job_world_size == info.world_size:
+            fix = "start the loader with --world-size %d (one loader per machine serves that machine's ranks)" % local_world_size
+        else:
+            fix = "start each machine's loader with --world-size W --nnodes N where W / N = %d" % local_world_size
         raise errors.RankError(
-            "loader %r serves world size %d but this job has LOCAL_WORLD_SIZE=%d; start the loader with "
-            "--world-size %d (one loader per machine serves that machine's ranks)"
-            % (name, info.world_size, local_world_size, local_world_size)
+            "loader %r serves %d rank(s) on this machine but this job has LOCAL_WORLD_SIZE=%d; %s"
+            % (name, info.world_size, local_world_size, fix)
+        )
+    if not rank_from_env:
+        return
+    world_size = _env_count("WORLD_SIZE")
+    if world_size is None:
+        return
+    if world_size != info.job_world_size:
+        per = info.world_size
+        if world_size > per and world_size % per == 0:
+            fix = (
+                "the job runs on %d machines, so start the loader on each with --world-size %d --nnodes %d "
+                "--node-rank N (N = that machine's node rank); otherwise every machine gets the same samples"
+                % (world_size // per, world_size, world_size // per)
+            )
+        else:
+            fix = "start the loaders with --world-size %d" % world_size
+        raise errors.RankError(
+            "loader %r serves %s of a job of %d ranks, but this job has WORLD_SIZE=%d; %s"
+            % (name, ranks, info.job_world_size, world_size, fix)
+        )
+    job_rank = _env_count("RANK")
+    if job_rank is not None and job_rank != info.first_rank + info.rank:
+        have = info.first_rank // info.world_size
+        want = job_rank // info.world_size
+        raise errors.RankError(
+            "loader %r serves %s of %d (it was started with --node-rank %d), so rank %d here is job rank %d, "
+            "but this process has RANK=%d; start this machine's loader with --node-rank %d"
+            % (name, ranks, info.job_world_size, have, info.rank, info.first_rank + info.rank, job_rank, want)
         )
 
 

@@ -110,6 +110,11 @@ def _declare(lib):
     lib.rf_last_error.restype = ctypes.c_char_p
     lib.rf_abi_version.argtypes = []
     lib.rf_abi_version.restype = ctypes.c_uint32
+    # Newer than the first library: a RINGFEED_LIB from before it lacks it,
+    # and feeds then report a job that is all on one machine.
+    if hasattr(lib, "rf_get_job"):
+        lib.rf_get_job.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]
+        lib.rf_get_job.restype = ctypes.c_int
 
 
 def load():

@@ -11,6 +11,7 @@ use crate::cli::say::say_err;
 use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
 use crate::manifest::{Manifest, ManifestCache, ManifestOptions, ManifestOrigin};
 use crate::reader::{IoChoice, ReadError, ReaderConfig};
+use crate::ring::layout::{JobRanks, MAX_RANKS};
 use crate::ring::segment::human_bytes;
 use crate::sampler::ResumeState;
 
@@ -26,9 +27,21 @@ pub struct ServeArgs {
     /// Samples per rank per step.
     #[arg(long)]
     pub batch_size: u32,
-    /// Number of ranks (default: LOCAL_WORLD_SIZE, else WORLD_SIZE, else 1).
+    /// Ranks of the whole job, all machines together: torchrun's WORLD_SIZE
+    /// (default: on one machine LOCAL_WORLD_SIZE, else WORLD_SIZE, else 1;
+    /// with --nnodes, WORLD_SIZE, else LOCAL_WORLD_SIZE x nnodes).
     #[arg(long)]
     pub world_size: Option<u32>,
+    /// Machines the job runs on, one loader on each (torchrun's --nnodes).
+    /// Each loader serves world size / nnodes ranks; every machine needs the
+    /// same dataset, seed, batch size and world size.
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: u32,
+    /// This machine's place among them, 0 to nnodes-1 (torchrun's
+    /// --node-rank): its loader serves job ranks node_rank x L to
+    /// node_rank x L + L - 1, L = world size / nnodes, to LOCAL_RANK 0..L-1.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: u32,
     /// Epochs to serve.
     #[arg(long, default_value_t = 1)]
     pub epochs: u64,
@@ -87,21 +100,69 @@ fn parse_resume(s: &str) -> Result<ResumeState, String> {
     Ok(ResumeState { epoch, samples_consumed })
 }
 
-/// World size from the flag, else the environment torchrun sets, else 1.
-pub fn world_size_from(flag: Option<u32>) -> Result<u32> {
+/// A world size from the environment variable `var`, if it is set.
+fn world_size_env(var: &str) -> Result<Option<u32>> {
+    let Ok(v) = std::env::var(var) else {
+        return Ok(None);
+    };
+    let w: u32 = v.trim().parse().map_err(|_| anyhow::anyhow!("{var}={v:?} is not a world size (a whole number from 1 to {}); fix it or pass --world-size", crate::sampler::MAX_WORLD_SIZE))?;
+    if w == 0 {
+        bail!("{var}=0: the world size must be at least 1; fix {var} or pass --world-size");
+    }
+    Ok(Some(w))
+}
+
+/// The job's world size: the flag, else the environment torchrun sets, else
+/// one. On one machine LOCAL_WORLD_SIZE comes first; over `nnodes` machines
+/// WORLD_SIZE does, then LOCAL_WORLD_SIZE times `nnodes`.
+pub fn world_size_from(flag: Option<u32>, nnodes: u32) -> Result<u32> {
     if let Some(w) = flag {
         return Ok(w);
     }
-    for var in ["LOCAL_WORLD_SIZE", "WORLD_SIZE"] {
-        if let Ok(v) = std::env::var(var) {
-            let w: u32 = v.trim().parse().map_err(|_| anyhow::anyhow!("{var}={v:?} is not a world size (a whole number from 1 to {}); fix it or pass --world-size", crate::sampler::MAX_WORLD_SIZE))?;
-            if w == 0 {
-                bail!("{var}=0: the world size must be at least 1; fix {var} or pass --world-size");
+    if nnodes <= 1 {
+        for var in ["LOCAL_WORLD_SIZE", "WORLD_SIZE"] {
+            if let Some(w) = world_size_env(var)? {
+                return Ok(w);
             }
-            return Ok(w);
         }
+        return Ok(1);
     }
-    Ok(1)
+    if let Some(w) = world_size_env("WORLD_SIZE")? {
+        return Ok(w);
+    }
+    if let Some(l) = world_size_env("LOCAL_WORLD_SIZE")? {
+        return l.checked_mul(nnodes).ok_or_else(|| anyhow::anyhow!("LOCAL_WORLD_SIZE={l} x --nnodes {nnodes} is too many ranks; pass --world-size"));
+    }
+    bail!("--nnodes {nnodes}: pass --world-size, the ranks of the whole job (e.g. {} for {nnodes} machines of 8 GPUs)", nnodes.saturating_mul(8))
+}
+
+/// The ranks this loader serves: how many (its ring's world size), and
+/// where they sit in the job. Checks `--nnodes` and `--node-rank`.
+pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Result<(u32, JobRanks)> {
+    if nnodes == 0 {
+        bail!("--nnodes 0: a job runs on at least 1 machine");
+    }
+    if node_rank >= nnodes {
+        bail!("--node-rank {node_rank} is not below --nnodes {nnodes}: machines are numbered 0 to {} (torchrun's --node-rank)", nnodes - 1);
+    }
+    let job_world_size = world_size_from(world_size, nnodes)?;
+    if job_world_size == 0 {
+        return Err(crate::sampler::SamplerError::ZeroWorldSize.into());
+    }
+    if job_world_size % nnodes != 0 {
+        bail!(
+            "world size {job_world_size} does not split evenly over --nnodes {nnodes}: torchrun starts the same number of ranks \
+             (--nproc-per-node) on every machine, so the world size is a multiple of the machine count"
+        );
+    }
+    let local = job_world_size / nnodes;
+    if local > MAX_RANKS {
+        if nnodes == 1 {
+            bail!("world size {job_world_size}: one loader serves at most {MAX_RANKS} ranks; for a job on several machines pass --nnodes and --node-rank, so that each machine's loader serves its own ranks");
+        }
+        bail!("world size {job_world_size} over --nnodes {nnodes} is {local} ranks per machine, more than the {MAX_RANKS} one loader serves");
+    }
+    Ok((local, JobRanks { first_rank: node_rank * local, job_world_size }))
 }
 
 /// The local directory behind `--source`.
@@ -129,7 +190,7 @@ impl ServeArgs {
         }
         cfg.check_ring_flags()?;
         crate::ring::segment::validate_name(&self.name)?;
-        crate::sampler::check_shape(self.batch_size, world_size_from(self.world_size)?)?;
+        crate::sampler::check_shape(self.batch_size, cfg.job.job_world_size)?;
         Ok(())
     }
 
@@ -148,11 +209,13 @@ impl ServeArgs {
 
     /// The loader configuration these arguments describe.
     pub fn config(&self) -> Result<ServeConfig> {
+        let (world_size, job) = ranks_from(self.world_size, self.nnodes, self.node_rank)?;
         Ok(ServeConfig {
             source: local_source(&self.source)?,
             name: self.name.clone(),
             batch_size: self.batch_size,
-            world_size: world_size_from(self.world_size)?,
+            world_size,
+            job,
             epochs: self.epochs,
             seed: self.seed,
             shuffle: !self.no_shuffle,
@@ -165,6 +228,20 @@ impl ServeArgs {
             progress: true,
         })
     }
+}
+
+/// "8 rank(s)", or for a job on several machines which of its ranks.
+fn ranks_words(world_size: u32, job: JobRanks, nnodes: u32, node_rank: u32) -> String {
+    if job == JobRanks::single(world_size) {
+        return format!("{world_size} rank(s)");
+    }
+    format!(
+        "{world_size} rank(s), job ranks {}..={} of {} (machine {node_rank} of {nnodes}; LOCAL_RANK r is job rank {} + r)",
+        job.first_rank,
+        job.first_rank + world_size - 1,
+        job.job_world_size,
+        job.first_rank
+    )
 }
 
 /// Runs a loader until every batch was delivered and released. Returns the
@@ -241,12 +318,12 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     let layout = *loader.producer().layout();
     let plan = loader.plan();
     say_err!(
-        "ringfeed: serving {} samples ({}) from {} as {:?} to {} rank(s): batch {}, {} batches per rank, {} slots/rank of {}, ring {} in /dev/shm/ringfeed-{}",
+        "ringfeed: serving {} samples ({}) from {} as {:?} to {}: batch {}, {} batches per rank, {} slots/rank of {}, ring {} in /dev/shm/ringfeed-{}",
         plan.manifest().len(),
         human_bytes(plan.manifest().total_bytes()),
         cfg.source.display(),
         cfg.name,
-        cfg.world_size,
+        ranks_words(cfg.world_size, cfg.job, args.nnodes, args.node_rank),
         cfg.batch_size,
         plan.batches_per_rank(),
         layout.geometry.slots_per_rank,

@@ -75,6 +75,15 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         human_bytes(s.slot_payload_bytes),
         human_bytes(s.segment_bytes),
     );
+    let w = s.ranks.len() as u32;
+    if s.job != crate::ring::layout::JobRanks::single(w) {
+        let first = s.job.first_rank;
+        println!(
+            "  part of a job of {} ranks on several machines: this loader serves job ranks {first}..={} (rank r below is job rank {first} + r)",
+            s.job.job_world_size,
+            first + w.saturating_sub(1)
+        );
+    }
     println!(
         "  total {:.1} batches/s, {:.1} MB/s, {} batches, {}",
         rate(s.batches_published, prev.batches_published),

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::manifest::{Manifest, ManifestError, ManifestOptions};
 use crate::reader::{open_engine, Completion, FileTable, IoChoice, ReadEngine, ReadError, ReadOp, ReaderConfig};
 use crate::ring::segment::{self, human_bytes};
-use crate::ring::layout::GeometryError;
+use crate::ring::layout::{GeometryError, JobRanks};
 use crate::ring::{CreateError, Layout, Producer, PublishError, RingGeometry};
 use crate::sampler::{ResumeState, Sampler, SamplerConfig, SamplerError};
 
@@ -47,8 +47,13 @@ pub struct ServeConfig {
     pub name: String,
     /// Samples per rank per step.
     pub batch_size: u32,
-    /// Number of ranks.
+    /// Ranks this loader serves (its ring's world size).
     pub world_size: u32,
+    /// Where they sit in the job: the sampler splits each step over
+    /// `job.job_world_size` ranks, and ring rank r gets job rank
+    /// `job.first_rank + r`'s batches. `JobRanks::single(world_size)` on one
+    /// machine.
+    pub job: JobRanks,
     /// Total epochs of the run.
     pub epochs: u64,
     /// Seed of the shuffle.
@@ -260,7 +265,7 @@ impl Plan {
         let sampler = Sampler::new(SamplerConfig {
             n_samples: manifest.len(),
             batch_size: cfg.batch_size,
-            world_size: cfg.world_size,
+            world_size: cfg.job.job_world_size,
             seed: cfg.seed,
             shuffle: cfg.shuffle,
             epochs: cfg.epochs,
@@ -369,7 +374,7 @@ impl Loader {
         if let Some(w) = &opened.fallback_warning {
             tracing::warn!("{w}");
         }
-        let producer = Producer::create(&cfg.name, geometry)?;
+        let producer = Producer::create_in_job(&cfg.name, geometry, cfg.job)?;
         let per_rank = plan.batches_per_rank();
         for r in 0..cfg.world_size {
             producer.set_batches_expected(r, per_rank);
@@ -593,7 +598,7 @@ impl Loader {
             // Page-rounded, so at least slot_bytes: room for spare bytes.
             let payload_bytes = claim.payload_bytes();
             let (epoch, step) = self.cursors[r as usize].advance(&self.plan.sampler);
-            self.plan.sampler.batch_into(epoch, step, r, batch);
+            self.plan.sampler.batch_into(epoch, step, self.plan.cfg.job.first_rank + r, batch);
             let id = self.pending.add(claim, epoch, step);
             let mut offset = 0u64;
             for &index in batch.iter() {
@@ -860,6 +865,7 @@ mod tests {
             name: "unused".into(),
             batch_size: 1,
             world_size: 1,
+            job: JobRanks::single(1),
             epochs: 1,
             seed: 0,
             shuffle: false,

@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicI32;
 use std::time::{Duration, Instant};
 
 use crate::ring::futex;
-use crate::ring::layout::{state, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
+use crate::ring::layout::{state, JobRanks, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
 use crate::ring::protocol::{self, ReleaseRefusal};
 use crate::ring::segment::{self, NameError, LOADER_LOCK_BYTE};
 use crate::ring::view::View;
@@ -338,6 +338,8 @@ pub struct Consumer {
     lock_entry: Option<usize>,
     view: View,
     loader_pid: u32,
+    /// Where the ring's ranks sit in the training job.
+    job: JobRanks,
     consumed: u64,
     /// Private checked copies of the sample table, one per slot of our rank.
     tables: Vec<Vec<SampleEntry>>,
@@ -362,8 +364,9 @@ fn corrupt(path: &str, what: impl Into<String>) -> AttachError {
 }
 
 /// Validates a mapped header against the mapping's real size and returns the
-/// layout recomputed from its counts. Exposed for the fuzz target.
-pub fn validate_header(bytes: &[u8], path: &str) -> Result<Layout, AttachError> {
+/// layout recomputed from its counts, and where its ranks sit in the job.
+/// Exposed for the fuzz target.
+pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, JobRanks), AttachError> {
     if (bytes.len() as u64) < HEADER_BYTES {
         return Err(corrupt(path, format!("it is {} bytes, smaller than a ring header ({HEADER_BYTES})", bytes.len())));
     }
@@ -397,7 +400,8 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<Layout, AttachError> 
     if layout.segment_bytes != bytes.len() as u64 {
         return Err(corrupt(path, format!("header says {} bytes but the segment is {} bytes (truncated?)", layout.segment_bytes, bytes.len())));
     }
-    Ok(layout)
+    let job = JobRanks::from_header(u32_at(100), u32_at(96), geometry.world_size).map_err(|e| corrupt(path, e))?;
+    Ok((layout, job))
 }
 
 impl Consumer {
@@ -495,7 +499,7 @@ impl Consumer {
             let e = corrupt(&path, "the loader died before it finished creating the segment");
             return Err(if alive { Retry::Later(None) } else { Retry::Never(e) });
         }
-        let layout = validate_header(bytes, &path).map_err(Retry::Never)?;
+        let (layout, job) = validate_header(bytes, &path).map_err(Retry::Never)?;
         let world_size = layout.geometry.world_size;
         if rank >= world_size {
             return Err(Retry::Never(AttachError::RankOutOfRange { name: name.to_string(), rank, world_size }));
@@ -530,6 +534,7 @@ impl Consumer {
         Ok(Consumer {
             name: name.to_string(),
             rank,
+            job,
             lock_entry: register_lock_fd(fd.as_raw_fd()),
             fd: ManuallyDrop::new(fd),
             view,
@@ -546,6 +551,12 @@ impl Consumer {
     /// The rank this consumer serves.
     pub fn rank(&self) -> u32 {
         self.rank
+    }
+
+    /// Where the ring's ranks sit in the training job: this consumer is job
+    /// rank `job().first_rank + rank()` of `job().job_world_size`.
+    pub fn job(&self) -> JobRanks {
+        self.job
     }
 
     /// The ring's layout (world size, slot sizes).

@@ -53,7 +53,41 @@ pub mod state {
     pub const ABORTED: u32 = 3;
 }
 
-/// Segment header at offset 0. Fields up to `created_unix_ms` are written once
+/// Where a ring's ranks sit in the training job. A job spread over several
+/// machines has one loader per machine; each serves a contiguous run of the
+/// job's ranks, so ring rank r is job rank `first_rank + r`, and the sampler
+/// splits every step over all `job_world_size` ranks. On one machine,
+/// `first_rank` is 0 and `job_world_size` is the ring's world size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobRanks {
+    /// Job rank of ring rank 0.
+    pub first_rank: u32,
+    /// Ranks of the whole job.
+    pub job_world_size: u32,
+}
+
+impl JobRanks {
+    /// A job that is all on this machine: ring ranks are job ranks.
+    pub fn single(world_size: u32) -> JobRanks {
+        JobRanks { first_rank: 0, job_world_size: world_size }
+    }
+
+    /// Reads the header's fields for a ring of `world_size` ranks: zeros
+    /// (a loader that predates them) mean [`JobRanks::single`]. Refuses a
+    /// run of ranks that does not lie inside the job.
+    pub fn from_header(first_rank: u32, job_world_size: u32, world_size: u32) -> Result<JobRanks, String> {
+        if job_world_size == 0 && first_rank == 0 {
+            return Ok(JobRanks::single(world_size));
+        }
+        let end = u64::from(first_rank) + u64::from(world_size);
+        if end > u64::from(job_world_size) {
+            return Err(format!("it serves job ranks {first_rank}..{end} of a job of {job_world_size} ranks"));
+        }
+        Ok(JobRanks { first_rank, job_world_size })
+    }
+}
+
+/// Segment header at offset 0. Fields up to `first_rank` are written once
 /// by the loader before `state` becomes READY and never again.
 #[repr(C)]
 pub struct Header {
@@ -89,7 +123,13 @@ pub struct Header {
     pub flags: AtomicU32,
     /// Wall-clock creation time.
     pub created_unix_ms: AtomicU64,
-    _reserved0: [AtomicU64; 4],
+    /// Ranks of the whole training job, all machines (0 from a loader that
+    /// predates the field: then `world_size`). See [`JobRanks`].
+    pub job_world_size: AtomicU32,
+    /// Job rank of this ring's rank 0 (0 from a loader that predates the
+    /// field). See [`JobRanks`].
+    pub first_rank: AtomicU32,
+    _reserved0: [AtomicU64; 3],
     // --- offset 128: written by the loader while it runs ---
     /// One of [`state`].
     pub state: AtomicU32,
@@ -250,6 +290,8 @@ const _: () = {
     assert!(offset_of!(Header, slot_meta_bytes) == 72);
     assert!(offset_of!(Header, loader_pid) == 80);
     assert!(offset_of!(Header, created_unix_ms) == 88);
+    assert!(offset_of!(Header, job_world_size) == 96);
+    assert!(offset_of!(Header, first_rank) == 100);
     assert!(offset_of!(Header, state) == 128);
     assert!(offset_of!(Header, abort_code) == 132);
     assert!(offset_of!(Header, producer_sleeping) == 136);

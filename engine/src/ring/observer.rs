@@ -6,7 +6,7 @@ use std::time::Duration;
 use memmap2::MmapOptions;
 
 use crate::ring::consumer::{validate_header, AttachError};
-use crate::ring::layout::state;
+use crate::ring::layout::{state, JobRanks};
 use crate::ring::segment::{self, LOADER_LOCK_BYTE};
 use crate::ring::view::View;
 use crate::sync::Ordering;
@@ -57,6 +57,8 @@ pub struct Snapshot {
     pub slot_payload_bytes: u64,
     /// Whole segment size.
     pub segment_bytes: u64,
+    /// Where the ring's ranks sit in the training job.
+    pub job: JobRanks,
     /// Per rank.
     pub ranks: Vec<RankSnapshot>,
 }
@@ -78,6 +80,7 @@ impl Snapshot {
 pub struct Observer {
     fd: std::os::fd::OwnedFd,
     view: View,
+    job: JobRanks,
 }
 
 impl Observer {
@@ -100,8 +103,8 @@ impl Observer {
             .map_err(|e| AttachError::Io { what: "cannot map", path: path.clone(), source: e })?;
         // SAFETY: the mapping is `size` bytes long and lives for this borrow.
         let bytes = unsafe { std::slice::from_raw_parts(map.as_ptr(), size as usize) };
-        let layout = validate_header(bytes, &path)?;
-        Ok(Observer { fd, view: View::new(map, layout) })
+        let (layout, job) = validate_header(bytes, &path)?;
+        Ok(Observer { fd, view: View::new(map, layout), job })
     }
 
     /// Reads every counter now.
@@ -141,6 +144,7 @@ impl Observer {
             slots_per_rank: l.geometry.slots_per_rank,
             slot_payload_bytes: l.geometry.slot_payload_bytes,
             segment_bytes: l.segment_bytes,
+            job: self.job,
             ranks,
         }
     }

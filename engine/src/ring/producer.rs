@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::ring::futex;
-use crate::ring::layout::{state, GeometryError, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
+use crate::ring::layout::{state, GeometryError, JobRanks, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
 use crate::ring::protocol;
 use crate::ring::segment::{self, human_bytes, NameError, LOADER_LOCK_BYTE};
 use crate::ring::view::View;
@@ -24,6 +24,9 @@ pub enum CreateError {
     /// The geometry is out of range.
     #[error("cannot build a ring of this shape: {0}")]
     Geometry(#[from] GeometryError),
+    /// The ring's ranks do not lie inside the job (`create_in_job`).
+    #[error("cannot build a ring whose ranks are not all in the job: {0}")]
+    JobRanks(String),
     /// Another live loader has this name.
     #[error("a loader named {name:?} is already running ({}); stop it or choose another --name", running_pid(*pid))]
     AlreadyRunning {
@@ -296,7 +299,16 @@ impl Producer {
     /// allocated now) and opens it to consumers. A segment of that name left by
     /// a dead loader is replaced; one whose loader lives is an error.
     pub fn create(name: &str, geometry: RingGeometry) -> Result<Producer, CreateError> {
+        Self::create_in_job(name, geometry, JobRanks::single(geometry.world_size))
+    }
+
+    /// [`Producer::create`] for a loader that serves part of a job spread
+    /// over several machines: its ranks are the job's `job.first_rank..`.
+    pub fn create_in_job(name: &str, geometry: RingGeometry, job: JobRanks) -> Result<Producer, CreateError> {
         segment::validate_name(name)?;
+        if let Err(e) = JobRanks::from_header(job.first_rank, job.job_world_size, geometry.world_size) {
+            return Err(CreateError::JobRanks(e));
+        }
         let layout = Layout::compute(geometry)?;
         let path = segment::shm_path(name).display().to_string();
         let io_err = |what, source| CreateError::Io { what, path: path.clone(), source };
@@ -332,7 +344,7 @@ impl Producer {
         segment::allocate(&fd, 0, layout.payload_offset).map_err(|e| alloc_error(&path, &fd, layout.segment_bytes, e))?;
         let map = segment::map(&fd, layout.segment_bytes).map_err(|e| io_err("cannot map", e))?;
         let view = View::new(map, layout);
-        Self::write_header(&view);
+        Self::write_header(&view, job);
         let w = layout.geometry.world_size as usize;
         let backing = Arc::new(Backing { allocated: (0..layout.slot_count()).map(|_| AtomicBool::new(false)).collect(), stop: AtomicBool::new(false) });
         let producer = Producer { name: name.to_string(), path, fd, view, next_claim: vec![0; w], published: vec![0; w], abandoned: false, name_removed: false, backing, reserver: None };
@@ -405,7 +417,7 @@ impl Producer {
         segment::shm_unlink(name).map_err(|e| io_err("cannot remove stale", e))
     }
 
-    fn write_header(view: &View) {
+    fn write_header(view: &View, job: JobRanks) {
         let l = view.layout();
         let g = l.geometry;
         let h = view.header();
@@ -425,6 +437,8 @@ impl Producer {
         h.slot_meta_bytes.store(l.slot_meta_bytes, r);
         h.loader_pid.store(std::process::id(), r);
         h.created_unix_ms.store(now_unix_ms(), r);
+        h.job_world_size.store(job.job_world_size, r);
+        h.first_rank.store(job.first_rank, r);
         for rank in 0..g.world_size {
             view.rank(rank).batches_expected.store(u64::MAX, r);
         }

@@ -7,7 +7,8 @@ import ringfeed
 
 
 def main():
-    name, rank = sys.argv[1], int(sys.argv[2])
+    # "env": the rank comes from LOCAL_RANK, as under torchrun.
+    name, rank = sys.argv[1], None if sys.argv[2] == "env" else int(sys.argv[2])
     feed = ringfeed.attach(name=name, rank=rank, timeout=30)
     out = []
     for batch in feed:
