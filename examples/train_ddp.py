@@ -8,7 +8,8 @@
 
 On several machines, each runs its own loader with the whole job's world size
 and its place in it (`--world-size 16 --nnodes 2 --node-rank N`), and torchrun
-as usual; attach() checks RANK and WORLD_SIZE against the loader's ranks.
+as usual; attach() checks RANK and WORLD_SIZE against the loader's ranks, and
+check_same_plan() that all the loaders serve the same files in the same order.
 
 Each rank attaches to its slice of the ring (rank from LOCAL_RANK) and gets
 batches as zero-copy numpy views of shared memory; torch.from_numpy wraps
@@ -38,6 +39,10 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     feed = ringfeed.attach()  # RINGFEED_NAME, LOCAL_RANK
+    if distributed:
+        # Every rank's loader serves the same plan (same files, seed, batch
+        # size, ...): on several machines, each has its own loader.
+        ringfeed.check_same_plan(feed)
     for batch in feed:
         seq_len = len(batch.sample(0)) // 2
         tokens = torch.from_numpy(batch.array(np.uint16, (len(batch), seq_len)))  # no copy

@@ -207,6 +207,29 @@ typedef struct rf_info {
   uint64_t batches_expected;
 } rf_info;
 
+/**
+ * Where the feed's ranks sit in the training job, and what its loader
+ * serves (`rf_get_job`).
+ */
+typedef struct rf_job {
+  /**
+   * Job rank of the loader's rank 0: this feed is job rank
+   * `first_rank + rank` (torchrun's RANK).
+   */
+  uint32_t first_rank;
+  /**
+   * Ranks of the whole job, all machines (torchrun's WORLD_SIZE).
+   */
+  uint32_t job_world_size;
+  /**
+   * Digest of the dataset's manifest and of the flags that decide the
+   * order (seed, shuffle, batch size, world size, epochs, resume state);
+   * 0 if the loader did not say. Equal on every rank of a job whose
+   * loaders were started alike over the same files.
+   */
+  uint64_t plan_digest;
+} rf_job;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -253,19 +276,18 @@ int32_t rf_release(struct rf_feed *feed, const struct rf_batch *batch);
 int32_t rf_get_info(const struct rf_feed *feed, struct rf_info *info);
 
 /**
- * Where the feed's ranks sit in the training job. A job on several machines
- * has one loader on each, serving a run of the job's ranks: this feed is
- * job rank `*first_rank + rank` of `*job_world_size` (torchrun's RANK and
- * WORLD_SIZE). On one machine `*first_rank` is 0 and `*job_world_size` the
- * loader's world size. Compare them with the job's own to catch a loader
- * started with the wrong `--node-rank` or without `--nnodes`, which would
- * feed the same samples to two machines.
+ * Fills `*job` with where the feed's ranks sit in the training job. A job
+ * on several machines has one loader on each, serving a run of the job's
+ * ranks; on one machine `first_rank` is 0 and `job_world_size` the loader's
+ * world size. Compare them with the job's own rank and size to catch a
+ * loader started with the wrong `--node-rank` or without `--nnodes`, and
+ * `plan_digest` across ranks to catch loaders started with other flags or
+ * over other files: either would feed two machines the same samples.
  *
  * # Safety
- * `feed` comes from rf_attach and was not detached; `first_rank` and
- * `job_world_size` are writable.
+ * `feed` comes from rf_attach and was not detached; `job` is writable.
  */
-int32_t rf_get_job(const struct rf_feed *feed, uint32_t *first_rank, uint32_t *job_world_size);
+int32_t rf_get_job(const struct rf_feed *feed, struct rf_job *job);
 
 /**
  * Detaches: batches still held are given back, and every pointer from this

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 use ringfeed::ring::consumer::{validate_header, Next};
-use ringfeed::ring::layout::{JobRanks, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES};
+use ringfeed::ring::layout::{Job, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES};
 use ringfeed::ring::segment::{self, LOADER_LOCK_BYTE};
 use ringfeed::ring::{AttachError, AttachOptions, Consumer, CreateError, Layout, NextError, Producer, ReleaseError, RingGeometry, SampleEntry};
 
@@ -214,21 +214,21 @@ fn a_ring_whose_ranks_are_not_all_in_its_job_is_corrupt() {
 fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
     // Ranks 6 and 7 of a job of 8 (the last of 4 machines of 2 ranks).
     let name = unique("job");
-    let job = JobRanks { first_rank: 6, job_world_size: 8 };
+    let job = Job { first_rank: 6, job_world_size: 8, plan_digest: 0x1234_5678_9abc_def0 };
     let _producer = Producer::create_in_job(&name, GEOMETRY, job).unwrap();
     let consumer = Consumer::attach(&name, 1, SHORT).unwrap();
     assert_eq!(consumer.job(), job);
     drop(consumer);
     // A job that leaves no room for the ring's ranks is refused when made.
-    let err = Producer::create_in_job(&unique("job-bad"), GEOMETRY, JobRanks { first_rank: 7, job_world_size: 8 }).err().expect("ranks 7..9 of 8");
-    assert!(matches!(err, CreateError::JobRanks(_)) && err.to_string().contains("job ranks 7..9 of a job of 8 ranks"), "{err}");
+    let err = Producer::create_in_job(&unique("job-bad"), GEOMETRY, Job { first_rank: 7, job_world_size: 8, plan_digest: 0 }).err().expect("ranks 7..9 of 8");
+    assert!(matches!(err, CreateError::Job(_)) && err.to_string().contains("job ranks 7..9 of a job of 8 ranks"), "{err}");
     // Zeros, from a loader that predates the fields: the ring is the job.
     let plain = unique("job-zero");
     let mut bytes = real_segment_bytes(&plain);
     put_u32(&mut bytes, FIRST_RANK_AT, 0);
     put_u32(&mut bytes, JOB_WORLD_SIZE_AT, 0);
     let (_, job) = validate_header(&bytes, "buf").unwrap();
-    assert_eq!(job, JobRanks::single(GEOMETRY.world_size));
+    assert_eq!(job, Job::single(GEOMETRY.world_size));
 }
 
 #[test]

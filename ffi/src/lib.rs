@@ -300,30 +300,44 @@ pub unsafe extern "C" fn rf_get_info(feed: *const rf_feed, info: *mut rf_info) -
     })
 }
 
-/// Where the feed's ranks sit in the training job. A job on several machines
-/// has one loader on each, serving a run of the job's ranks: this feed is
-/// job rank `*first_rank + rank` of `*job_world_size` (torchrun's RANK and
-/// WORLD_SIZE). On one machine `*first_rank` is 0 and `*job_world_size` the
-/// loader's world size. Compare them with the job's own to catch a loader
-/// started with the wrong `--node-rank` or without `--nnodes`, which would
-/// feed the same samples to two machines.
+/// Where the feed's ranks sit in the training job, and what its loader
+/// serves (`rf_get_job`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct rf_job {
+    /// Job rank of the loader's rank 0: this feed is job rank
+    /// `first_rank + rank` (torchrun's RANK).
+    pub first_rank: u32,
+    /// Ranks of the whole job, all machines (torchrun's WORLD_SIZE).
+    pub job_world_size: u32,
+    /// Digest of the dataset's manifest and of the flags that decide the
+    /// order (seed, shuffle, batch size, world size, epochs, resume state);
+    /// 0 if the loader did not say. Equal on every rank of a job whose
+    /// loaders were started alike over the same files.
+    pub plan_digest: u64,
+}
+
+/// Fills `*job` with where the feed's ranks sit in the training job. A job
+/// on several machines has one loader on each, serving a run of the job's
+/// ranks; on one machine `first_rank` is 0 and `job_world_size` the loader's
+/// world size. Compare them with the job's own rank and size to catch a
+/// loader started with the wrong `--node-rank` or without `--nnodes`, and
+/// `plan_digest` across ranks to catch loaders started with other flags or
+/// over other files: either would feed two machines the same samples.
 ///
 /// # Safety
-/// `feed` comes from rf_attach and was not detached; `first_rank` and
-/// `job_world_size` are writable.
+/// `feed` comes from rf_attach and was not detached; `job` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn rf_get_job(feed: *const rf_feed, first_rank: *mut u32, job_world_size: *mut u32) -> i32 {
+pub unsafe extern "C" fn rf_get_job(feed: *const rf_feed, job: *mut rf_job) -> i32 {
     guard(|| {
-        if feed.is_null() || first_rank.is_null() || job_world_size.is_null() {
-            return fail(RF_E_INVALID, "rf_get_job: feed, first_rank and job_world_size must not be NULL");
+        if feed.is_null() || job.is_null() {
+            return fail(RF_E_INVALID, "rf_get_job: feed and job must not be NULL");
         }
         // SAFETY: a live feed from rf_attach.
-        let job = unsafe { &(*feed).consumer }.job();
-        // SAFETY: both are non-NULL and writable by contract.
-        unsafe {
-            *first_rank = job.first_rank;
-            *job_world_size = job.job_world_size;
-        }
+        let j = unsafe { &(*feed).consumer }.job();
+        let out = rf_job { first_rank: j.first_rank, job_world_size: j.job_world_size, plan_digest: j.plan_digest };
+        // SAFETY: `job` is non-NULL and writable by contract.
+        unsafe { *job = out };
         RF_OK
     })
 }

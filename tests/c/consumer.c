@@ -102,12 +102,12 @@ int main(int argc, char **argv) {
     if (rc != RF_OK) return fail("rf_get_info", rc);
     if (check_info(&info, (uint32_t)rank, world, expect)) return 1;
     /* A loader on one machine: its ranks are the whole job. */
-    uint32_t first_rank = UINT32_MAX, job_world_size = 0;
-    rc = rf_get_job(feed, &first_rank, &job_world_size);
+    rf_job job = {UINT32_MAX, 0, 0};
+    rc = rf_get_job(feed, &job);
     if (rc != RF_OK) return fail("rf_get_job", rc);
-    if (first_rank != 0) return failf("rf_get_job first_rank", first_rank, 0);
-    if (job_world_size != world) return failf("rf_get_job job_world_size", job_world_size, world);
-    rc = rf_get_job(feed, NULL, &job_world_size);
+    if (job.first_rank != 0) return failf("rf_get_job first_rank", job.first_rank, 0);
+    if (job.job_world_size != world) return failf("rf_get_job job_world_size", job.job_world_size, world);
+    rc = rf_get_job(feed, NULL);
     if (rc != RF_E_INVALID) return fail("rf_get_job with NULL (expected RF_E_INVALID)", rc);
 
     uint64_t n = 0;

@@ -69,7 +69,7 @@ its own).
 """
 
 from . import _lib
-from ._feed import Batch, Feed, FeedInfo, abi_version, attach
+from ._feed import Batch, Feed, FeedInfo, abi_version, attach, check_same_plan
 from .errors import (
     AbortedError,
     AllSlotsHeldError,
@@ -112,5 +112,6 @@ __all__ = [
     "VersionMismatchError",
     "abi_version",
     "attach",
+    "check_same_plan",
     "library_path",
 ]

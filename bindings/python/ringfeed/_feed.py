@@ -58,6 +58,7 @@ FeedInfo = collections.namedtuple(
         "batches_expected",
         "first_rank",
         "job_world_size",
+        "plan_digest",
     ],
 )
 FeedInfo.__doc__ = """Shape of the ring a feed is attached to.
@@ -70,7 +71,11 @@ the whole run, or None if the loader did not say. ``first_rank`` and
 ``job_world_size`` place the loader's ranks in the whole job: this feed is job
 rank ``first_rank + rank`` of ``job_world_size`` (torchrun's RANK and
 WORLD_SIZE); on one machine ``first_rank`` is 0 and ``job_world_size`` equals
-``world_size``.
+``world_size``. ``plan_digest`` digests the dataset's file list and the flags
+that decide the order (seed, shuffle, batch size, world size, epochs, resume
+state), or is None if the loader did not say: on a job over several machines,
+compare it across ranks (``ringfeed.check_same_plan`` does, through
+torch.distributed) to catch loaders started alike in name only.
 """
 
 
@@ -580,13 +585,14 @@ def attach(name=None, rank=None, timeout=30.0):
         batches_expected=None if raw.batches_expected == _lib.BATCHES_UNKNOWN else raw.batches_expected,
         first_rank=0,
         job_world_size=raw.world_size,
+        plan_digest=None,
     )
     if hasattr(_LIB, "rf_get_job"):
-        first, job = ctypes.c_uint32(), ctypes.c_uint32()
-        rc = _LIB.rf_get_job(handle.ptr, ctypes.byref(first), ctypes.byref(job))
+        job = _lib.rf_job()
+        rc = _LIB.rf_get_job(handle.ptr, ctypes.byref(job))
         if rc != _lib.RF_OK:
             raise errors.error_for(rc, _lib.last_error(_LIB))
-        info = info._replace(first_rank=first.value, job_world_size=job.value)
+        info = info._replace(first_rank=job.first_rank, job_world_size=job.job_world_size, plan_digest=job.plan_digest or None)
     _check_job(info, name, rank_from_env)
     return Feed(handle, info)
 
@@ -670,6 +676,57 @@ def _check_job(info, name, rank_from_env):
             "but this process has RANK=%d; start this machine's loader with --node-rank %d"
             % (name, ranks, info.job_world_size, have, info.rank, info.first_rank + info.rank, job_rank, want)
         )
+
+
+def check_same_plan(feed, group=None):
+    """Checks, across the ranks of a torch.distributed job, that every rank's
+    loader serves the same plan: the same files in the same order, and the
+    same seed, shuffle, batch size, world size, epochs and resume state.
+
+    On several machines each machine runs its own loader over its own copy
+    of the dataset; two loaders started with other flags, or over copies
+    that differ by a file, would feed some samples twice and others never,
+    and nothing on one machine can see it. Call this once after
+    ``init_process_group`` and ``attach()`` on every rank (it is a
+    collective: ``all_gather_object``; with NCCL, after
+    ``torch.cuda.set_device``). Raises ``RankError`` on every rank, naming
+    the job ranks of each plan. Returns quietly when torch.distributed is not
+    initialized (a single process).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    info = feed.info
+    mine = (info.plan_digest, info.first_rank + info.rank, info.job_world_size)
+    every = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    plans = {}
+    for digest, job_rank, job_world_size in every:
+        plans.setdefault((digest, job_world_size), []).append(job_rank)
+    if len(plans) <= 1:
+        return
+    parts = []
+    for (digest, job_world_size), ranks in sorted(plans.items(), key=lambda kv: min(kv[1])):
+        shown = "unknown (an older loader)" if digest is None else "%016x" % digest
+        parts.append("job rank(s) %s: plan %s of a job of %d" % (_runs(sorted(ranks)), shown, job_world_size))
+    raise errors.RankError(
+        "the loaders of this job do not serve the same plan (%s); start every machine's loader with the same "
+        "--world-size, --batch-size, --seed, --epochs, --resume, --record-bytes and --no-shuffle, over copies of "
+        "the dataset that hold the same files (compare the sample count and bytes in each loader's banner)"
+        % "; ".join(parts)
+    )
+
+
+def _runs(numbers):
+    """[0, 1, 2, 5] as "0-2, 5"."""
+    out = []
+    for n in numbers:
+        if out and out[-1][1] == n - 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return ", ".join("%d" % a if a == b else "%d-%d" % (a, b) for a, b in out)
 
 
 def abi_version():

@@ -72,8 +72,18 @@ class rf_info(ctypes.Structure):
     ]
 
 
+class rf_job(ctypes.Structure):
+    """Where a feed's ranks sit in the training job (rf_get_job)."""
+
+    _fields_ = [
+        ("first_rank", ctypes.c_uint32),
+        ("job_world_size", ctypes.c_uint32),
+        ("plan_digest", ctypes.c_uint64),
+    ]
+
+
 # The sizes the Rust side has; a mismatch means this file drifted from the ABI.
-for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48)):
+for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16)):
     if ctypes.sizeof(_struct) != _size:
         raise ImportError(
             "ringfeed: ctypes struct %s is %d bytes, the C ABI says %d"
@@ -113,7 +123,7 @@ def _declare(lib):
     # Newer than the first library: a RINGFEED_LIB from before it lacks it,
     # and feeds then report a job that is all on one machine.
     if hasattr(lib, "rf_get_job"):
-        lib.rf_get_job.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]
+        lib.rf_get_job.argtypes = [_feed_p, ctypes.POINTER(rf_job)]
         lib.rf_get_job.restype = ctypes.c_int
 
 

@@ -22,7 +22,7 @@ use crate::cli::say::say_out;
 use crate::cli::testing::{pattern_fill, pattern_mismatch};
 use crate::loader::{signals, Loader, Plan, ServeConfig, STOP_NOT_A_SIGNAL};
 use crate::reader::{IoChoice, ReaderConfig};
-use crate::ring::layout::JobRanks;
+use crate::ring::layout::Job;
 use crate::ring::segment::human_bytes;
 use crate::ring::{AttachOptions, Consumer, Next};
 use crate::sampler::{mix64, ResumeState};
@@ -181,7 +181,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         name: name.clone(),
         batch_size: a.batch_size,
         world_size: a.world_size,
-        job: JobRanks::single(a.world_size),
+        job: Job::single(a.world_size),
         epochs: a.epochs,
         seed: 42,
         shuffle: true,

@@ -11,7 +11,7 @@ use crate::cli::say::say_err;
 use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
 use crate::manifest::{Manifest, ManifestCache, ManifestOptions, ManifestOrigin};
 use crate::reader::{IoChoice, ReadError, ReaderConfig};
-use crate::ring::layout::{JobRanks, MAX_RANKS};
+use crate::ring::layout::{Job, MAX_RANKS};
 use crate::ring::segment::human_bytes;
 use crate::sampler::ResumeState;
 
@@ -138,7 +138,7 @@ pub fn world_size_from(flag: Option<u32>, nnodes: u32) -> Result<u32> {
 
 /// The ranks this loader serves: how many (its ring's world size), and
 /// where they sit in the job. Checks `--nnodes` and `--node-rank`.
-pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Result<(u32, JobRanks)> {
+pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Result<(u32, Job)> {
     if nnodes == 0 {
         bail!("--nnodes 0: a job runs on at least 1 machine");
     }
@@ -162,7 +162,7 @@ pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Resul
         }
         bail!("world size {job_world_size} over --nnodes {nnodes} is {local} ranks per machine, more than the {MAX_RANKS} one loader serves");
     }
-    Ok((local, JobRanks { first_rank: node_rank * local, job_world_size }))
+    Ok((local, Job { first_rank: node_rank * local, job_world_size, plan_digest: 0 }))
 }
 
 /// The local directory behind `--source`.
@@ -231,12 +231,12 @@ impl ServeArgs {
 }
 
 /// "8 rank(s)", or for a job on several machines which of its ranks.
-fn ranks_words(world_size: u32, job: JobRanks, nnodes: u32, node_rank: u32) -> String {
-    if job == JobRanks::single(world_size) {
+fn ranks_words(world_size: u32, job: Job, nnodes: u32, node_rank: u32, plan_digest: u64) -> String {
+    if job.is_single_machine(world_size) {
         return format!("{world_size} rank(s)");
     }
     format!(
-        "{world_size} rank(s), job ranks {}..={} of {} (machine {node_rank} of {nnodes}; LOCAL_RANK r is job rank {} + r)",
+        "{world_size} rank(s), job ranks {}..={} of {} (machine {node_rank} of {nnodes}; LOCAL_RANK r is job rank {} + r; plan {plan_digest:016x}, the same on every machine)",
         job.first_rank,
         job.first_rank + world_size - 1,
         job.job_world_size,
@@ -323,7 +323,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         human_bytes(plan.manifest().total_bytes()),
         cfg.source.display(),
         cfg.name,
-        ranks_words(cfg.world_size, cfg.job, args.nnodes, args.node_rank),
+        ranks_words(cfg.world_size, cfg.job, args.nnodes, args.node_rank, plan.digest()),
         cfg.batch_size,
         plan.batches_per_rank(),
         layout.geometry.slots_per_rank,

@@ -76,7 +76,7 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         human_bytes(s.segment_bytes),
     );
     let w = s.ranks.len() as u32;
-    if s.job != crate::ring::layout::JobRanks::single(w) {
+    if !s.job.is_single_machine(w) {
         let first = s.job.first_rank;
         println!(
             "  part of a job of {} ranks on several machines: this loader serves job ranks {first}..={} (rank r below is job rank {first} + r)",

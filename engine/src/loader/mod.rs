@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::manifest::{Manifest, ManifestError, ManifestOptions};
 use crate::reader::{open_engine, Completion, FileTable, IoChoice, ReadEngine, ReadError, ReadOp, ReaderConfig};
 use crate::ring::segment::{self, human_bytes};
-use crate::ring::layout::{GeometryError, JobRanks};
+use crate::ring::layout::{GeometryError, Job};
 use crate::ring::{CreateError, Layout, Producer, PublishError, RingGeometry};
 use crate::sampler::{ResumeState, Sampler, SamplerConfig, SamplerError};
 
@@ -51,9 +51,9 @@ pub struct ServeConfig {
     pub world_size: u32,
     /// Where they sit in the job: the sampler splits each step over
     /// `job.job_world_size` ranks, and ring rank r gets job rank
-    /// `job.first_rank + r`'s batches. `JobRanks::single(world_size)` on one
+    /// `job.first_rank + r`'s batches. `Job::single(world_size)` on one
     /// machine.
-    pub job: JobRanks,
+    pub job: Job,
     /// Total epochs of the run.
     pub epochs: u64,
     /// Seed of the shuffle.
@@ -173,6 +173,8 @@ pub struct Plan {
     slots_per_rank: u32,
     /// The manifest's files as the readers open them.
     files: Arc<FileTable>,
+    /// [`Job::plan_digest`].
+    digest: u64,
 }
 
 /// Fewest slots per rank the default falls back to when /dev/shm is short.
@@ -297,7 +299,8 @@ impl Plan {
             return Err(ServeError::Shape(shape_problem(&cfg, geometry, manifest.max_sample_bytes(), &e)));
         }
         let files = Arc::new(FileTable::over(manifest.root(), Arc::clone(manifest.files()), cfg.record_bytes.is_some())?);
-        Ok(Plan { cfg, manifest, sampler, slot_bytes, slots_per_rank, files })
+        let digest = plan_digest(&cfg, &manifest);
+        Ok(Plan { cfg, manifest, sampler, slot_bytes, slots_per_rank, files, digest })
     }
 
     /// The manifest.
@@ -314,6 +317,11 @@ impl Plan {
     pub fn batches_per_rank(&self) -> u64 {
         // Sampler::new refused runs whose count does not fit a u64.
         self.sampler.total_steps().unwrap_or(u64::MAX)
+    }
+
+    /// Digest of the dataset and the order flags ([`Job::plan_digest`]).
+    pub fn digest(&self) -> u64 {
+        self.digest
     }
 
     /// Payload bytes of each slot.
@@ -374,7 +382,7 @@ impl Loader {
         if let Some(w) = &opened.fallback_warning {
             tracing::warn!("{w}");
         }
-        let producer = Producer::create_in_job(&cfg.name, geometry, cfg.job)?;
+        let producer = Producer::create_in_job(&cfg.name, geometry, Job { plan_digest: plan.digest, ..cfg.job })?;
         let per_rank = plan.batches_per_rank();
         for r in 0..cfg.world_size {
             producer.set_batches_expected(r, per_rank);
@@ -794,6 +802,18 @@ impl Loader {
 
 /// Says which property of the data, or which flags together, make `g`
 /// impossible (each flag alone passed `ServeConfig::check_ring_flags`).
+/// [`Job::plan_digest`] of a run: the manifest's digest and every flag that
+/// decides which samples job rank r gets at (epoch, step). Never 0 (0 means
+/// "not known" in the header).
+fn plan_digest(cfg: &ServeConfig, manifest: &Manifest) -> u64 {
+    let t = std::time::Instant::now();
+    let c = cfg;
+    let words = [u64::from(c.shuffle), c.seed, c.batch_size.into(), c.job.job_world_size.into(), c.epochs, c.start.epoch, c.start.samples_consumed];
+    let digest = crate::manifest::digest_words(manifest.digest(), words).max(1);
+    tracing::debug!("plan digest {digest:016x} in {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    digest
+}
+
 fn shape_problem(cfg: &ServeConfig, g: RingGeometry, largest_sample: u64, e: &GeometryError) -> String {
     use crate::ring::layout::{MAX_SEGMENT_BYTES, MAX_SLOT_PAYLOAD_BYTES};
     match e {
@@ -865,7 +885,7 @@ mod tests {
             name: "unused".into(),
             batch_size: 1,
             world_size: 1,
-            job: JobRanks::single(1),
+            job: Job::single(1),
             epochs: 1,
             seed: 0,
             shuffle: false,

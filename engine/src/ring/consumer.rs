@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicI32;
 use std::time::{Duration, Instant};
 
 use crate::ring::futex;
-use crate::ring::layout::{state, JobRanks, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
+use crate::ring::layout::{state, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
 use crate::ring::protocol::{self, ReleaseRefusal};
 use crate::ring::segment::{self, NameError, LOADER_LOCK_BYTE};
 use crate::ring::view::View;
@@ -339,7 +339,7 @@ pub struct Consumer {
     view: View,
     loader_pid: u32,
     /// Where the ring's ranks sit in the training job.
-    job: JobRanks,
+    job: Job,
     consumed: u64,
     /// Private checked copies of the sample table, one per slot of our rank.
     tables: Vec<Vec<SampleEntry>>,
@@ -366,7 +366,7 @@ fn corrupt(path: &str, what: impl Into<String>) -> AttachError {
 /// Validates a mapped header against the mapping's real size and returns the
 /// layout recomputed from its counts, and where its ranks sit in the job.
 /// Exposed for the fuzz target.
-pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, JobRanks), AttachError> {
+pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), AttachError> {
     if (bytes.len() as u64) < HEADER_BYTES {
         return Err(corrupt(path, format!("it is {} bytes, smaller than a ring header ({HEADER_BYTES})", bytes.len())));
     }
@@ -400,7 +400,7 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, JobRanks), A
     if layout.segment_bytes != bytes.len() as u64 {
         return Err(corrupt(path, format!("header says {} bytes but the segment is {} bytes (truncated?)", layout.segment_bytes, bytes.len())));
     }
-    let job = JobRanks::from_header(u32_at(100), u32_at(96), geometry.world_size).map_err(|e| corrupt(path, e))?;
+    let job = Job::from_header(u32_at(100), u32_at(96), geometry.world_size, u64_at(104)).map_err(|e| corrupt(path, e))?;
     Ok((layout, job))
 }
 
@@ -555,7 +555,7 @@ impl Consumer {
 
     /// Where the ring's ranks sit in the training job: this consumer is job
     /// rank `job().first_rank + rank()` of `job().job_world_size`.
-    pub fn job(&self) -> JobRanks {
+    pub fn job(&self) -> Job {
         self.job
     }
 

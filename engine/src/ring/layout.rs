@@ -59,35 +59,45 @@ pub mod state {
 /// splits every step over all `job_world_size` ranks. On one machine,
 /// `first_rank` is 0 and `job_world_size` is the ring's world size.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct JobRanks {
+pub struct Job {
     /// Job rank of ring rank 0.
     pub first_rank: u32,
     /// Ranks of the whole job.
     pub job_world_size: u32,
+    /// Digest of what the loader serves: the dataset's manifest and the
+    /// flags that decide the order (seed, shuffle, batch size, world size,
+    /// epochs, resume state). Loaders of one job on several machines must
+    /// agree on it; trainers can compare it across ranks. 0: not known.
+    pub plan_digest: u64,
 }
 
-impl JobRanks {
+impl Job {
     /// A job that is all on this machine: ring ranks are job ranks.
-    pub fn single(world_size: u32) -> JobRanks {
-        JobRanks { first_rank: 0, job_world_size: world_size }
+    pub fn single(world_size: u32) -> Job {
+        Job { first_rank: 0, job_world_size: world_size, plan_digest: 0 }
+    }
+
+    /// Whether the ring's ranks are the whole job.
+    pub fn is_single_machine(&self, world_size: u32) -> bool {
+        self.first_rank == 0 && self.job_world_size == world_size
     }
 
     /// Reads the header's fields for a ring of `world_size` ranks: zeros
-    /// (a loader that predates them) mean [`JobRanks::single`]. Refuses a
+    /// (a loader that predates them) mean [`Job::single`]. Refuses a
     /// run of ranks that does not lie inside the job.
-    pub fn from_header(first_rank: u32, job_world_size: u32, world_size: u32) -> Result<JobRanks, String> {
+    pub fn from_header(first_rank: u32, job_world_size: u32, world_size: u32, plan_digest: u64) -> Result<Job, String> {
         if job_world_size == 0 && first_rank == 0 {
-            return Ok(JobRanks::single(world_size));
+            return Ok(Job { plan_digest, ..Job::single(world_size) });
         }
         let end = u64::from(first_rank) + u64::from(world_size);
         if end > u64::from(job_world_size) {
             return Err(format!("it serves job ranks {first_rank}..{end} of a job of {job_world_size} ranks"));
         }
-        Ok(JobRanks { first_rank, job_world_size })
+        Ok(Job { first_rank, job_world_size, plan_digest })
     }
 }
 
-/// Segment header at offset 0. Fields up to `first_rank` are written once
+/// Segment header at offset 0. Fields up to `plan_digest` are written once
 /// by the loader before `state` becomes READY and never again.
 #[repr(C)]
 pub struct Header {
@@ -124,12 +134,14 @@ pub struct Header {
     /// Wall-clock creation time.
     pub created_unix_ms: AtomicU64,
     /// Ranks of the whole training job, all machines (0 from a loader that
-    /// predates the field: then `world_size`). See [`JobRanks`].
+    /// predates the field: then `world_size`). See [`Job`].
     pub job_world_size: AtomicU32,
     /// Job rank of this ring's rank 0 (0 from a loader that predates the
-    /// field). See [`JobRanks`].
+    /// field). See [`Job`].
     pub first_rank: AtomicU32,
-    _reserved0: [AtomicU64; 3],
+    /// [`Job::plan_digest`] (0: not known).
+    pub plan_digest: AtomicU64,
+    _reserved0: [AtomicU64; 2],
     // --- offset 128: written by the loader while it runs ---
     /// One of [`state`].
     pub state: AtomicU32,
@@ -292,6 +304,7 @@ const _: () = {
     assert!(offset_of!(Header, created_unix_ms) == 88);
     assert!(offset_of!(Header, job_world_size) == 96);
     assert!(offset_of!(Header, first_rank) == 100);
+    assert!(offset_of!(Header, plan_digest) == 104);
     assert!(offset_of!(Header, state) == 128);
     assert!(offset_of!(Header, abort_code) == 132);
     assert!(offset_of!(Header, producer_sleeping) == 136);

@@ -6,7 +6,7 @@ use std::time::Duration;
 use memmap2::MmapOptions;
 
 use crate::ring::consumer::{validate_header, AttachError};
-use crate::ring::layout::{state, JobRanks};
+use crate::ring::layout::{state, Job};
 use crate::ring::segment::{self, LOADER_LOCK_BYTE};
 use crate::ring::view::View;
 use crate::sync::Ordering;
@@ -58,7 +58,7 @@ pub struct Snapshot {
     /// Whole segment size.
     pub segment_bytes: u64,
     /// Where the ring's ranks sit in the training job.
-    pub job: JobRanks,
+    pub job: Job,
     /// Per rank.
     pub ranks: Vec<RankSnapshot>,
 }
@@ -80,7 +80,7 @@ impl Snapshot {
 pub struct Observer {
     fd: std::os::fd::OwnedFd,
     view: View,
-    job: JobRanks,
+    job: Job,
 }
 
 impl Observer {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::ring::futex;
-use crate::ring::layout::{state, GeometryError, JobRanks, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
+use crate::ring::layout::{state, GeometryError, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
 use crate::ring::protocol;
 use crate::ring::segment::{self, human_bytes, NameError, LOADER_LOCK_BYTE};
 use crate::ring::view::View;
@@ -26,7 +26,7 @@ pub enum CreateError {
     Geometry(#[from] GeometryError),
     /// The ring's ranks do not lie inside the job (`create_in_job`).
     #[error("cannot build a ring whose ranks are not all in the job: {0}")]
-    JobRanks(String),
+    Job(String),
     /// Another live loader has this name.
     #[error("a loader named {name:?} is already running ({}); stop it or choose another --name", running_pid(*pid))]
     AlreadyRunning {
@@ -299,15 +299,15 @@ impl Producer {
     /// allocated now) and opens it to consumers. A segment of that name left by
     /// a dead loader is replaced; one whose loader lives is an error.
     pub fn create(name: &str, geometry: RingGeometry) -> Result<Producer, CreateError> {
-        Self::create_in_job(name, geometry, JobRanks::single(geometry.world_size))
+        Self::create_in_job(name, geometry, Job::single(geometry.world_size))
     }
 
     /// [`Producer::create`] for a loader that serves part of a job spread
     /// over several machines: its ranks are the job's `job.first_rank..`.
-    pub fn create_in_job(name: &str, geometry: RingGeometry, job: JobRanks) -> Result<Producer, CreateError> {
+    pub fn create_in_job(name: &str, geometry: RingGeometry, job: Job) -> Result<Producer, CreateError> {
         segment::validate_name(name)?;
-        if let Err(e) = JobRanks::from_header(job.first_rank, job.job_world_size, geometry.world_size) {
-            return Err(CreateError::JobRanks(e));
+        if let Err(e) = Job::from_header(job.first_rank, job.job_world_size, geometry.world_size, job.plan_digest) {
+            return Err(CreateError::Job(e));
         }
         let layout = Layout::compute(geometry)?;
         let path = segment::shm_path(name).display().to_string();
@@ -417,7 +417,7 @@ impl Producer {
         segment::shm_unlink(name).map_err(|e| io_err("cannot remove stale", e))
     }
 
-    fn write_header(view: &View, job: JobRanks) {
+    fn write_header(view: &View, job: Job) {
         let l = view.layout();
         let g = l.geometry;
         let h = view.header();
@@ -439,6 +439,7 @@ impl Producer {
         h.created_unix_ms.store(now_unix_ms(), r);
         h.job_world_size.store(job.job_world_size, r);
         h.first_rank.store(job.first_rank, r);
+        h.plan_digest.store(job.plan_digest, r);
         for rank in 0..g.world_size {
             view.rank(rank).batches_expected.store(u64::MAX, r);
         }
