@@ -210,7 +210,7 @@ pub enum SamplerError {
         steps_per_epoch: u64,
     },
     /// `world_size == 0`.
-    #[error("world size is 0; pass --world-size of at least 1 (or set LOCAL_WORLD_SIZE, which wins over WORLD_SIZE)")]
+    #[error("world size is 0; pass --world-size of at least 1 (or fix LOCAL_WORLD_SIZE or WORLD_SIZE)")]
     ZeroWorldSize,
     /// `world_size > MAX_WORLD_SIZE`.
     #[error("world size {world_size} is above the limit of {max} ranks; lower --world-size")]
@@ -314,7 +314,7 @@ impl Sampler {
                 max: MAX_SAMPLES,
             });
         }
-        // Both factors were bounded above: W·B <= 2^7 · 2^20, no overflow.
+        // Both factors were bounded above: W·B <= 2^20 · 2^20, no overflow.
         let step_samples = u64::from(world_size) * u64::from(batch_size);
         if n_samples < step_samples {
             return Err(SamplerError::DatasetSmallerThanStep {

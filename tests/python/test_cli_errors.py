@@ -150,3 +150,16 @@ def test_a_ring_too_large_for_its_flags_or_data_names_what_to_lower(tmp_path):
         for w in words:
             assert w in err, (w, err)
         assert not os.path.exists("/dev/shm/ringfeed-" + name)
+
+
+def test_serve_warns_when_its_environment_shows_a_job_on_several_machines():
+    # torchrun's variables of a 2-machine job, and no --nnodes: each
+    # machine's loader would serve the same samples. The source does not
+    # exist, so serve then stops; the warning came first.
+    rc, _, err = run(["serve", "--source", "/nonexistent-ringfeed-source", "--name", "x", "--batch-size", "4"],
+                     {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"})
+    assert rc != 0
+    assert "describe a job on 2 machines" in err and "--world-size 16 --nnodes 2 --node-rank N" in err, err
+    rc, _, err = run(["serve", "--source", "/nonexistent-ringfeed-source", "--name", "x", "--batch-size", "4",
+                      "--nnodes", "2", "--node-rank", "1"], {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"})
+    assert "describe a job" not in err, err

@@ -411,7 +411,7 @@ def test_a_rank_that_no_trainer_attaches_to_is_named_while_the_loader_waits(data
         kill_survivors([loader, consumer])
     text = loader_err.decode()
     assert "WARN" in text and "waiting for rank(s) [1]: no trainer is attached" in text, text
-    assert "--world-size 2" in text, text
+    assert "this machine needs 2 trainers, LOCAL_RANK 0 to 1" in text, text
 
 
 def test_a_rank_that_took_its_last_batch_ends_without_waiting_for_slower_ranks(dataset):
@@ -562,6 +562,8 @@ def test_a_job_on_two_machines_gets_exactly_the_batches_it_would_get_on_one(data
     (["--world-size", "2"], 1, ["WORLD_SIZE=4", "--world-size 4 --nnodes 2 --node-rank N", "same samples"]),
     # Two machines both started as node 0.
     (["--world-size", "4", "--nnodes", "2", "--node-rank", "0"], 1, ["RANK=2", "--node-rank 0", "with --node-rank 1"]),
+    # The whole job's world size, --nnodes forgotten: one step to the fix.
+    (["--world-size", "4"], 0, ["LOCAL_WORLD_SIZE=2", "--world-size 4 --nnodes 2 --node-rank N"]),
 ])
 def test_a_trainer_whose_job_ranks_differ_from_its_loaders_is_refused(dataset, loader_args, node, needles):
     name = "e2e-job-%s" % uuid.uuid4().hex[:8]
@@ -576,11 +578,17 @@ def test_a_trainer_whose_job_ranks_differ_from_its_loaders_is_refused(dataset, l
         text = p.stdout.decode()
         for needle in needles:
             assert needle in text, text + p.stderr.decode()
-        # The same trainer with its rank given explicitly is its own business.
-        code = "import ringfeed\nf = ringfeed.attach(rank=0, timeout=20)\nprint(f.info.first_rank, f.info.job_world_size)\n"
+        # The usual explicit form, rank=int(LOCAL_RANK), is checked the same way.
+        code = "import os, ringfeed\ntry:\n    ringfeed.attach(rank=int(os.environ['LOCAL_RANK']), timeout=20)\nexcept ringfeed.RankError as e:\n    print(e)\n"
         p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=60)
+        for needle in needles:
+            assert needle in p.stdout.decode(), p.stdout.decode() + p.stderr.decode()
+        # Outside torchrun the rank is the caller's business.
+        code = "import ringfeed\nf = ringfeed.attach(rank=0, timeout=20)\nprint(f.info.first_rank, f.info.job_world_size)\n"
+        bare = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK")}
+        p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=bare, timeout=60)
         assert p.returncode == 0, p.stderr.decode()
-        assert p.stdout.decode().split() == (["0", "2"] if "--nnodes" not in loader_args else ["0", "4"])
+        assert p.stdout.decode().split() == ["0", loader_args[1]]  # --world-size: the job
         if "--nnodes" in loader_args:
             stat = subprocess.run([ringfeed_bin(), "stat", name, "--once", "--interval", "0.2"], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, timeout=30)

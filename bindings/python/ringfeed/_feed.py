@@ -71,7 +71,7 @@ the whole run, or None if the loader did not say. ``first_rank`` and
 ``job_world_size`` place the loader's ranks in the whole job: this feed is job
 rank ``first_rank + rank`` of ``job_world_size`` (torchrun's RANK and
 WORLD_SIZE); on one machine ``first_rank`` is 0 and ``job_world_size`` equals
-``world_size``. ``plan_digest`` digests the dataset's file list and the flags
+``world_size``; both are None with a library too old to say. ``plan_digest`` digests the dataset's file list and the flags
 that decide the order (seed, shuffle, batch size, world size, epochs, resume
 state), or is None if the loader did not say: on a job over several machines,
 compare it across ranks (``ringfeed.check_same_plan`` does, through
@@ -551,6 +551,11 @@ def attach(name=None, rank=None, timeout=30.0):
     else $RANK, else 0 (torchrun sets LOCAL_RANK; the loader serves the ranks
     of one machine). Waits up to ``timeout`` seconds (None: forever) for the
     loader to appear and the rank to be free.
+
+    Raises ``RankError`` when torchrun's variables disagree with the ranks
+    the loader serves: LOCAL_WORLD_SIZE with its rank count, WORLD_SIZE with
+    its job's size, and RANK with this rank's place in the job (when the rank
+    is LOCAL_RANK). The message names the loader flag to fix.
     """
     if name is None:
         name = os.environ.get("RINGFEED_NAME")
@@ -583,8 +588,8 @@ def attach(name=None, rank=None, timeout=30.0):
         payload_region_address=raw.payload_region or 0,
         payload_region_bytes=raw.payload_region_bytes,
         batches_expected=None if raw.batches_expected == _lib.BATCHES_UNKNOWN else raw.batches_expected,
-        first_rank=0,
-        job_world_size=raw.world_size,
+        first_rank=None,
+        job_world_size=None,
         plan_digest=None,
     )
     if hasattr(_LIB, "rf_get_job"):
@@ -634,13 +639,23 @@ def _check_job(info, name, rank_from_env):
     """torchrun's variables must match the ranks the loader serves: otherwise
     some ranks would never be served, DDP would wait forever for ranks the
     loader does not know, or two machines would train on the same samples.
-    RANK and WORLD_SIZE are checked when the rank came from the environment
-    and WORLD_SIZE is set, as torchrun sets it. (The handle detaches when
-    dropped.)"""
-    ranks = "ranks %d..%d" % (info.first_rank, info.first_rank + info.world_size - 1)
+    LOCAL_WORLD_SIZE and WORLD_SIZE are checked whenever they are set; RANK
+    when WORLD_SIZE is set too and the rank is LOCAL_RANK (taken from the
+    environment, or passed as the same number). A library too old to say
+    where the loader's ranks sit checks LOCAL_WORLD_SIZE only. (The handle
+    detaches when dropped.)"""
     local_world_size = _env_count("LOCAL_WORLD_SIZE")
+    world_size = _env_count("WORLD_SIZE")
+    machines = None
+    if world_size is not None and local_world_size and world_size > local_world_size and world_size % local_world_size == 0:
+        machines = world_size // local_world_size
     if local_world_size is not None and local_world_size != info.world_size:
-        if info.job_world_size == info.world_size:
+        if machines is not None:
+            fix = (
+                "the job runs on %d machines of %d ranks, so start the loader on each with --world-size %d --nnodes %d "
+                "--node-rank N (N = that machine's node rank)" % (machines, local_world_size, world_size, machines)
+            )
+        elif info.job_world_size == info.world_size:
             fix = "start the loader with --world-size %d (one loader per machine serves that machine's ranks)" % local_world_size
         else:
             fix = "start each machine's loader with --world-size W --nnodes N where W / N = %d" % local_world_size
@@ -648,11 +663,9 @@ def _check_job(info, name, rank_from_env):
             "loader %r serves %d rank(s) on this machine but this job has LOCAL_WORLD_SIZE=%d; %s"
             % (name, info.world_size, local_world_size, fix)
         )
-    if not rank_from_env:
+    if info.job_world_size is None or world_size is None:
         return
-    world_size = _env_count("WORLD_SIZE")
-    if world_size is None:
-        return
+    ranks = "ranks %d..%d" % (info.first_rank, info.first_rank + info.world_size - 1)
     if world_size != info.job_world_size:
         per = info.world_size
         if world_size > per and world_size % per == 0:
@@ -667,14 +680,19 @@ def _check_job(info, name, rank_from_env):
             "loader %r serves %s of a job of %d ranks, but this job has WORLD_SIZE=%d; %s"
             % (name, ranks, info.job_world_size, world_size, fix)
         )
+    local_rank = _env_count("LOCAL_RANK")
+    if not rank_from_env and local_rank != info.rank:
+        return  # a rank of the caller's own choosing
     job_rank = _env_count("RANK")
     if job_rank is not None and job_rank != info.first_rank + info.rank:
         have = info.first_rank // info.world_size
         want = job_rank // info.world_size
         raise errors.RankError(
             "loader %r serves %s of %d (it was started with --node-rank %d), so rank %d here is job rank %d, "
-            "but this process has RANK=%d; start this machine's loader with --node-rank %d"
-            % (name, ranks, info.job_world_size, have, info.rank, info.first_rank + info.rank, job_rank, want)
+            "but this process has RANK=%d (torchrun's GROUP_RANK of this machine is %s); start this machine's "
+            "loader with --node-rank %d"
+            % (name, ranks, info.job_world_size, have, info.rank, info.first_rank + info.rank, job_rank,
+               os.environ.get("GROUP_RANK", "not set"), want)
         )
 
 
@@ -698,7 +716,7 @@ def check_same_plan(feed, group=None):
     if not (dist.is_available() and dist.is_initialized()):
         return
     info = feed.info
-    mine = (info.plan_digest, info.first_rank + info.rank, info.job_world_size)
+    mine = (info.plan_digest, dist.get_rank(), info.job_world_size)
     every = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, mine, group=group)
     plans = {}

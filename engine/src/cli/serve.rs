@@ -33,12 +33,13 @@ pub struct ServeArgs {
     #[arg(long)]
     pub world_size: Option<u32>,
     /// Machines the job runs on, one loader on each (torchrun's --nnodes).
-    /// Each loader serves world size / nnodes ranks; every machine needs the
-    /// same dataset, seed, batch size and world size.
+    /// Each loader serves world size / nnodes ranks; every machine's loader
+    /// needs the same files and the same --world-size, --batch-size, --seed,
+    /// --epochs, --resume, --record-bytes and --no-shuffle.
     #[arg(long, default_value_t = 1)]
     pub nnodes: u32,
     /// This machine's place among them, 0 to nnodes-1 (torchrun's
-    /// --node-rank): its loader serves job ranks node_rank x L to
+    /// --node-rank with static rendezvous; its GROUP_RANK): its loader serves job ranks node_rank x L to
     /// node_rank x L + L - 1, L = world size / nnodes, to LOCAL_RANK 0..L-1.
     #[arg(long, default_value_t = 0)]
     pub node_rank: u32,
@@ -68,7 +69,7 @@ pub struct ServeArgs {
     /// Reads in flight.
     #[arg(long, default_value_t = 256)]
     pub queue_depth: u32,
-    /// Resume from EPOCH:SAMPLES (samples consumed in that epoch, all ranks together).
+    /// Resume from EPOCH:SAMPLES (samples consumed in that epoch, all ranks of the job together, all machines).
     #[arg(long, value_parser = parse_resume, allow_hyphen_values = true)]
     pub resume: Option<ResumeState>,
     /// Manifest cache: use (a cached listing while the directories are
@@ -154,6 +155,18 @@ pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Resul
             "world size {job_world_size} does not split evenly over --nnodes {nnodes}: torchrun starts the same number of ranks \
              (--nproc-per-node) on every machine, so the world size is a multiple of the machine count"
         );
+    }
+    if nnodes == 1 {
+        if let (Ok(Some(world)), Ok(Some(local))) = (world_size_env("WORLD_SIZE"), world_size_env("LOCAL_WORLD_SIZE")) {
+            if world > local && world % local == 0 {
+                tracing::warn!(
+                    "WORLD_SIZE={world} and LOCAL_WORLD_SIZE={local} describe a job on {} machines, but this loader serves a job of {job_world_size} rank(s) on this machine alone: \
+                     start each machine's loader with --world-size {world} --nnodes {} --node-rank N, or every machine gets the same samples",
+                    world / local,
+                    world / local
+                );
+            }
+        }
     }
     let local = job_world_size / nnodes;
     if local > MAX_RANKS {

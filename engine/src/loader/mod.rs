@@ -758,7 +758,8 @@ impl Loader {
         let w = self.plan.cfg.world_size;
         let line = format!(
             "{context}waiting for rank(s) {missing:?}: no trainer is attached to them (the loader serves ranks 0..{w}; each trainer \
-             attaches with LOCAL_RANK set to its rank, and the job needs --world-size {w} trainers)"
+             attaches with LOCAL_RANK set to its rank, and this machine needs {w} trainers, LOCAL_RANK 0 to {})",
+            w.saturating_sub(1)
         );
         if (0..w).any(|r| self.producer.ever_attached(r)) {
             // Some trainers came and these did not: a crash or a rank mismatch.
@@ -835,7 +836,7 @@ fn shape_problem(cfg: &ServeConfig, g: RingGeometry, largest_sample: u64, e: &Ge
             human_bytes(g.slot_payload_bytes),
             human_bytes(MAX_SEGMENT_BYTES)
         ),
-        other => format!("{other} (--world-size {}, --batch-size {})", g.world_size, g.max_samples_per_slot),
+        other => format!("{other} ({} rank(s) on this machine, --batch-size {})", g.world_size, g.max_samples_per_slot),
     }
 }
 

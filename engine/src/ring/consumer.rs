@@ -132,7 +132,7 @@ pub enum AttachError {
         expected: u32,
     },
     /// Rank outside 0..W.
-    #[error("rank {rank} is out of range: loader {name:?} serves world size {world_size} (ranks 0..{world_size}); check LOCAL_RANK and the loader's --world-size")]
+    #[error("rank {rank} is out of range: loader {name:?} serves {world_size} rank(s) on this machine (world size {world_size} here, ranks 0..{world_size}); check LOCAL_RANK, and the loader's --world-size (the whole job) and --nnodes")]
     RankOutOfRange {
         /// The name.
         name: String,
