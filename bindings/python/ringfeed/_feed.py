@@ -71,11 +71,12 @@ the whole run, or None if the loader did not say. ``first_rank`` and
 ``job_world_size`` place the loader's ranks in the whole job: this feed is job
 rank ``first_rank + rank`` of ``job_world_size`` (torchrun's RANK and
 WORLD_SIZE); on one machine ``first_rank`` is 0 and ``job_world_size`` equals
-``world_size``; both are None with a library too old to say. ``plan_digest`` digests the dataset's file list and the flags
-that decide the order (seed, shuffle, batch size, world size, epochs, resume
-state), or is None if the loader did not say: on a job over several machines,
-compare it across ranks (``ringfeed.check_same_plan`` does, through
-torch.distributed) to catch loaders started alike in name only.
+``world_size``; both are None with a library too old to say.
+``plan_digest`` digests the dataset's file list and the flags that decide the
+order (seed, shuffle, batch size, world size, epochs, resume state), or is
+None if the loader did not say: on a job over several machines, compare it
+across ranks (``ringfeed.check_same_plan`` does, through torch.distributed) to
+catch loaders started alike in name only.
 """
 
 
@@ -108,13 +109,9 @@ def _ms(seconds):
 def _rank_from_env():
     """LOCAL_RANK, else RANK, else 0."""
     for var in ("LOCAL_RANK", "RANK"):
-        text = os.environ.get(var)
-        if text is None or text.strip() == "":
+        rank = _env_count(var)
+        if rank is None:
             continue
-        try:
-            rank = int(text)
-        except ValueError:
-            raise errors.RankError("%s=%r is not an integer rank" % (var, text)) from None
         if rank < 0:
             raise errors.RankError("%s=%d is negative; a rank is 0 or more (torchrun sets it)" % (var, rank))
         return rank
@@ -646,19 +643,12 @@ def _check_job(info, name, rank_from_env):
     detaches when dropped.)"""
     local_world_size = _env_count("LOCAL_WORLD_SIZE")
     world_size = _env_count("WORLD_SIZE")
-    machines = None
-    if world_size is not None and local_world_size and world_size > local_world_size and world_size % local_world_size == 0:
-        machines = world_size // local_world_size
     if local_world_size is not None and local_world_size != info.world_size:
-        if machines is not None:
-            fix = (
-                "the job runs on %d machines of %d ranks, so start the loader on each with --world-size %d --nnodes %d "
-                "--node-rank N (N = that machine's node rank)" % (machines, local_world_size, world_size, machines)
-            )
-        elif info.job_world_size == info.world_size:
-            fix = "start the loader with --world-size %d (one loader per machine serves that machine's ranks)" % local_world_size
+        if info.job_world_size == info.world_size:
+            other = "start the loader with --world-size %d (one loader per machine serves that machine's ranks)"
         else:
-            fix = "start each machine's loader with --world-size W --nnodes N where W / N = %d" % local_world_size
+            other = "start each machine's loader with --world-size W --nnodes N where W / N = %d"
+        fix = _several_machines_fix(world_size, local_world_size) or other % local_world_size
         raise errors.RankError(
             "loader %r serves %d rank(s) on this machine but this job has LOCAL_WORLD_SIZE=%d; %s"
             % (name, info.world_size, local_world_size, fix)
@@ -667,15 +657,7 @@ def _check_job(info, name, rank_from_env):
         return
     ranks = "ranks %d..%d" % (info.first_rank, info.first_rank + info.world_size - 1)
     if world_size != info.job_world_size:
-        per = info.world_size
-        if world_size > per and world_size % per == 0:
-            fix = (
-                "the job runs on %d machines, so start the loader on each with --world-size %d --nnodes %d "
-                "--node-rank N (N = that machine's node rank); otherwise every machine gets the same samples"
-                % (world_size // per, world_size, world_size // per)
-            )
-        else:
-            fix = "start the loaders with --world-size %d" % world_size
+        fix = _several_machines_fix(world_size, info.world_size) or "start the loaders with --world-size %d" % world_size
         raise errors.RankError(
             "loader %r serves %s of a job of %d ranks, but this job has WORLD_SIZE=%d; %s"
             % (name, ranks, info.job_world_size, world_size, fix)
@@ -694,6 +676,19 @@ def _check_job(info, name, rank_from_env):
             % (name, ranks, info.job_world_size, have, info.rank, info.first_rank + info.rank, job_rank,
                os.environ.get("GROUP_RANK", "not set"), want)
         )
+
+
+def _several_machines_fix(world_size, per_machine):
+    """The fix for a job of ``world_size`` ranks, ``per_machine`` on each
+    machine, when that means several machines; else None."""
+    if world_size is None or not per_machine or world_size <= per_machine or world_size % per_machine:
+        return None
+    machines = world_size // per_machine
+    return (
+        "the job runs on %d machines of %d ranks, so start the loader on each with --world-size %d --nnodes %d "
+        "--node-rank N (N = that machine's node rank); otherwise every machine gets the same samples"
+        % (machines, per_machine, world_size, machines)
+    )
 
 
 def check_same_plan(feed, group=None):

@@ -244,16 +244,17 @@ impl ServeArgs {
 }
 
 /// "8 rank(s)", or for a job on several machines which of its ranks.
-fn ranks_words(world_size: u32, job: Job, nnodes: u32, node_rank: u32, plan_digest: u64) -> String {
+fn ranks_words(world_size: u32, job: Job) -> String {
     if job.is_single_machine(world_size) {
         return format!("{world_size} rank(s)");
     }
+    let (first, nnodes) = (job.first_rank, job.job_world_size / world_size);
     format!(
-        "{world_size} rank(s), job ranks {}..={} of {} (machine {node_rank} of {nnodes}; LOCAL_RANK r is job rank {} + r; plan {plan_digest:016x}, the same on every machine)",
-        job.first_rank,
-        job.first_rank + world_size - 1,
+        "{world_size} rank(s), job ranks {first}..={} of {} (machine {} of {nnodes}; LOCAL_RANK r is job rank {first} + r; plan {:016x}, the same on every machine)",
+        first + world_size - 1,
         job.job_world_size,
-        job.first_rank
+        first / world_size,
+        job.plan_digest
     )
 }
 
@@ -336,7 +337,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         human_bytes(plan.manifest().total_bytes()),
         cfg.source.display(),
         cfg.name,
-        ranks_words(cfg.world_size, cfg.job, args.nnodes, args.node_rank, plan.digest()),
+        ranks_words(cfg.world_size, plan.job()),
         cfg.batch_size,
         plan.batches_per_rank(),
         layout.geometry.slots_per_rank,

@@ -52,7 +52,8 @@ pub struct ServeConfig {
     /// Where they sit in the job: the sampler splits each step over
     /// `job.job_world_size` ranks, and ring rank r gets job rank
     /// `job.first_rank + r`'s batches. `Job::single(world_size)` on one
-    /// machine.
+    /// machine. Its `plan_digest` is left 0: the plan computes it
+    /// ([`Plan::job`]).
     pub job: Job,
     /// Total epochs of the run.
     pub epochs: u64,
@@ -173,8 +174,8 @@ pub struct Plan {
     slots_per_rank: u32,
     /// The manifest's files as the readers open them.
     files: Arc<FileTable>,
-    /// [`Job::plan_digest`].
-    digest: u64,
+    /// `cfg.job` with its [`Job::plan_digest`], as the header holds it.
+    job: Job,
 }
 
 /// Fewest slots per rank the default falls back to when /dev/shm is short.
@@ -299,8 +300,8 @@ impl Plan {
             return Err(ServeError::Shape(shape_problem(&cfg, geometry, manifest.max_sample_bytes(), &e)));
         }
         let files = Arc::new(FileTable::over(manifest.root(), Arc::clone(manifest.files()), cfg.record_bytes.is_some())?);
-        let digest = plan_digest(&cfg, &manifest);
-        Ok(Plan { cfg, manifest, sampler, slot_bytes, slots_per_rank, files, digest })
+        let job = Job { plan_digest: plan_digest(&cfg, &manifest), ..cfg.job };
+        Ok(Plan { cfg, manifest, sampler, slot_bytes, slots_per_rank, files, job })
     }
 
     /// The manifest.
@@ -319,9 +320,9 @@ impl Plan {
         self.sampler.total_steps().unwrap_or(u64::MAX)
     }
 
-    /// Digest of the dataset and the order flags ([`Job::plan_digest`]).
-    pub fn digest(&self) -> u64 {
-        self.digest
+    /// Where the served ranks sit in the job, and the plan's digest.
+    pub fn job(&self) -> Job {
+        self.job
     }
 
     /// Payload bytes of each slot.
@@ -382,7 +383,7 @@ impl Loader {
         if let Some(w) = &opened.fallback_warning {
             tracing::warn!("{w}");
         }
-        let producer = Producer::create_in_job(&cfg.name, geometry, Job { plan_digest: plan.digest, ..cfg.job })?;
+        let producer = Producer::create_in_job(&cfg.name, geometry, plan.job)?;
         let per_rank = plan.batches_per_rank();
         for r in 0..cfg.world_size {
             producer.set_batches_expected(r, per_rank);

@@ -556,8 +556,8 @@ pub fn digest_words(seed: u64, words: impl IntoIterator<Item = u64>) -> u64 {
     use crate::sampler::mix64;
     let mut lanes = [seed, seed ^ 0x9E37_79B9_7F4A_7C15, seed ^ 0x3C6E_F372_FE94_F82A, seed ^ 0xDAA6_6D2C_7DDF_743F];
     let mut count = 0u64;
-    for (i, w) in words.into_iter().enumerate() {
-        let lane = &mut lanes[i % 4];
+    for w in words {
+        let lane = &mut lanes[(count % 4) as usize];
         *lane = mix64(*lane ^ w);
         count += 1;
     }
@@ -675,4 +675,3 @@ mod tests {
         assert_eq!(list_threads(3), 3);
     }
 }
-
