@@ -366,6 +366,35 @@ def test_stat_shows_each_rank_its_queue_its_wait_and_the_reader(dataset, c_consu
         subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.DEVNULL)
 
 
+def test_stat_of_a_loader_that_published_every_batch_shows_no_reads_in_flight(dataset):
+    # 301 samples, B=32: 9 batches, all in rank 0's 16 slots with no trainer
+    # attached, so the loader publishes the whole run and waits for releases.
+    name = "e2e-statend-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "32", "--world-size", "1",
+         "--slots-per-rank", "16"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        import time
+        deadline = time.time() + 20
+        text = ""
+        while time.time() < deadline:
+            p = subprocess.run([ringfeed_bin(), "stat", name, "--once"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               timeout=20)
+            text = p.stdout.decode()
+            if "every batch published" in text:
+                break
+            time.sleep(0.05)
+        assert "every batch published" in text and "9/9" in text, text
+        # The count of the last reads was once left as it stood before they completed.
+        assert "(0 reads in flight)" in text, text
+    finally:
+        loader.kill()
+        loader.wait()
+        subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.DEVNULL)
+
+
 def test_gc_removes_a_dead_loaders_segment_and_says_so(dataset):
     name = "e2e-gc-%s" % uuid.uuid4().hex[:8]
     loader = subprocess.Popen(

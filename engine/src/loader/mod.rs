@@ -530,6 +530,9 @@ impl Loader {
                 self.producer.wait_for_release(&blocked, RECLAIM_EVERY, |p| blocked.iter().all(|&r| cursors[r as usize].done() || !p.can_claim(r)));
             }
         }
+        // What `stat` shows from here on: the count above was taken before
+        // the last completions were reaped.
+        self.producer.set_reader_info(self.reader.backend_name(), self.reader.in_flight() as u32);
         self.producer.finish();
         tracing::debug!("every batch published; waiting for the trainers to release the last ones");
         let all: Vec<u32> = (0..world).collect();
