@@ -60,7 +60,7 @@
 #define RF_E_RANK -4
 
 /**
- * Another live process is attached to this rank.
+ * Another live process is attached to this rank (or this one already is).
  */
 #define RF_E_BUSY -5
 
@@ -237,7 +237,10 @@ extern "C" {
 /**
  * Attaches to rank `rank` of the loader `name`, waiting up to `timeout_ms`
  * for it to appear (-1: forever, 0: no wait). On RF_OK, `*out` is the feed.
- * Returns RF_TIMEOUT if no loader appeared, or a negative RF_E_* code.
+ * Returns RF_TIMEOUT if no loader appeared, or a negative RF_E_* code. A rank
+ * held by another process and a dead loader's segment (which a restarted
+ * loader replaces) are waited on until the timeout, then RF_E_BUSY and
+ * RF_E_LOADER_GONE; a rank this process holds is RF_E_BUSY at once.
  *
  * # Safety
  * `name` is NULL or a NUL-terminated string; `out` is NULL or writable.

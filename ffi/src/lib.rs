@@ -28,7 +28,7 @@ pub const RF_E_CORRUPT: i32 = -2;
 pub const RF_E_VERSION: i32 = -3;
 /// The rank is negative or not below the loader's world size.
 pub const RF_E_RANK: i32 = -4;
-/// Another live process is attached to this rank.
+/// Another live process is attached to this rank (or this one already is).
 pub const RF_E_BUSY: i32 = -5;
 /// The loader died.
 pub const RF_E_LOADER_GONE: i32 = -6;
@@ -158,7 +158,7 @@ fn attach_code(e: &AttachError) -> i32 {
         AttachError::Corrupt { .. } => RF_E_CORRUPT,
         AttachError::AbiMismatch { .. } => RF_E_VERSION,
         AttachError::RankOutOfRange { .. } => RF_E_RANK,
-        AttachError::RankBusy { .. } => RF_E_BUSY,
+        AttachError::RankBusy { .. } | AttachError::RankHeldByThisProcess { .. } => RF_E_BUSY,
         AttachError::LoaderGone { .. } => RF_E_LOADER_GONE,
         AttachError::Io { .. } => RF_E_IO,
     }
@@ -176,7 +176,10 @@ fn next_code(e: &NextError) -> i32 {
 
 /// Attaches to rank `rank` of the loader `name`, waiting up to `timeout_ms`
 /// for it to appear (-1: forever, 0: no wait). On RF_OK, `*out` is the feed.
-/// Returns RF_TIMEOUT if no loader appeared, or a negative RF_E_* code.
+/// Returns RF_TIMEOUT if no loader appeared, or a negative RF_E_* code. A rank
+/// held by another process and a dead loader's segment (which a restarted
+/// loader replaces) are waited on until the timeout, then RF_E_BUSY and
+/// RF_E_LOADER_GONE; a rank this process holds is RF_E_BUSY at once.
 ///
 /// # Safety
 /// `name` is NULL or a NUL-terminated string; `out` is NULL or writable.

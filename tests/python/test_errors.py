@@ -76,11 +76,107 @@ def test_attach_to_a_rank_beyond_the_world_size_raises_rank_error(producer):
         ringfeed.attach(p.name, 2, timeout=2)
 
 
-def test_a_second_attach_to_the_same_rank_raises_rank_busy(producer):
+def test_a_rank_another_process_holds_raises_rank_busy_naming_it_after_the_timeout(producer):
+    import subprocess
+    import sys
+
     p = producer(world_size=1)
-    with ringfeed.attach(p.name, 0, timeout=5):
-        with pytest.raises(ringfeed.RankBusyError, match="already has a consumer"):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import ringfeed, sys; f = ringfeed.attach(sys.argv[1], 0, timeout=5); print('held', flush=True); sys.stdin.read()", p.name],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        with pytest.raises(ringfeed.RankBusyError, match="already has a consumer attached \\(pid %d\\)" % holder.pid):
             ringfeed.attach(p.name, 0, timeout=0.3)
+        assert time.monotonic() - start >= 0.25  # it waited for the rank to be freed
+    finally:
+        holder.kill()
+        holder.wait()
+    # Once the holder is gone, the rank is free again.
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        assert feed.rank == 0
+
+
+def test_a_rank_this_process_holds_raises_rank_busy_at_once_saying_what_holds_it(producer):
+    # Waiting would wait on itself: a Feed of this process, still open, or
+    # batches of a closed one, still alive.
+    p = producer(world_size=1, batches=4, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    feed = ringfeed.attach(p.name, 0, timeout=5)
+    start = time.monotonic()
+    with pytest.raises(ringfeed.RankBusyError, match="already attached by this process .*a Feed of it is still open"):
+        ringfeed.attach(p.name, 0, timeout=30)
+    batch = feed.next(timeout=5)
+    feed.close()
+    with pytest.raises(ringfeed.RankBusyError, match="closed or dropped, but 1 batch\\(es\\) of it are not given back"):
+        ringfeed.attach(p.name, 0, timeout=None)
+    assert time.monotonic() - start < 5
+    del batch
+    with ringfeed.attach(p.name, 0, timeout=5) as again:
+        assert [b.step for b in again] == [1, 2, 3]
+
+
+def test_a_feed_in_a_reference_cycle_does_not_block_the_next_attach(producer):
+    import gc
+
+    p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    gc.disable()
+    try:
+        holder = {"feed": ringfeed.attach(p.name, 0, timeout=5)}
+        holder["self"] = holder  # only the cycle collector frees it
+        del holder
+        with ringfeed.attach(p.name, 0, timeout=5) as feed:
+            assert [b.step for b in feed] == [0, 1]
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("where", ["before the _Handle", "inside the _Handle, after its finalizer"])
+def test_ctrl_c_as_attach_returns_leaves_the_rank_free(producer, monkeypatch, where):
+    import ringfeed._feed as feed_module
+
+    p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    real = feed_module._Handle
+
+    class Interrupted(real):
+        __slots__ = ()
+
+        def __init__(self, *args):
+            if where != "before the _Handle":
+                super().__init__(*args)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(feed_module, "_Handle", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ringfeed.attach(p.name, 0, timeout=5)
+    monkeypatch.setattr(feed_module, "_Handle", real)
+    import gc
+
+    gc.collect()  # a half-made handle dies; its finalizer must not detach twice
+    with ringfeed.attach(p.name, 0, timeout=2) as feed:
+        assert [b.step for b in feed] == [0, 1]
+
+
+def test_attach_waits_for_a_loader_restarted_in_place_of_a_dead_one(producer):
+    import subprocess
+
+    p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    p.kill()  # its segment stays, with no loader behind it
+    with pytest.raises(ringfeed.LoaderGoneError, match="pid %d.*is gone" % p.proc.pid):
+        ringfeed.attach(p.name, 0, timeout=0.3)
+    restarted = []
+    timer = threading.Timer(0.5, lambda: restarted.append(subprocess.Popen(p.proc.args, stdout=subprocess.DEVNULL)))
+    timer.start()
+    try:
+        start = time.monotonic()
+        with ringfeed.attach(p.name, 0, timeout=20) as feed:
+            assert time.monotonic() - start >= 0.4
+            assert [b.step for b in feed] == [0, 1]
+    finally:
+        timer.join()
+        for proc in restarted:
+            assert proc.wait(timeout=10) == 0
 
 
 def test_name_and_rank_default_to_ringfeed_name_and_local_rank(producer, monkeypatch):

@@ -252,7 +252,7 @@ def test_close_detaches_only_after_the_last_view_dies(producer):
     with pytest.raises(ValueError, match="closed"):
         feed.next(timeout=0)
     np.testing.assert_array_equal(arr[1], expected_sample(1, 32))  # still mapped
-    with pytest.raises(ringfeed.RankBusyError):
+    with pytest.raises(ringfeed.RankBusyError, match="not given back"):
         ringfeed.attach(p.name, 0, timeout=0.3)  # still attached
     del batch, arr
     gc.collect()
@@ -362,6 +362,51 @@ def test_a_forked_child_cannot_take_or_give_back_the_parents_batches(producer):
             b.release()
         assert steps == [1, 2, 3]  # nothing taken twice, nothing skipped
     assert p.wait() == 0
+
+
+def test_a_forked_child_raises_forked_even_while_a_parent_thread_was_inside_next(producer):
+    p = producer(world_size=1, batches=4, batch_size=2, sample_bytes=64, slots_per_rank=2)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        handle = feed._handle
+        assert handle.call_lock.acquire()  # as a thread of the parent inside next() at the fork
+        try:
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    signal.alarm(10)  # a hang in the child fails the test, not the run
+                    try:
+                        feed.next(timeout=1)
+                    except ringfeed.ForkedError as e:
+                        code = 0 if "attach in the child" in str(e).lower() else 2
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+        finally:
+            handle.call_lock.release()
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert [b.step for b in feed] == [0, 1, 2, 3]
+    assert p.wait() == 0
+
+
+def test_feeds_and_batches_refuse_pickling_saying_what_to_send_instead(producer):
+    import copy
+    import pickle
+
+    p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        with pytest.raises(TypeError, match="Feed cannot be pickled.*num_workers=0"):
+            pickle.dumps(feed)
+        batch = feed.next(timeout=5)
+        with pytest.raises(TypeError, match="Batch cannot be pickled.*copy"):
+            pickle.dumps(batch)
+        twin = copy.copy(batch)  # a second Batch of the same slot
+        batch.release()
+        assert not batch.released  # the twin still holds the slot
+        p.check_batch(twin, 0, 0)
+        twin.release()
+        assert batch.released and twin.released
+        assert [b.step for b in feed] == [1]
 
 
 def test_a_forked_child_that_outlives_its_trainer_does_not_keep_the_rank(producer):

@@ -18,6 +18,7 @@ Ownership, from the bottom up:
 import collections
 import ctypes
 import functools
+import gc
 import math
 import os
 import re
@@ -118,15 +119,29 @@ def _rank_from_env():
     return 0
 
 
-def _detach(feed_ptr):
-    """Finalizer of a _Handle: detaches (unmaps the ring). Never raises. In a
-    forked child the library only unmaps the child's copy (RF_E_FORKED rules)."""
-    if sys.is_finalizing():
-        return  # the OS drops the mapping and the rank lock at exit
+def _detach(cell, fallback=None):
+    """Detaches (unmaps the ring) the feed in ``cell``, a one-item list that
+    whoever detaches empties (list.pop is atomic), so that it happens once:
+    by the finalizer of the _Handle, or by attach() when an exception (Ctrl-C)
+    struck between rf_attach and the _Handle. ``fallback`` is the pointer
+    rf_attach returned, for an exception before it reached the cell. Never
+    raises. In a forked child the library only unmaps the child's copy."""
     try:
-        _LIB.rf_detach(feed_ptr)
+        ptr = cell.pop()
+    except IndexError:
+        return  # detached already
+    ptr = ptr or fallback
+    if not ptr or sys.is_finalizing():
+        return  # nothing attached; or at exit the OS drops mapping and lock
+    try:
+        _LIB.rf_detach(ptr)
     except Exception:  # noqa: BLE001 - a finalizer must not raise
         pass
+
+
+# The _Handles of this process, to tell a trainer that attaches a rank it
+# still holds what holds it (waiting would wait on itself).
+_LIVE_HANDLES = weakref.WeakSet()
 
 
 class _Handle:
@@ -137,10 +152,13 @@ class _Handle:
     a call is queued in ``pending`` and given back by the next call.
     """
 
-    __slots__ = ("ptr", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "__weakref__")
+    __slots__ = ("ptr", "pid", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "feeds", "__weakref__")
 
-    def __init__(self, ptr, name, rank):
-        self.ptr = ptr
+    def __init__(self, cell, name, rank):
+        self.ptr = cell[0]
+        # The process that attached: a forked child must not wait on a
+        # call_lock that a thread of its parent held at the fork.
+        self.pid = os.getpid()
         self.name = name
         self.rank = rank
         self.call_lock = threading.Lock()
@@ -152,9 +170,12 @@ class _Handle:
         # A batch rf_next took that never reached the caller (an exception,
         # such as Ctrl-C, struck first): the next next() returns it.
         self.undelivered = None
+        # The open Feeds on this handle (for the message of a second attach).
+        self.feeds = weakref.WeakSet()
         # atexit=False: at interpreter exit the OS unmaps; unmapping earlier
         # could pull memory from under a daemon thread still reading a view.
-        weakref.finalize(self, _detach, ptr).atexit = False
+        weakref.finalize(self, _detach, cell).atexit = False
+        _LIVE_HANDLES.add(self)
 
     @property
     def held(self):
@@ -273,6 +294,21 @@ class Batch:
 
     def __len__(self):
         return len(self._table)
+
+    def __copy__(self):
+        # Another Batch on the same slot (copy.copy): shares its base, so the
+        # slot is given back once both are released and their views gone.
+        twin = object.__new__(Batch)
+        for attr in Batch.__slots__:
+            object.__setattr__(twin, attr, getattr(self, attr))
+        return twin
+
+    def __reduce__(self):
+        raise TypeError(
+            "a ringfeed Batch cannot be pickled, deep-copied or sent to another process: its bytes are a view of "
+            "the loader's ring. Send a copy of the data instead (e.g. batch.array().copy(), or "
+            "torch.from_numpy(batch.array()).clone())"
+        )
 
     def __repr__(self):
         state = "released" if self.released else ("releasing" if self._base is None else "held")
@@ -414,6 +450,14 @@ class Feed:
         self._info = info
         self._name = handle.name
         self._rank = handle.rank
+        handle.feeds.add(self)
+
+    def __reduce__(self):
+        raise TypeError(
+            "a ringfeed Feed cannot be pickled or sent to another process (a 'spawn' or 'forkserver' worker): "
+            "it is an attachment of this process to one rank. Take batches in this process (a torch DataLoader "
+            "over a feed needs num_workers=0: the loader does the reading), or attach in the other process instead"
+        )
 
     @property
     def name(self):
@@ -444,7 +488,9 @@ class Feed:
     def close(self):
         """Stops using the feed. The ring is detached now if no batch or view
         is alive, else when the last one dies. A second call does nothing."""
-        self._handle = None
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.feeds.discard(self)
 
     def __enter__(self):
         return self
@@ -480,12 +526,21 @@ class Feed:
         handle = self._handle
         if handle is None:
             raise ValueError("the feed of %r rank %d is closed" % (self._name, self._rank))
+        if handle.pid != os.getpid():
+            # A forked child: the library says so (RF_E_FORKED) without
+            # touching the ring. Not under call_lock, which a thread of the
+            # parent may have held at the fork, and not the parent's
+            # undelivered batch either.
+            rc = _LIB.rf_next(handle.ptr, ctypes.byref(_lib.rf_batch()), 0)
+            raise errors.error_for(rc, _lib.last_error(_LIB) if rc < 0 else "this feed was attached by the parent of this forked process (rf_next returned %d)" % rc)
         timeout_ms = _timeout_ms(timeout)
         deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
         while True:
             slice_s = _slice_s(deadline)
             handle.queued.clear()
             rc, batch, message = self._call_next(handle, _ms(slice_s))
+            if batch is not None:
+                return batch  # first thing: a Ctrl-C from here on would drop it unseen
             out_of_time = deadline is not None and time.monotonic() >= deadline
             if rc == _lib.RF_E_HELD and (handle.pending or (deadline is not None and not out_of_time)):
                 if not handle.pending:
@@ -531,7 +586,10 @@ class Feed:
         if rc == _lib.RF_END:
             return None
         if rc == _lib.RF_TIMEOUT:
-            raise errors.TimeoutError("no batch for rank %d of loader %r within %s s" % (self._rank, self._name, timeout))
+            raise errors.TimeoutError(
+                "no batch for rank %d of loader %r within %s s; `ringfeed stat %s` shows what the loader is doing"
+                % (self._rank, self._name, timeout, self._name)
+            )
         if rc == _lib.RF_E_HELD:
             message += (
                 ". A batch stays held until it is released and every view of it (sample(), array(), "
@@ -570,8 +628,8 @@ def attach(name=None, rank=None, timeout=30.0):
     rank = int(rank)
     if rank > _INT32_MAX:
         raise errors.RankError("rank %d is out of range (at most %d)" % (rank, _INT32_MAX))
-    ptr = _attach_in_slices(name, rank, _timeout_ms(timeout))
-    handle = _Handle(ptr, name, rank)
+    _refuse_if_held_here(name, rank)
+    handle = _attach_in_slices(name, rank, _timeout_ms(timeout))
     raw = _lib.rf_info()
     rc = _LIB.rf_get_info(handle.ptr, ctypes.byref(raw))
     if rc != _lib.RF_OK:
@@ -599,21 +657,60 @@ def attach(name=None, rank=None, timeout=30.0):
     return Feed(handle, info)
 
 
+def _refuse_if_held_here(name, rank):
+    """Raises RankBusyError at once if this process still holds the rank
+    through an earlier attach: waiting would wait on itself. Collects garbage
+    first, for a Feed or batch that only a reference cycle keeps alive."""
+
+    def held_here():
+        pid = os.getpid()
+        return next((h for h in list(_LIVE_HANDLES) if (h.name, h.rank, h.pid) == (name, rank, pid)), None)
+
+    if held_here() is None:
+        return
+    gc.collect()
+    handle = held_here()
+    if handle is None:
+        return
+    if len(handle.feeds):
+        what = "a Feed of it is still open"
+    else:
+        what = (
+            "its Feed was closed or dropped, but %d batch(es) of it are not given back: a batch, or an array, "
+            "tensor or memoryview made from one, is still alive (a loop variable such as `batch`, a list, "
+            "a saved traceback)" % handle.held
+        )
+    raise errors.RankBusyError(
+        "rank %d of loader %r is already attached by this process (pid %d): %s. Keep using that feed, or close "
+        "it and drop its batches and their views before attaching again" % (rank, name, handle.pid, what)
+    )
+
+
 def _attach_in_slices(name, rank, timeout_ms):
     """rf_attach in calls of at most _NEXT_SLICE_S, so that Ctrl-C stops a
     trainer waiting for its loader (Python runs signal handlers between
-    calls). Retries a missing loader and a busy rank until the deadline;
-    the error then says how long the whole wait was."""
+    calls), and returns the _Handle. Retries a missing loader, a dead
+    loader's segment (a restarted loader replaces it) and a busy rank until
+    the deadline; the error then says how long the whole wait was."""
     start = time.monotonic()
     deadline = None if timeout_ms < 0 else start + timeout_ms / 1000.0
     encoded = name.encode("utf-8")
     while True:
         ptr = ctypes.c_void_p()
-        rc = _LIB.rf_attach(encoded, rank, _ms(_slice_s(deadline)), ctypes.byref(ptr))
-        if rc == _lib.RF_OK:
-            return ptr.value
+        cell = [None]
+        try:
+            rc = _LIB.rf_attach(encoded, rank, _ms(_slice_s(deadline)), ctypes.byref(ptr))
+            if rc == _lib.RF_OK:
+                cell[0] = ptr.value
+                return _Handle(cell, name, rank)
+        except BaseException:
+            # Ctrl-C after rf_attach attached: the rank must not stay held
+            # by nobody. Once the _Handle holds the cell, its finalizer may
+            # have detached already; the cell makes it happen once.
+            _detach(cell, ptr.value)
+            raise
         message = _lib.last_error(_LIB)
-        waiting = rc in (_lib.RF_TIMEOUT, _lib.RF_E_BUSY)
+        waiting = rc in (_lib.RF_TIMEOUT, _lib.RF_E_BUSY, _lib.RF_E_LOADER_GONE) and "this process" not in message
         if not waiting or (deadline is not None and time.monotonic() >= deadline):
             if rc == _lib.RF_TIMEOUT:
                 waited_ms = int((time.monotonic() - start) * 1000)

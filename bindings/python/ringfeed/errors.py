@@ -98,7 +98,9 @@ class AllSlotsHeldError(Error):
 class ForkedError(Error):
     """The feed was attached by the parent of this forked process (a fork-based
     DataLoader worker, multiprocessing with 'fork'): a child cannot take or give
-    back the parent's batches. Attach in the child, or use the 'spawn' method."""
+    back the parent's batches. Take batches in the process that attached (a
+    torch DataLoader over a feed needs num_workers=0), or attach in the child
+    and not in the parent."""
 
     code = _lib.RF_E_FORKED
 

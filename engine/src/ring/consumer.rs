@@ -87,7 +87,7 @@ fn forks_so_far() -> u64 {
 
 /// A feed used in a child forked from the process that attached it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("this feed of {name:?} rank {rank} was attached by process {attached_by}, and this process is a fork of it: a forked child cannot take or give back that process's batches (the parent would see batches twice, or have a batch overwritten under its views). Attach in the child itself after the fork, or start worker processes with the 'spawn' method")]
+#[error("this feed of {name:?} rank {rank} was attached by process {attached_by}, and this process is a fork of it: a forked child cannot take or give back that process's batches (the parent would see batches twice, or have a batch overwritten under its views). Take batches in the process that attached (a torch DataLoader over a feed needs num_workers=0: the loader does the reading), or attach in the child itself, and not in the parent")]
 pub struct Forked {
     /// The loader's name.
     pub name: String,
@@ -132,7 +132,7 @@ pub enum AttachError {
         expected: u32,
     },
     /// Rank outside 0..W.
-    #[error("rank {rank} is out of range: loader {name:?} serves {world_size} rank(s) on this machine (world size {world_size} here, ranks 0..{world_size}); check LOCAL_RANK, and the loader's --world-size (the whole job) and --nnodes")]
+    #[error("rank {rank} is out of range: loader {name:?} serves {world_size} rank(s) on this machine (ranks 0 to {last}); check LOCAL_RANK, and the loader's --world-size (the whole job) and --nnodes", last = .world_size.saturating_sub(1))]
     RankOutOfRange {
         /// The name.
         name: String,
@@ -149,6 +149,17 @@ pub enum AttachError {
         /// The rank.
         rank: u32,
         /// The holder's pid.
+        pid: u32,
+    },
+    /// This very process holds the rank: an attachment of it that was
+    /// never detached. Waiting would wait on itself, so attach fails at once.
+    #[error("rank {rank} of loader {name:?} is already attached by this process (pid {pid}) and not detached: an earlier rf_attach of this rank without rf_detach, or in Python an earlier Feed of it, or a batch or array of one, still alive; keep using that attachment, or detach it before attaching again")]
+    RankHeldByThisProcess {
+        /// The name.
+        name: String,
+        /// The rank.
+        rank: u32,
+        /// This process's pid.
         pid: u32,
     },
     /// The loader that made the segment is dead.
@@ -175,7 +186,7 @@ pub enum AttachError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NextError {
     /// The loader died.
-    #[error("the loader of {name:?} (pid {pid}) is gone: it died or was killed before the end of the run")]
+    #[error("the loader of {name:?} (pid {pid}) is gone: it died or was killed before the end of the run; restart `ringfeed serve` (with --resume EPOCH:SAMPLES from your checkpoint to go on where it stopped) and attach again")]
     LoaderGone {
         /// The name.
         name: String,
@@ -507,13 +518,19 @@ impl Consumer {
         let view = View::new(map, layout);
         let loader_pid = view.header().loader_pid.load(Ordering::Relaxed);
         if !segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|e| io_err("cannot check the loader lock of", e))? {
-            return Err(Retry::Never(AttachError::LoaderGone { name: name.to_string(), pid: loader_pid }));
+            // A dead loader's segment: a loader restarted under the same
+            // name replaces it, so wait for that within the timeout, as for
+            // a loader not started yet.
+            return Err(Retry::Later(Some(AttachError::LoaderGone { name: name.to_string(), pid: loader_pid })));
         }
         let block = view.rank(rank);
         match segment::try_lock_byte(&fd, segment::rank_lock_byte(rank)) {
             Ok(true) => {}
             Ok(false) => {
                 let pid = block.consumer_pid.load(Ordering::Relaxed);
+                if pid == std::process::id() {
+                    return Err(Retry::Never(AttachError::RankHeldByThisProcess { name: name.to_string(), rank, pid }));
+                }
                 return Err(Retry::Later(Some(AttachError::RankBusy { name: name.to_string(), rank, pid })));
             }
             Err(e) => return Err(io_err("cannot lock", e)),
