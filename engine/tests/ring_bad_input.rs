@@ -507,3 +507,23 @@ fn releasing_a_batch_that_next_never_returned_is_refused_and_nothing_is_lost() {
         other => panic!("the batch must still be delivered, got {other:?}"),
     }
 }
+
+#[test]
+fn a_loader_whose_name_was_removed_leaves_the_next_loaders_segment_alone() {
+    // `rm /dev/shm/*` or systemd's RemoveIPC while a loader runs, then a
+    // second loader under the same name: the first one's exit must not
+    // remove the second one's segment.
+    let name = unique("renamed");
+    let mut first = Producer::create(&name, GEOMETRY).unwrap();
+    assert!(first.name_is_ours());
+    std::fs::remove_file(path_of(&name)).unwrap();
+    assert!(!first.name_is_ours());
+    let second = Producer::create(&name, GEOMETRY).unwrap();
+    first.remove_name();
+    drop(first);
+    assert!(std::path::Path::new(&path_of(&name)).exists(), "the first loader removed the second one's segment");
+    assert!(second.name_is_ours());
+    let consumer = Consumer::attach(&name, 0, SHORT).expect("attach to the second loader");
+    drop((consumer, second));
+    assert!(!std::path::Path::new(&path_of(&name)).exists(), "the second loader removes its own name");
+}

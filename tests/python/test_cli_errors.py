@@ -34,6 +34,9 @@ CASES = [
     (["--slot-bytes", "0"], {}, ["--slot-bytes 0"]),
     (["--queue-depth", "0"], {}, ["--queue-depth 0"]),
     (["--slot-bytes", "100"], {}, ["f00", "1000 bytes", "--slot-bytes 100", "4000"]),
+    # Every sample fits, but not 4 of the largest together: refused at the
+    # start, not at the first batch that draws them.
+    (["--slot-bytes", "3999"], {}, ["--slot-bytes 3999", "4 largest samples together (4000 bytes)", "raise --slot-bytes to 4000"]),
     ([], {"LOCAL_WORLD_SIZE": "0", "WORLD_SIZE": "2"}, ["LOCAL_WORLD_SIZE=0", "--world-size"]),
     ([], {"LOCAL_WORLD_SIZE": "-1"}, ["LOCAL_WORLD_SIZE=\"-1\"", "--world-size"]),
 ]
@@ -63,6 +66,28 @@ def test_serve_refuses_a_bad_flag_at_once_naming_it(small_dataset, flags, env, w
     for w in words:
         assert w in err, (w, err)
     assert not os.path.exists("/dev/shm/ringfeed-" + name)
+
+
+def test_a_second_serve_of_a_running_name_is_refused_before_listing(small_dataset):
+    import time
+
+    name = "clierr-%s" % uuid.uuid4().hex[:8]
+    first = subprocess.Popen([ringfeed_bin(), "serve", "--source", str(small_dataset), "--name", name, "--batch-size", "4",
+                              "--epochs", "1000"], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 20
+        while not os.path.exists("/dev/shm/ringfeed-" + name) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        rc, _, err = run(["serve", "--source", str(small_dataset), "--name", name, "--batch-size", "4"])
+        assert rc == 1 and "already running (pid %d)" % first.pid in err and "another --name" in err, err
+        assert "manifest" not in err, err  # refused before listing the dataset
+        assert first.poll() is None  # the first one runs on, its segment untouched
+        assert os.path.exists("/dev/shm/ringfeed-" + name)
+    finally:
+        first.kill()
+        first.wait()
+        subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.DEVNULL)
 
 
 def test_demo_refuses_a_bad_sample_size_before_writing_anything():

@@ -389,6 +389,14 @@ def test_stat_of_a_loader_that_published_every_batch_shows_no_reads_in_flight(da
         assert "every batch published" in text and "9/9" in text, text
         # The count of the last reads was once left as it stood before they completed.
         assert "(0 reads in flight)" in text, text
+        # Killed now, it leaves its segment: stat says it died, not that it finished.
+        loader.kill()
+        loader.wait()
+        p = subprocess.run([ringfeed_bin(), "stat", name, "--once"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=20)
+        text = p.stdout.decode()
+        assert "DEAD" in text and "killed after publishing every batch" in text and "ringfeed gc" in text, text
+        assert "finished" not in text, text
     finally:
         loader.kill()
         loader.wait()

@@ -204,6 +204,8 @@ impl ServeArgs {
         cfg.check_ring_flags()?;
         crate::ring::segment::validate_name(&self.name)?;
         crate::sampler::check_shape(self.batch_size, cfg.job.job_world_size)?;
+        // Before a listing that can take minutes; create checks again.
+        crate::ring::Producer::check_name_free(&self.name)?;
         Ok(())
     }
 
@@ -281,7 +283,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         // Sizes set the slot size, and with --record-bytes the number of
         // samples too.
         (Err(err), Some(cache), Some(ManifestOrigin::Cached { path, .. }))
-            if cfg.record_bytes.is_some() || matches!(err, ServeError::SlotTooSmall { .. } | ServeError::Shape(_)) =>
+            if cfg.record_bytes.is_some() || matches!(err, ServeError::SlotTooSmall { .. } | ServeError::SlotSmallerThanBatch { .. } | ServeError::Shape(_)) =>
         {
             tracing::info!("the manifest from the cache {} cannot be planned ({err}); listing {} again", path.display(), cfg.source.display());
             let (manifest, listed) = Manifest::build_cached(&cfg.source, &opts, cache, true)?;

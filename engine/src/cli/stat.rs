@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use crate::ring::consumer::AttachError;
 use crate::ring::observer::{Observer, Snapshot};
-use crate::ring::segment::human_bytes;
+use crate::ring::segment::{self, human_bytes};
 
 /// Prints the loader's state every `interval` (once if `once`).
 pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
@@ -47,12 +47,17 @@ pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
 }
 
 /// The loader's state as a user reads it: what it is doing, and whether its
-/// process is still there.
-fn state_words(s: &Snapshot) -> &'static str {
+/// process is still there. A loader that exits cleanly removes its name from
+/// /dev/shm; with the loader dead and the name still there, it was killed.
+fn state_words(s: &Snapshot, name: &str) -> &'static str {
+    let left_behind = || segment::shm_path(name).exists();
     match (s.state_name(), s.loader_alive) {
         ("creating", true) => "creating the ring",
         ("running", true) => "running",
         ("ended", true) => "running: every batch published, waiting for trainers to take and release the last",
+        ("ended", false) if left_behind() => {
+            "DEAD: the loader was killed after publishing every batch, before its trainers released them all (run `ringfeed gc`)"
+        }
         ("ended", false) => "finished: every batch was published and the loader exited",
         ("aborted", true) => "stopping: the run was aborted",
         ("aborted", false) => "aborted: the loader stopped before the end of the run",
@@ -69,7 +74,7 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
     println!(
         "loader {name:?} pid {} {} | reader {} ({in_flight} reads in flight) | {} slots/rank × {} | ring {}",
         s.loader_pid,
-        state_words(s),
+        state_words(s, name),
         if s.reader_backend.is_empty() { "-" } else { &s.reader_backend },
         s.slots_per_rank,
         human_bytes(s.slot_payload_bytes),

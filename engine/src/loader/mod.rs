@@ -106,7 +106,19 @@ pub enum ServeError {
         /// The slot size derived from the data.
         derived: u64,
     },
-    /// A batch does not fit a slot of the given size.
+    /// The given slot size is below the batch-size largest samples together:
+    /// a batch that draws them would stop the run wherever it comes.
+    #[error("--slot-bytes {slot_bytes} is smaller than the {batch_size} largest samples together ({derived} bytes): a batch that draws them would not fit, and the run would stop there, hours in perhaps; raise --slot-bytes to {derived}, or leave it out to size slots from the data")]
+    SlotSmallerThanBatch {
+        /// The given slot size.
+        slot_bytes: u64,
+        /// Samples per batch.
+        batch_size: u32,
+        /// The batch-size largest samples together.
+        derived: u64,
+    },
+    /// A batch does not fit a slot of the given size (checked at the start:
+    /// only a manifest that lied about sizes gets here).
     #[error("sample {index} ({path}, {len} bytes) does not fit: batch (epoch {epoch}, step {step}, rank {rank}) needs {needed} bytes but --slot-bytes is {slot_bytes}; raise --slot-bytes or leave it out to size slots from the data")]
     SampleTooLarge {
         /// Sample index.
@@ -290,6 +302,9 @@ impl Plan {
                 });
             }
         }
+        if slot_bytes < derived {
+            return Err(ServeError::SlotSmallerThanBatch { slot_bytes, batch_size: cfg.batch_size, derived });
+        }
         let slots_per_rank = cfg.slots_per_rank.unwrap_or_else(|| {
             let k = auto_slots_per_rank(cfg.batch_size, cfg.reader.queue_depth, slot_bytes);
             let g = RingGeometry { world_size: cfg.world_size, slots_per_rank: k, max_samples_per_slot: cfg.batch_size, slot_payload_bytes: slot_bytes };
@@ -367,6 +382,8 @@ pub struct Loader {
     reads_moved: Instant,
     /// The last stall warning.
     stall_warned: Option<Instant>,
+    /// The ring's name in /dev/shm was found removed (warned once).
+    name_lost: bool,
 }
 
 impl Loader {
@@ -411,6 +428,7 @@ impl Loader {
             first_step_bytes: 0,
             reads_moved: Instant::now(),
             stall_warned: None,
+            name_lost: false,
         })
     }
 
@@ -522,6 +540,7 @@ impl Loader {
                 self.log_progress(&mut progress_base);
                 self.log_unattached(&blocked, "");
                 self.watch_stall();
+                self.watch_name();
                 last_progress = Instant::now();
             }
             let idle = self.reader.in_flight() == 0 && self.queued.is_empty();
@@ -545,6 +564,7 @@ impl Loader {
             if last_progress.elapsed() >= PROGRESS_EVERY {
                 let undrained: Vec<u32> = all.iter().copied().filter(|&r| !self.producer.rank_drained(r)).collect();
                 self.log_unattached(&undrained, "every batch is published; ");
+                self.watch_name();
                 last_progress = Instant::now();
             }
             self.producer.wait_for_release(&all, RECLAIM_EVERY, |p| !p.all_released());
@@ -795,10 +815,26 @@ impl Loader {
         }
     }
 
+    /// Warns, once, when the ring's name is no longer in /dev/shm (removed by
+    /// `rm /dev/shm/*` or systemd's RemoveIPC): trainers attached go on, but
+    /// none can attach any more, and a rank waiting for one waits for ever.
+    fn watch_name(&mut self) {
+        if self.name_lost || self.producer.name_is_ours() {
+            return;
+        }
+        self.name_lost = true;
+        tracing::warn!(
+            "{} was removed from /dev/shm while this loader runs (by hand, a cleanup script, or systemd's RemoveIPC=yes at logout): \
+             trainers already attached go on, but no trainer can attach any more; stop this loader (Ctrl-C) and start it again \
+             (--resume to go on where the trainers are), and keep /dev/shm/ringfeed-* out of cleanups",
+            self.producer.path()
+        );
+    }
+
     fn log_progress(&self, base: &mut (u64, Instant)) {
         let secs = base.1.elapsed().as_secs_f64();
         let mb = (self.report.bytes - base.0) as f64 / 1e6;
-        let total = self.plan.batches_per_rank() * u64::from(self.plan.cfg.world_size);
+        let total = self.plan.batches_per_rank().saturating_mul(u64::from(self.plan.cfg.world_size));
         let (epoch, _) = self.cursors.first().map(RankCursor::position).unwrap_or_default();
         tracing::info!("epoch {epoch}: {}/{} batches published, {:.1} MB/s", self.report.batches, total, mb / secs.max(1e-9));
         *base = (self.report.bytes, Instant::now());

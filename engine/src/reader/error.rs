@@ -19,7 +19,7 @@ pub enum ReadError {
         source: io::Error,
     },
     /// The file exists but may not be opened (EACCES, EPERM, ELOOP, ...).
-    #[error("{}: file is not readable: {source}", path.display())]
+    #[error("{}: cannot open it: {source} (check the permissions of the file and of every directory above it)", path.display())]
     Unreadable {
         /// The file.
         path: PathBuf,
@@ -68,7 +68,7 @@ pub enum ReadError {
         actual_bytes: u64,
     },
     /// Any other OS error while opening or reading a file.
-    #[error("{}: {op} failed: {source}", path.display())]
+    #[error("{}: {op} failed: {source}{}", path.display(), fd_limit_hint(source))]
     Io {
         /// The file.
         path: PathBuf,
@@ -132,6 +132,14 @@ pub enum ReadError {
         /// The OS error.
         source: io::Error,
     },
+}
+
+/// What to change when the process ran out of file descriptors.
+fn fd_limit_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE) => " (the loader ran out of file descriptors: raise `ulimit -n`, or lower --queue-depth, the reads in flight)",
+        _ => "",
+    }
 }
 
 impl ReadError {

@@ -400,10 +400,27 @@ impl Producer {
         }
     }
 
+    /// Fails with AlreadyRunning if a live loader holds `name`: for a check
+    /// before the listing, which can take minutes. A dead loader's segment
+    /// passes (create replaces it). `name` has passed `segment::validate_name`.
+    pub fn check_name_free(name: &str) -> Result<(), CreateError> {
+        let path = segment::shm_path(name).display().to_string();
+        let fd = match segment::shm_open(name, libc::O_RDWR, 0) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Err(e) => return Err(open_existing_error(&path, e)),
+        };
+        if segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false) {
+            let pid = read_loader_pid(&fd).unwrap_or(0);
+            return Err(CreateError::AlreadyRunning { name: name.to_string(), pid });
+        }
+        Ok(())
+    }
+
     fn remove_if_dead(name: &str) -> Result<(), CreateError> {
         let path = segment::shm_path(name).display().to_string();
         let io_err = |what, source| CreateError::Io { what, path: path.clone(), source };
-        let fd = segment::shm_open(name, libc::O_RDWR, 0).map_err(|e| io_err("cannot open existing", e))?;
+        let fd = segment::shm_open(name, libc::O_RDWR, 0).map_err(|e| open_existing_error(&path, e))?;
         if segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|e| io_err("cannot check", e))? {
             let pid = read_loader_pid(&fd).unwrap_or(0);
             return Err(CreateError::AlreadyRunning { name: name.to_string(), pid });
@@ -675,6 +692,16 @@ impl Producer {
         self.abandoned = true;
     }
 
+    /// True while the ring's name in /dev/shm still names this ring.
+    pub fn name_is_ours(&self) -> bool {
+        segment::same_file(&self.fd, &segment::shm_path(&self.name)).unwrap_or(false)
+    }
+
+    /// The ring's path in /dev/shm.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
     /// Removes the segment's name from /dev/shm now, rather than at drop: a
     /// loader that stops tells its trainers (`abort`) and frees the name at
     /// once, even while a read it cannot cancel still writes into the ring
@@ -684,7 +711,21 @@ impl Producer {
         self.stop_reserving();
         if !self.name_removed {
             self.name_removed = true;
-            let _ = segment::shm_unlink(&self.name);
+            // Only if the name is still this ring's: someone may have removed
+            // it (`rm /dev/shm/*`, systemd's RemoveIPC) and another loader
+            // taken it since. Under the /dev/shm lock, which that loader's
+            // create takes, so the name cannot change between look and unlink.
+            let _shm_lock = segment::ShmDirLock::take();
+            match segment::same_file(&self.fd, &segment::shm_path(&self.name)) {
+                Ok(true) => {
+                    let _ = segment::shm_unlink(&self.name);
+                }
+                Ok(false) => tracing::warn!(
+                    "{} is no longer this loader's ring (it was removed while the loader ran, and another loader may use the name now): left as it is",
+                    self.path
+                ),
+                Err(_) => {} // already gone
+            }
         }
     }
 }
@@ -715,6 +756,30 @@ impl Drop for CreatedGuard<'_> {
 }
 
 /// Reads the loader pid of an existing segment, if it is big enough to hold one.
+/// The error for a segment of this name that cannot be opened: for
+/// another user's, who owns it and what to do.
+fn open_existing_error(path: &str, e: io::Error) -> CreateError {
+    use std::os::unix::fs::MetadataExt;
+    if e.raw_os_error() == Some(libc::EACCES) {
+        if let Ok(meta) = std::fs::metadata(path) {
+            return CreateError::Io {
+                what: "cannot open existing",
+                path: path.to_string(),
+                source: io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{e}: it belongs to user id {} (this process runs as {}); choose another --name, or run as that user (or have them run `ringfeed gc` if their loader is gone)",
+                        meta.uid(),
+                        // SAFETY: getuid has no preconditions.
+                        unsafe { libc::getuid() }
+                    ),
+                ),
+            };
+        }
+    }
+    CreateError::Io { what: "cannot open existing", path: path.to_string(), source: e }
+}
+
 pub(crate) fn read_loader_pid(fd: &OwnedFd) -> Option<u32> {
     if segment::file_size(fd).ok()? < HEADER_BYTES {
         return None;

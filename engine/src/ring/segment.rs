@@ -12,7 +12,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -341,6 +341,14 @@ pub fn is_fresh_and_empty(fd: &OwnedFd) -> bool {
     };
     let age = meta.modified().ok().and_then(|m| m.elapsed().ok());
     meta.len() == 0 && age.is_some_and(|a| a < CREATION_GRACE)
+}
+
+/// True if `path` names the file open as `fd` (same device and inode).
+pub fn same_file(fd: &OwnedFd, path: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let named = std::fs::metadata(path)?;
+    let open = fd.try_clone().map(File::from)?.metadata()?;
+    Ok(named.dev() == open.dev() && named.ino() == open.ino())
 }
 
 /// Sets the file's size (its bytes are holes until allocated).
