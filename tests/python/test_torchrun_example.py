@@ -106,7 +106,17 @@ def test_torchrun_on_two_machines_each_with_its_own_loader(tmp_path, node1_seed)
                 assert "do not serve the same plan" in outs[node] and "job rank(s) 0: plan" in outs[node] \
                     and "job rank(s) 1: plan" in outs[node] and "--seed" in outs[node], outs[node]
     finally:
-        for p in launchers + loaders:
+        for p in launchers:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for p in loaders:  # SIGTERM: a loader stopped so removes its segment
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        for node in range(2):
+            assert not os.path.exists("/dev/shm/ringfeed-tr2-%d-%s" % (node, tag)), "a loader left its segment"
