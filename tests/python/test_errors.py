@@ -117,6 +117,27 @@ def test_a_rank_this_process_holds_raises_rank_busy_at_once_saying_what_holds_it
         assert [b.step for b in again] == [1, 2, 3]
 
 
+def test_a_rank_this_process_holds_through_the_c_library_alone_is_refused_at_once(producer):
+    # Held by a bare rf_attach (a C extension in the same process), which the
+    # binding's own bookkeeping does not know: no retry loop until the timeout.
+    import ctypes
+
+    import ringfeed._feed as feed_module
+
+    p = producer(world_size=1)
+    ptr = ctypes.c_void_p()
+    assert feed_module._LIB.rf_attach(p.name.encode(), 0, 5000, ctypes.byref(ptr)) == 0
+    try:
+        start = time.monotonic()
+        with pytest.raises(ringfeed.RankBusyError, match="already attached by this process"):
+            ringfeed.attach(p.name, 0, timeout=10)
+        assert time.monotonic() - start < 2
+    finally:
+        feed_module._LIB.rf_detach(ptr.value)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        assert feed.rank == 0
+
+
 def test_a_feed_in_a_reference_cycle_does_not_block_the_next_attach(producer):
     import gc
 

@@ -139,6 +139,12 @@ def _detach(cell, fallback=None):
         pass
 
 
+# In the library's RF_E_BUSY message when this very process holds the rank
+# (AttachError::RankHeldByThisProcess, returned at once): the one RF_E_BUSY
+# that retrying cannot end, and would only spin on. The code alone does not
+# tell it apart without a new return code in the C ABI.
+_HELD_BY_THIS_PROCESS = "already attached by this process"
+
 # The _Handles of this process, to tell a trainer that attaches a rank it
 # still holds what holds it (waiting would wait on itself).
 _LIVE_HANDLES = weakref.WeakSet()
@@ -710,7 +716,7 @@ def _attach_in_slices(name, rank, timeout_ms):
             _detach(cell, ptr.value)
             raise
         message = _lib.last_error(_LIB)
-        waiting = rc in (_lib.RF_TIMEOUT, _lib.RF_E_BUSY, _lib.RF_E_LOADER_GONE) and "this process" not in message
+        waiting = rc in (_lib.RF_TIMEOUT, _lib.RF_E_BUSY, _lib.RF_E_LOADER_GONE) and _HELD_BY_THIS_PROCESS not in message
         if not waiting or (deadline is not None and time.monotonic() >= deadline):
             if rc == _lib.RF_TIMEOUT:
                 waited_ms = int((time.monotonic() - start) * 1000)

@@ -404,24 +404,20 @@ impl Producer {
     /// before the listing, which can take minutes. A dead loader's segment
     /// passes (create replaces it). `name` has passed `segment::validate_name`.
     pub fn check_name_free(name: &str) -> Result<(), CreateError> {
+        Self::dead_segment_there(name).map(|_| ())
+    }
+
+    /// Ok(true) if a dead loader's segment holds `name`, Ok(false) if no
+    /// segment does; AlreadyRunning if a live loader (or one creating its
+    /// segment right now) holds it.
+    fn dead_segment_there(name: &str) -> Result<bool, CreateError> {
         let path = segment::shm_path(name).display().to_string();
         let fd = match segment::shm_open(name, libc::O_RDWR, 0) {
             Ok(fd) => fd,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
             Err(e) => return Err(open_existing_error(&path, e)),
         };
-        if segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false) {
-            let pid = read_loader_pid(&fd).unwrap_or(0);
-            return Err(CreateError::AlreadyRunning { name: name.to_string(), pid });
-        }
-        Ok(())
-    }
-
-    fn remove_if_dead(name: &str) -> Result<(), CreateError> {
-        let path = segment::shm_path(name).display().to_string();
-        let io_err = |what, source| CreateError::Io { what, path: path.clone(), source };
-        let fd = segment::shm_open(name, libc::O_RDWR, 0).map_err(|e| open_existing_error(&path, e))?;
-        if segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|e| io_err("cannot check", e))? {
+        if segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|source| CreateError::Io { what: "cannot check", path, source })? {
             let pid = read_loader_pid(&fd).unwrap_or(0);
             return Err(CreateError::AlreadyRunning { name: name.to_string(), pid });
         }
@@ -430,8 +426,16 @@ impl Producer {
             // shm_open and its own lock.
             return Err(CreateError::AlreadyRunning { name: name.to_string(), pid: 0 });
         }
+        Ok(true)
+    }
+
+    fn remove_if_dead(name: &str) -> Result<(), CreateError> {
+        if !Self::dead_segment_there(name)? {
+            return Ok(()); // gone meanwhile: the caller creates it anew
+        }
+        let path = segment::shm_path(name).display().to_string();
         tracing::warn!("removing {path}, left behind by a loader that died");
-        segment::shm_unlink(name).map_err(|e| io_err("cannot remove stale", e))
+        segment::shm_unlink(name).map_err(|source| CreateError::Io { what: "cannot remove stale", path, source })
     }
 
     fn write_header(view: &View, job: Job) {
@@ -755,7 +759,6 @@ impl Drop for CreatedGuard<'_> {
     }
 }
 
-/// Reads the loader pid of an existing segment, if it is big enough to hold one.
 /// The error for a segment of this name that cannot be opened: for
 /// another user's, who owns it and what to do.
 fn open_existing_error(path: &str, e: io::Error) -> CreateError {
@@ -780,6 +783,7 @@ fn open_existing_error(path: &str, e: io::Error) -> CreateError {
     CreateError::Io { what: "cannot open existing", path: path.to_string(), source: e }
 }
 
+/// Reads the loader pid of an existing segment, if it is big enough to hold one.
 pub(crate) fn read_loader_pid(fd: &OwnedFd) -> Option<u32> {
     if segment::file_size(fd).ok()? < HEADER_BYTES {
         return None;
