@@ -2,8 +2,10 @@
 each reader backend; every sample's bytes must equal its file's."""
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import defaultdict
 
@@ -204,6 +206,17 @@ def test_shm_too_small_is_a_clear_error_with_the_bytes_and_the_fixes(dataset):
     assert "bytes) but only" in text, text
 
 
+def test_shm_too_small_for_an_oversized_slot_bytes_names_the_flag_and_the_size_the_data_needs(dataset):
+    # The slots are made far larger than the data needs: the advice must
+    # name --slot-bytes, not only /dev/shm's size.
+    p = serve_in_small_shm("8m", ["--source", str(dataset[0]), "--name", "e2e-big-slots", "--batch-size", "2", "--world-size", "2", "--slots-per-rank", "4", "--slot-bytes", "4000000"])
+    text = p.stderr.decode()
+    assert p.returncode != 0
+    assert "/dev/shm is too small" in text, text
+    assert "lower --slot-bytes 4000000 to " in text, text
+    assert "leave it out to size slots from the data" in text, text
+
+
 def test_two_loaders_on_a_small_shm_one_stops_with_the_clear_error_and_neither_crashes(dataset, tmp_path):
     # Each ring fits alone, not both. Slot payloads are allocated when first
     # claimed, so /dev/shm's free bytes alone would let both pass the check at
@@ -235,12 +248,27 @@ echo "rc=$rc alive=$alive"
 
 def test_the_default_prefetch_shrinks_to_fit_a_small_shm_with_a_warning(dataset):
     # B=64 over this dataset: 3.2 MiB slots, 8 per rank by default (51.5 MiB
-    # for 2 ranks); 20 MiB of /dev/shm holds 3 per rank.
-    p = serve_in_small_shm("20m", ["--source", str(dataset[0]), "--name", "e2e-fit-shm", "--batch-size", "64", "--world-size", "2"], stop_after_s=3)
+    # for 2 ranks; 10 epochs, so 20 batches per rank: the default is not
+    # capped by them); 20 MiB of /dev/shm holds 3 per rank.
+    p = serve_in_small_shm("20m", ["--source", str(dataset[0]), "--name", "e2e-fit-shm", "--batch-size", "64", "--world-size", "2", "--epochs", "10"], stop_after_s=3)
     text = p.stderr.decode()
     assert "too little for the default 8 slots per rank" in text and "using 3" in text, text
     assert "3 slots/rank" in text, text
     assert p.returncode == 130, text  # served until stopped by SIGINT
+
+
+def test_one_slot_per_rank_warns_that_the_loop_must_release_each_batch(dataset):
+    name = "e2e-k1-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen([ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "4", "--slots-per-rank", "1"],
+                              stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.5)
+    finally:
+        loader.send_signal(signal.SIGINT)
+        _, err = loader.communicate(timeout=30)
+    text = err.decode()
+    assert "--slots-per-rank 1: the loader cannot read ahead" in text, text
+    assert "batch.release()" in text, text
 
 
 def test_a_trainer_whose_local_world_size_differs_from_the_loaders_is_refused(dataset):

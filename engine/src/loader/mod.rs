@@ -89,6 +89,17 @@ pub enum ServeError {
     /// The ring could not be made.
     #[error(transparent)]
     Ring(#[from] CreateError),
+    /// /dev/shm is too small for a ring whose slots `--slot-bytes` made
+    /// larger than the data needs.
+    #[error("{source}; or lower --slot-bytes {slot_bytes} to {derived} (the batch-size largest samples together), or leave it out to size slots from the data")]
+    RingTooLargeForSlotBytes {
+        /// The ring's error, with its /dev/shm advice.
+        source: CreateError,
+        /// The given slot size.
+        slot_bytes: u64,
+        /// What the data needs.
+        derived: u64,
+    },
     /// A read failed: the sample is named, nothing is skipped.
     #[error(transparent)]
     Read(#[from] ReadError),
@@ -183,6 +194,8 @@ pub struct Plan {
     manifest: Arc<Manifest>,
     sampler: Sampler,
     slot_bytes: u64,
+    /// The slot size the data needs: the batch-size largest samples together.
+    derived_slot_bytes: u64,
     slots_per_rank: u32,
     /// The manifest's files as the readers open them.
     files: Arc<FileTable>,
@@ -305,8 +318,19 @@ impl Plan {
         if slot_bytes < derived {
             return Err(ServeError::SlotSmallerThanBatch { slot_bytes, batch_size: cfg.batch_size, derived });
         }
+        let batches_per_rank = sampler.total_steps().unwrap_or(u64::MAX);
+        if cfg.slots_per_rank == Some(1) && batches_per_rank > 1 {
+            tracing::warn!(
+                "--slots-per-rank 1: the loader cannot read ahead, and a trainer can hold only one batch, so \
+                 `for batch in feed` (which holds the last batch while it asks for the next) raises AllSlotsHeldError \
+                 at the second batch unless each batch is released first (batch.release()); 2 or more avoids both"
+            );
+        }
         let slots_per_rank = cfg.slots_per_rank.unwrap_or_else(|| {
             let k = auto_slots_per_rank(cfg.batch_size, cfg.reader.queue_depth, slot_bytes);
+            // Slots past the batches a rank gets are never used; 2 keeps
+            // `for batch in feed` (one batch held, one asked for) working.
+            let k = u32::try_from(batches_per_rank.max(2)).map_or(k, |most| k.min(most));
             let g = RingGeometry { world_size: cfg.world_size, slots_per_rank: k, max_samples_per_slot: cfg.batch_size, slot_payload_bytes: slot_bytes };
             fit_auto_slots(g, segment::shm_room_for(&cfg.name).map(|room| room.left()))
         });
@@ -316,7 +340,7 @@ impl Plan {
         }
         let files = Arc::new(FileTable::over(manifest.root(), Arc::clone(manifest.files()), cfg.record_bytes.is_some())?);
         let job = Job { plan_digest: plan_digest(&cfg, &manifest), ..cfg.job };
-        Ok(Plan { cfg, manifest, sampler, slot_bytes, slots_per_rank, files, job })
+        Ok(Plan { cfg, manifest, sampler, slot_bytes, derived_slot_bytes: derived, slots_per_rank, files, job })
     }
 
     /// The manifest.
@@ -400,7 +424,13 @@ impl Loader {
         if let Some(w) = &opened.fallback_warning {
             tracing::warn!("{w}");
         }
-        let producer = Producer::create_in_job(&cfg.name, geometry, plan.job)?;
+        let producer = match Producer::create_in_job(&cfg.name, geometry, plan.job) {
+            Err(e @ CreateError::ShmTooSmall { .. }) if plan.slot_bytes > plan.derived_slot_bytes => {
+                // The ring layer's advice does not know the flag.
+                return Err(ServeError::RingTooLargeForSlotBytes { source: e, slot_bytes: plan.slot_bytes, derived: plan.derived_slot_bytes });
+            }
+            other => other?,
+        };
         let per_rank = plan.batches_per_rank();
         for r in 0..cfg.world_size {
             producer.set_batches_expected(r, per_rank);
@@ -942,6 +972,42 @@ mod tests {
         // One copy of the paths for a million files is 16 MB: never two.
         assert!(Arc::ptr_eq(plan.manifest().files(), plan.files.files()));
         assert_eq!(plan.files.size_bytes(1), Some(5));
+    }
+
+    fn plan_over(samples: usize, batch_size: u32, world_size: u32, epochs: u64, slots_per_rank: Option<u32>) -> Plan {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..samples {
+            std::fs::write(dir.path().join(format!("{i:04}")), [7u8; 16]).unwrap();
+        }
+        let cfg = ServeConfig {
+            source: dir.path().to_path_buf(),
+            name: "unused".into(),
+            batch_size,
+            world_size,
+            job: Job::single(world_size),
+            epochs,
+            seed: 0,
+            shuffle: true,
+            record_bytes: None,
+            slots_per_rank,
+            slot_bytes: None,
+            io: IoChoice::Pread,
+            reader: ReaderConfig::default(),
+            start: ResumeState::default(),
+            progress: false,
+        };
+        Plan::new(cfg).unwrap()
+    }
+
+    #[test]
+    fn the_default_slots_are_no_more_than_the_batches_a_rank_gets_nor_fewer_than_two() {
+        // 200 samples, W=128, B=1: one batch per rank per epoch. 16 slots of
+        // each of 128 ranks would never be used.
+        assert_eq!(plan_over(200, 1, 128, 1, None).slots_per_rank(), 2);
+        assert_eq!(plan_over(200, 1, 128, 5, None).slots_per_rank(), 5);
+        assert_eq!(plan_over(200, 1, 1, 1, None).slots_per_rank(), 16);
+        // A given K is kept as given.
+        assert_eq!(plan_over(200, 1, 128, 1, Some(9)).slots_per_rank(), 9);
     }
 
     #[test]
