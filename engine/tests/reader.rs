@@ -380,7 +380,11 @@ fn pread_vanished_kept_open_file_is_an_error_that_names_it() {
 }
 
 /// Two files of 100,000 bytes in a table, an engine over it, then `change`
-/// applied to the first file. None where io_uring is refused.
+/// applied to the first file. In keep-open mode both files are read once
+/// before the change, so that they are kept open when it happens (a change
+/// before a kept file's first read is `SizeAtOpen`, see
+/// `a_kept_file_changed_before_its_first_read_is_refused_at_open`). None
+/// where io_uring is refused.
 fn two_files_then_change(
     choice: IoChoice,
     keep_open: bool,
@@ -389,7 +393,12 @@ fn two_files_then_change(
     let dir = tempfile::tempdir().unwrap();
     let sizes = vec![100_000u64, 100_000];
     let (paths, _) = make_files(dir.path(), &sizes);
-    let engine = engine(choice, table(&paths, &sizes, keep_open), &ReaderConfig::default())?;
+    let mut engine = engine(choice, table(&paths, &sizes, keep_open), &ReaderConfig::default())?;
+    if keep_open {
+        let mut buf = [0u8; 2];
+        let (results, _) = run_all(engine.as_mut(), &ops_into(&mut buf, &[(0, 10, 1), (1, 10, 1)]));
+        assert!(results.values().all(Result::is_ok), "{results:?}");
+    }
     change(&paths[0]);
     Some((dir, paths, engine))
 }
@@ -467,6 +476,109 @@ fn grown_file_is_a_grew_error(choice: IoChoice, keep_open: bool) {
         let at = (100_000 + 1000 + 5000 + 49_999) as usize;
         assert_eq!(&buf[at..at + 100_000], &file1[..]);
     }
+}
+
+/// Keep-open mode (record datasets), both backends, with files kept and
+/// with the kept limit at 0 (every read opens its file): a file replaced by
+/// one of another size, or changed in place, before its first read fails
+/// every read of it with `SizeAtOpen`, naming both sizes, before a byte of
+/// it lands, even a record in its middle that the new file also has. A
+/// replaced file of the same size is read (that change is not caught).
+fn a_kept_file_changed_before_its_first_read_is_refused_at_open(choice: IoChoice) {
+    for keep_open_files_max in [4096, 0] {
+        let dir = tempfile::tempdir().unwrap();
+        let sizes = vec![100_000u64; 4];
+        let (paths, contents) = make_files(dir.path(), &sizes);
+        let cfg = ReaderConfig { keep_open_files_max, ..ReaderConfig::default() };
+        let Some(mut engine) = engine(choice, table(&paths, &sizes, true), &cfg) else {
+            return;
+        };
+        // 0: replaced by a larger file; 1: by a smaller one; 2: truncated in
+        // place; 3: replaced by a file of the same size.
+        let replace = |path: &Path, bytes: Vec<u8>| {
+            let tmp = path.with_extension("new");
+            fs::write(&tmp, bytes).unwrap();
+            fs::rename(&tmp, path).unwrap();
+        };
+        replace(&paths[0], vec![1u8; 150_000]);
+        replace(&paths[1], vec![2u8; 60_000]);
+        fs::OpenOptions::new().write(true).open(&paths[2]).unwrap().set_len(80_000).unwrap();
+        replace(&paths[3], vec![3u8; 100_000]);
+        const SENTINEL: u8 = 0xA5;
+        let ranges: Vec<(u32, u64, u64)> = (0..4u32).flat_map(|f| [(f, 1000, 1000), (f, 50_000, 2000)]).collect();
+        let mut buf = vec![SENTINEL; 12_000];
+        let ops = ops_into_with(&mut buf, &ranges, false);
+        let (results, _) = run_all(engine.as_mut(), &ops);
+        for (i, &(file, _, _)) in ranges.iter().enumerate() {
+            let result = &results[&(i as u64)];
+            let actual = [150_000u64, 60_000, 80_000][..].get(file as usize).copied();
+            match (result, actual) {
+                (Err(ReadError::SizeAtOpen { path, expected_bytes: 100_000, actual_bytes }), Some(a)) => {
+                    assert_eq!((path, *actual_bytes), (&paths[file as usize], a));
+                    let message = result.as_ref().unwrap_err().to_string();
+                    for part in [paths[file as usize].display().to_string(), "100000".into(), a.to_string(), "when it was opened".into()] {
+                        assert!(message.contains(&part), "{message} lacks {part}");
+                    }
+                }
+                (Ok(()), None) => {}
+                (other, _) => panic!("read {i} of file {file} (kept at most {keep_open_files_max}): {other:?}"),
+            }
+        }
+        drop(engine);
+        assert!(buf[..9000].iter().all(|&b| b == SENTINEL), "a refused file's bytes landed (kept at most {keep_open_files_max})");
+        assert!(buf[9000..].iter().all(|&b| b == 3), "the same-size replacement is read");
+        drop(contents);
+    }
+}
+
+#[test]
+fn uring_a_kept_file_changed_before_its_first_read_is_refused_at_open() {
+    a_kept_file_changed_before_its_first_read_is_refused_at_open(IoChoice::Uring);
+}
+
+#[test]
+fn pread_a_kept_file_changed_before_its_first_read_is_refused_at_open() {
+    a_kept_file_changed_before_its_first_read_is_refused_at_open(IoChoice::Pread);
+}
+
+/// Keep-open mode: once a file has been read, every later read of it, in
+/// any of the engine's threads or rings, reads that same file, even after
+/// its path is replaced by a file of another size or deleted.
+fn a_kept_file_is_read_as_it_was_opened_by_every_shard(choice: IoChoice) {
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = vec![100_000u64; 2];
+    let (paths, contents) = make_files(dir.path(), &sizes);
+    // Three rings or threads; many reads, so every one of them gets some.
+    let cfg = ReaderConfig { uring_threads: 3, pread_threads: 3, ..ReaderConfig::default() };
+    let Some(mut engine) = engine(choice, table(&paths, &sizes, true), &cfg) else {
+        return;
+    };
+    let mut first = [0u8; 2];
+    let (results, _) = run_all(engine.as_mut(), &ops_into(&mut first, &[(0, 0, 1), (1, 0, 1)]));
+    assert!(results.values().all(Result::is_ok), "{results:?}");
+    let tmp = paths[0].with_extension("new");
+    fs::write(&tmp, vec![9u8; 150_000]).unwrap();
+    fs::rename(&tmp, &paths[0]).unwrap();
+    fs::remove_file(&paths[1]).unwrap();
+    let ranges: Vec<(u32, u64, u64)> = (0..600u64).map(|i| ((i % 2) as u32, (i * 997) % 99_000, 1000)).collect();
+    let mut buf = vec![0u8; 600 * 1000];
+    let ops = ops_into_with(&mut buf, &ranges, false);
+    let (results, _) = run_all(engine.as_mut(), &ops);
+    for (i, result) in &results {
+        assert!(result.is_ok(), "read {i}: {result:?}");
+    }
+    drop(engine);
+    check_bytes(&buf, &ranges, &contents);
+}
+
+#[test]
+fn uring_a_kept_file_is_read_as_it_was_opened_by_every_shard() {
+    a_kept_file_is_read_as_it_was_opened_by_every_shard(IoChoice::Uring);
+}
+
+#[test]
+fn pread_a_kept_file_is_read_as_it_was_opened_by_every_shard() {
+    a_kept_file_is_read_as_it_was_opened_by_every_shard(IoChoice::Pread);
 }
 
 /// A read that ends at the end of an unchanged file never writes its spare
@@ -624,11 +736,13 @@ fn empty_file_is_probed(choice: IoChoice, keep_open: bool) {
         assert!(results[&i].is_ok(), "empty file {i}: {:?}", results[&i]);
     }
     for i in [2u64, 3] {
-        assert!(
-            matches!(&results[&i], Err(ReadError::Grew { expected_bytes: 0, actual_bytes: 14, .. })),
-            "grown file {i}: {:?}",
-            results[&i]
-        );
+        // Kept open, the grown file is found when it is opened.
+        let ok = if keep_open {
+            matches!(&results[&i], Err(ReadError::SizeAtOpen { expected_bytes: 0, actual_bytes: 14, .. }))
+        } else {
+            matches!(&results[&i], Err(ReadError::Grew { expected_bytes: 0, actual_bytes: 14, .. }))
+        };
+        assert!(ok, "grown file {i} (keep open: {keep_open}): {:?}", results[&i]);
     }
     assert!(matches!(&results[&4], Err(ReadError::Vanished { .. })), "{:?}", results[&4]);
     assert_eq!(buf[0], 0xA5, "an unchanged empty file's probe wrote its spare byte");

@@ -30,6 +30,8 @@ CASES = [
     (["--epochs", str(2**64 - 1)], {}, ["epochs", "lower --epochs"]),
     (["--epochs", "0"], {}, ["--epochs 0"]),
     (["--epochs", "1", "--resume", "1:0"], {}, ["nothing to serve", "raise --epochs"]),
+    # 40 samples, B=4, W=1: 38 consumed leaves 2, fewer than a step of 4.
+    (["--epochs", "2", "--resume", "1:38"], {}, ["nothing to serve", "the 2 samples left of that epoch", "fewer than one step", "= 4)", "Raise --epochs"]),
     (["--slots-per-rank", "0"], {}, ["--slots-per-rank 0"]),
     (["--slot-bytes", "0"], {}, ["--slot-bytes 0"]),
     (["--queue-depth", "0"], {}, ["--queue-depth 0"]),

@@ -662,3 +662,53 @@ def test_a_trainer_whose_job_ranks_differ_from_its_loaders_is_refused(dataset, l
     finally:
         loader.terminate()
         loader.communicate(timeout=10)
+
+
+@pytest.mark.parametrize("io", ["uring", "pread"])
+def test_a_record_file_replaced_by_another_size_stops_serve_before_any_of_its_records(tmp_path, io):
+    # Record mode reads one record at a time, so a read inside a replaced
+    # file used to deliver the new file's bytes (and with io_uring, shards
+    # that had opened the old file and shards that opened the new one mixed
+    # them). Every open of a kept file now checks its size: the loader stops
+    # with an error naming the file before a record of it is published.
+    import ringfeed
+
+    src = tmp_path / "records"
+    src.mkdir()
+    rng = random.Random(11)
+    originals = []
+    for i in range(10):
+        data = bytes(rng.getrandbits(8) for _ in range(400))
+        (src / ("f%03d" % i)).write_bytes(data)
+        originals.append(data)
+    name = "e2e-replaced-%s-%s" % (io, uuid.uuid4().hex[:8])
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(src), "--name", name, "--batch-size", "2", "--record-bytes", "40",
+         "--no-shuffle", "--slots-per-rank", "2", "--io", io, "--manifest-cache", "off"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        delivered = []
+        error = None
+        with ringfeed.attach(name, rank=0, timeout=20) as feed:
+            # The loader has read ahead 2 batches (4 records of f000) at most.
+            new = src / "new"
+            new.write_bytes(b"\x01" * 800)
+            os.rename(new, src / "f009")
+            try:
+                for batch in feed:
+                    for k, index in enumerate(batch.indices):
+                        delivered.append((int(index), bytes(batch.sample(k))))
+                    batch.release()
+            except ringfeed.AbortedError as e:
+                error = str(e)
+        _, err = loader.communicate(timeout=30)
+    finally:
+        kill_survivors([loader])
+    text = err.decode()
+    for index, data in delivered:
+        assert data == originals[index // 10][(index % 10) * 40:(index % 10) * 40 + 40], "record %d: not the file's bytes" % index
+    assert [i for i, _ in delivered] == list(range(90)), [i for i, _ in delivered]
+    assert loader.returncode == 1, text
+    assert "f009: file changed size since the manifest was built: expected 400 bytes, found 800 when it was opened" in text, text
+    assert error is not None and "stopped on an error" in error, error

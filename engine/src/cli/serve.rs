@@ -317,6 +317,20 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     if plan.batches_per_rank() == 0 {
         // A trainer would wait for a loader that never appears.
         let start = cfg.start;
+        let (n, step) = (plan.manifest().len() as u64, plan.sampler().step_samples());
+        if start.epoch < cfg.epochs {
+            // Inside the last epoch, with less than a step left: the tail
+            // that every epoch drops.
+            bail!(
+                "nothing to serve: the run starts at epoch {}, {} samples consumed, and the {} samples left of that epoch \
+                 are fewer than one step (world size × batch size = {step}), the tail every epoch drops; that is the end \
+                 of a run of --epochs {}. Raise --epochs to train further (or leave out --resume)",
+                start.epoch,
+                start.samples_consumed,
+                n.saturating_sub(start.samples_consumed),
+                cfg.epochs
+            );
+        }
         bail!(
             "nothing to serve: the run starts at epoch {}, {} samples consumed, which is the end of a run of --epochs {}; \
              raise --epochs to train further (or leave out --resume)",
@@ -366,7 +380,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             Ok(128u8.saturating_add(sig as u8))
         }
         Err(err)
-            if matches!(err, ServeError::Read(ReadError::Vanished { .. } | ReadError::ChangedSize { .. } | ReadError::Grew { .. }))
+            if matches!(err, ServeError::Read(ReadError::Vanished { .. } | ReadError::ChangedSize { .. } | ReadError::Grew { .. } | ReadError::SizeAtOpen { .. }))
                 || matches!((&err, &origin), (ServeError::SampleTooLarge { .. }, Some(ManifestOrigin::Cached { .. }))) =>
         {
             // A file changed since it was listed (or, from the cache, may

@@ -67,6 +67,23 @@ pub enum ReadError {
         /// changed again before the `stat`).
         actual_bytes: u64,
     },
+    /// A file kept open (record mode) had another size than the manifest
+    /// recorded when it was opened: it was replaced, truncated or appended
+    /// to since the listing. Found before any of its bytes are read.
+    #[error(
+        "{}: file changed size since the manifest was built: expected {expected_bytes} bytes, \
+         found {actual_bytes} when it was opened (replaced, truncated or appended to; restart the \
+         loader to list the dataset again, or leave its files unchanged while it runs)",
+        path.display()
+    )]
+    SizeAtOpen {
+        /// The file.
+        path: PathBuf,
+        /// Size the file table says the file has.
+        expected_bytes: u64,
+        /// Size of the file that was opened.
+        actual_bytes: u64,
+    },
     /// Any other OS error while opening or reading a file.
     #[error("{}: {op} failed: {source}{}", path.display(), fd_limit_hint(source))]
     Io {

@@ -3,10 +3,11 @@
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use super::{ReadError, ReadOp};
 use crate::manifest::FileList;
@@ -52,12 +53,15 @@ impl FileTable {
     /// Builds a table of absolute paths. `paths[i]` has `sizes[i]` bytes.
     ///
     /// With `keep_open`, each file is opened on its first read and kept open
-    /// for the engine's life, up to `ReaderConfig::keep_open_files_max` files;
-    /// reads of files past that limit open, read and close. Use it for few,
-    /// large files read many times (record mode). A kept file is read as it
-    /// was opened: deleting or replacing its path afterwards goes unnoticed
-    /// (shrinking or growing it does not). Without it, every read opens and closes its
-    /// file, so a file that vanished is reported on its next read.
+    /// for the engine's life, up to `ReaderConfig::keep_open_files_max` files
+    /// ([`KeptFiles`], one descriptor per file for the whole engine); reads
+    /// of files past that limit open, read and close. Every such open checks
+    /// the file's size (`SizeAtOpen`), since a read of one record would not
+    /// see a replaced file. Use it for few, large files read many times
+    /// (record mode). A kept file is read as it was opened: deleting or
+    /// replacing its path afterwards goes unnoticed (shrinking or growing it
+    /// does not). Without it, every read opens and closes its file, so a file
+    /// that vanished is reported on its next read.
     ///
     /// Refused: lengths that differ, more than `u32::MAX` files, a path that
     /// is not absolute or holds a NUL byte.
@@ -224,5 +228,132 @@ impl FileTable {
             return Err(invalid("destination pointer is null".to_string()));
         }
         Ok(())
+    }
+}
+
+impl FileTable {
+    /// Opens file `file` for reading and checks that it still has the size
+    /// the manifest recorded (`SizeAtOpen` otherwise). For files read many
+    /// times through one descriptor (keep-open mode), where the reads of
+    /// single records would otherwise see a replaced file's bytes unless
+    /// one of them happened to reach its end.
+    pub(crate) fn open_checked(&self, file: u32) -> Result<OwnedFd, ReadError> {
+        let path = self.c_path(file);
+        let fd = loop {
+            // SAFETY: `path` is a NUL-terminated string that outlives the call.
+            let fd = unsafe { libc::openat(self.dir_fd(), path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+            if fd >= 0 {
+                // SAFETY: open just returned this descriptor and nobody else owns it.
+                break unsafe { OwnedFd::from_raw_fd(fd) };
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(ReadError::from_errno(self.path_buf(file), "open", err.raw_os_error().unwrap_or(libc::EIO)));
+            }
+        };
+        // SAFETY: stat is plain old data; fstat fills it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open and `st` a valid out-pointer.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            return Err(ReadError::from_errno(self.path_buf(file), "stat", errno));
+        }
+        let expected_bytes = self.size_bytes(file).unwrap_or(0);
+        let actual_bytes = st.st_size as u64;
+        if actual_bytes != expected_bytes {
+            return Err(ReadError::SizeAtOpen { path: self.path_buf(file), expected_bytes, actual_bytes });
+        }
+        Ok(fd)
+    }
+}
+
+/// The descriptors of keep-open mode: one per file for the engine's life,
+/// shared by every worker or ring of the engine, so that all reads of a
+/// file go to the one file that was opened (and checked, see
+/// [`FileTable::open_checked`]) first. A file deleted or replaced after that
+/// goes on being read as it was. At most `max` files are kept; the reads of
+/// the others open (checked), read and close.
+#[derive(Debug)]
+pub(crate) struct KeptFiles {
+    fds: Vec<OnceLock<OwnedFd>>,
+    /// Cells filled so far (reserved before opening, so it never passes `max`).
+    count: AtomicU32,
+    max: u32,
+}
+
+/// A descriptor for one read: kept for the engine's life, or opened for
+/// this read alone.
+#[derive(Debug)]
+pub(crate) enum ReadFd<'a> {
+    /// Kept in [`KeptFiles`].
+    Kept(BorrowedFd<'a>),
+    /// Closed when dropped.
+    Owned(OwnedFd),
+}
+
+impl ReadFd<'_> {
+    /// The raw descriptor.
+    pub(crate) fn raw(&self) -> RawFd {
+        match self {
+            ReadFd::Kept(fd) => fd.as_raw_fd(),
+            ReadFd::Owned(fd) => fd.as_raw_fd(),
+        }
+    }
+}
+
+impl KeptFiles {
+    /// A table for `files` (empty unless it is in keep-open mode) keeping at
+    /// most `max` descriptors, and never more than half of RLIMIT_NOFILE:
+    /// they are process descriptors, and the rest of the process needs some.
+    pub(crate) fn new(files: &FileTable, max: u32) -> KeptFiles {
+        let cells = if files.keep_open() { files.len() } else { 0 };
+        KeptFiles {
+            fds: (0..cells).map(|_| OnceLock::new()).collect(),
+            count: AtomicU32::new(0),
+            max: max.min(super::nofile_limit() / 2),
+        }
+    }
+
+    /// The kept descriptor of file `file`, opening (checked against the
+    /// recorded size) and keeping it now if it is not yet; None when the
+    /// limit is reached and the file is not kept: open it for this read.
+    pub(crate) fn kept<'a>(&'a self, files: &FileTable, file: u32) -> Result<Option<BorrowedFd<'a>>, ReadError> {
+        let Some(cell) = self.fds.get(file as usize) else {
+            return Ok(None);
+        };
+        if let Some(fd) = cell.get() {
+            return Ok(Some(fd.as_fd()));
+        }
+        // Reserve a place under the limit before opening, so racing threads
+        // cannot pass it together.
+        if self.count.fetch_add(1, Ordering::Relaxed) >= self.max {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        let fd = match files.open_checked(file) {
+            Ok(fd) => fd,
+            Err(e) => {
+                self.count.fetch_sub(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        if let Err(fd) = cell.set(fd) {
+            // Another thread kept this file first: read through its
+            // descriptor (the file every read of it must see), give back our
+            // place, and close ours.
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            drop(fd);
+        }
+        // The cell was just filled and is never emptied.
+        Ok(cell.get().map(AsFd::as_fd))
+    }
+
+    /// The descriptor to read file `file` through: its kept one (see
+    /// `kept`), or one opened (and checked) for this read.
+    pub(crate) fn fd<'a>(&'a self, files: &FileTable, file: u32) -> Result<ReadFd<'a>, ReadError> {
+        match self.kept(files, file)? {
+            Some(fd) => Ok(ReadFd::Kept(fd)),
+            None => files.open_checked(file).map(ReadFd::Owned),
+        }
     }
 }

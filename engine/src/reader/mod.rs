@@ -11,8 +11,8 @@
 //!   OPENAT → READ → CLOSE on a direct descriptor, so a warm-cache read
 //!   costs no system call of its own and no process file descriptor, and one
 //!   `io_uring_enter` serves a whole batch. In keep-open mode
-//!   ([`FileTable::new`]) files stay in the rings' registered file tables
-//!   instead.
+//!   ([`FileTable::new`]) each file is opened once for all rings, and reads
+//!   are single READs on its descriptor instead.
 //! - `pread` (`pread.rs`): a fixed pool of threads doing open/pread/close;
 //!   completions come back through a channel. Used where io_uring is
 //!   unavailable.
@@ -145,7 +145,8 @@ pub struct ReaderConfig {
     /// Threads of the pread pool, 1 to `PREAD_THREADS_MAX`.
     pub pread_threads: usize,
     /// Most files kept open when the table is in keep-open mode, 0 to
-    /// `KEEP_OPEN_FILES_MAX` (io_uring also stays under `RLIMIT_NOFILE`).
+    /// `KEEP_OPEN_FILES_MAX`, and at most half of `RLIMIT_NOFILE` (they
+    /// are process descriptors, shared by the engine's threads or rings).
     pub keep_open_files_max: u32,
     /// Rings of the io_uring backend, each driven by a thread of its own,
     /// 1 to `URING_THREADS_MAX`. A ring copies page-cache data on one core,

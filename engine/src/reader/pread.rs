@@ -8,17 +8,18 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use super::files::{KeptFiles, ReadFd};
 use super::{
-    nofile_limit, Completion, FileTable, ReadEngine, ReadError, ReadOp, ReaderConfig,
+    Completion, FileTable, ReadEngine, ReadError, ReadOp, ReaderConfig,
     READ_CHUNK_BYTES_MAX, SHORT_READS_MAX,
 };
 
@@ -36,11 +37,8 @@ unsafe impl Send for Job {}
 /// What the workers share.
 struct Pool {
     files: Arc<FileTable>,
-    /// Kept descriptors, one cell per file (empty unless keep-open mode).
-    kept_fds: Vec<OnceLock<OwnedFd>>,
-    /// Cells filled so far (reserved before opening, so it never passes the limit).
-    kept_count: AtomicU32,
-    kept_max: u32,
+    /// Keep-open mode's descriptors.
+    kept: KeptFiles,
     /// Set by drop: workers skip the jobs still queued.
     shutdown: AtomicBool,
 }
@@ -64,15 +62,9 @@ impl PreadEngine {
         cfg: &ReaderConfig,
     ) -> Result<PreadEngine, ReadError> {
         let max_in_flight = cfg.queue_depth as usize;
-        let kept_cells = if files.keep_open() { files.len() } else { 0 };
         let pool = Arc::new(Pool {
+            kept: KeptFiles::new(&files, cfg.keep_open_files_max),
             files,
-            kept_fds: (0..kept_cells).map(|_| OnceLock::new()).collect(),
-            kept_count: AtomicU32::new(0),
-            // Kept descriptors are process descriptors: leave half of
-            // RLIMIT_NOFILE to the open/read/close path and the rest of the
-            // process.
-            kept_max: cfg.keep_open_files_max.min(nofile_limit() / 2),
             shutdown: AtomicBool::new(false),
         });
         let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<Job>(max_in_flight);
@@ -238,21 +230,6 @@ fn worker(pool: &Pool, jobs: &Receiver<Job>, done: &Sender<Completion>) {
     }
 }
 
-/// A descriptor for one read: kept open in the pool, or opened for this read.
-enum Fd<'a> {
-    Kept(BorrowedFd<'a>),
-    Owned(OwnedFd),
-}
-
-impl Fd<'_> {
-    fn raw(&self) -> i32 {
-        match self {
-            Fd::Kept(fd) => fd.as_raw_fd(),
-            Fd::Owned(fd) => fd.as_raw_fd(),
-        }
-    }
-}
-
 fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
     let files = &pool.files;
     let fd = file_fd(pool, op.file)?;
@@ -336,39 +313,14 @@ fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
     }
 }
 
-/// The kept descriptor of `file`, opening and keeping it if there is room,
-/// or one opened for this read alone.
-fn file_fd(pool: &Pool, file: u32) -> Result<Fd<'_>, ReadError> {
-    let Some(cell) = pool.kept_fds.get(file as usize) else {
-        return open_file(pool, file).map(Fd::Owned);
-    };
-    if let Some(fd) = cell.get() {
-        return Ok(Fd::Kept(fd.as_fd()));
-    }
-    // Reserve a place under the limit before opening, so racing workers
-    // cannot pass it together.
-    let reserved = pool.kept_count.fetch_add(1, Ordering::Relaxed) < pool.kept_max;
-    if !reserved {
-        pool.kept_count.fetch_sub(1, Ordering::Relaxed);
-        return open_file(pool, file).map(Fd::Owned);
-    }
-    let fd = match open_file(pool, file) {
-        Ok(fd) => fd,
-        Err(e) => {
-            pool.kept_count.fetch_sub(1, Ordering::Relaxed);
-            return Err(e);
-        }
-    };
-    if let Err(fd) = cell.set(fd) {
-        // Another worker kept this file first; give back our place and let
-        // our descriptor close after this read.
-        pool.kept_count.fetch_sub(1, Ordering::Relaxed);
-        return Ok(Fd::Owned(fd));
-    }
-    match cell.get() {
-        Some(fd) => Ok(Fd::Kept(fd.as_fd())),
-        // Unreachable: `set` just succeeded and cells are never emptied.
-        None => open_file(pool, file).map(Fd::Owned),
+/// The descriptor to read `file` through: in keep-open mode the kept one
+/// (checked against the recorded size when opened), else one opened for
+/// this read.
+fn file_fd(pool: &Pool, file: u32) -> Result<ReadFd<'_>, ReadError> {
+    if pool.files.keep_open() {
+        pool.kept.fd(&pool.files, file)
+    } else {
+        open_file(pool, file).map(ReadFd::Owned)
     }
 }
 

@@ -25,10 +25,13 @@
 //! a close did not succeed after a successful open, a lone CLOSE cleans the
 //! slot first.
 //!
-//! In keep-open mode a file's first read in a ring issues a lone OPENAT into
-//! a slot of its own; reads of that file wait for it, then are single READ
-//! SQEs. Kept slots are never given back (keep-all up to the limit, per
-//! ring); files past the limit use chains.
+//! In keep-open mode (record datasets: few large files, each read many
+//! times) a read is a single READ on a process descriptor. The descriptors
+//! are shared by all shards (`KeptFiles`): a file's first read in any shard
+//! opens it with a plain `openat`, checks its size against the manifest's
+//! (`SizeAtOpen`), and keeps it, so every read of a file, in every shard,
+//! sees the same file even if its path is replaced or deleted later. Files
+//! past the kept limit are opened and checked per read, and closed after it.
 //!
 //! A read that returns fewer bytes than asked (end of file: the file shrank)
 //! is retried for the remainder as a new attempt; an attempt that reads 0
@@ -48,6 +51,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use self::ring::Ring;
 use self::shard::{Batch, ShardMsg, Wake};
+use super::files::KeptFiles;
 use super::{Completion, FileTable, ReadEngine, ReadError, ReadOp, ReaderConfig};
 
 mod ops;
@@ -88,6 +92,7 @@ impl UringEngine {
         // Each message holds at least one completion, so at most
         // max_in_flight messages (plus one failure per shard) are ever queued.
         let (msgs_tx, msgs_rx) = crossbeam_channel::bounded(max_in_flight + cfg.uring_threads);
+        let kept = Arc::new(KeptFiles::new(&files, cfg.keep_open_files_max));
         let mut engine = UringEngine {
             files: Arc::clone(&files),
             shards: Vec::with_capacity(cfg.uring_threads),
@@ -98,7 +103,7 @@ impl UringEngine {
         };
         for id in 0..cfg.uring_threads {
             // Dropping `engine` on an error stops the shards already started.
-            engine.start_shard(id, &files, cfg, &msgs_tx)?;
+            engine.start_shard(id, &files, &kept, cfg, &msgs_tx)?;
         }
         Ok(engine)
     }
@@ -107,6 +112,7 @@ impl UringEngine {
         &mut self,
         id: usize,
         files: &Arc<FileTable>,
+        kept: &Arc<KeptFiles>,
         cfg: &ReaderConfig,
         msgs: &Sender<ShardMsg>,
     ) -> Result<(), ReadError> {
@@ -116,7 +122,7 @@ impl UringEngine {
             source,
         };
         let wake = Arc::new(Wake::new().map_err(|e| engine_error("create an eventfd", e))?);
-        let ring = Ring::open(Arc::clone(files), cfg, Arc::clone(&wake))?;
+        let ring = Ring::open(Arc::clone(files), Arc::clone(kept), cfg, Arc::clone(&wake))?;
         // Each shard holds at most max_in_flight reads, in batches of at least one.
         let (batches_tx, batches_rx) = crossbeam_channel::bounded(self.max_in_flight);
         let thread = shard::spawn(id, ring, Arc::clone(&wake), batches_rx, msgs.clone())

@@ -1,13 +1,22 @@
-//! The life of one read in the ring: starting its attempts (a chain, a kept
-//! read, or a wait for a slot or an open) and handling their CQEs until the
-//! read is finished.
+//! The life of one read in the ring: starting its attempts (a chain, a read
+//! on a process descriptor in keep-open mode, or a wait for a slot) and
+//! handling their CQEs until the read is finished.
 
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 
 use io_uring::{opcode, squeue, types};
 
-use super::ring::{Attempt, KeptFile, Kind, OpState, Ring, NONE, PENDING};
+use super::ring::{Attempt, Kind, OpState, Ring, PENDING};
 use crate::reader::{Completion, ReadError, READ_CHUNK_BYTES_MAX, SHORT_READS_MAX};
+
+/// The file a READ reads: a direct descriptor (a chain's slot) or a process
+/// descriptor (keep-open mode).
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    Fixed(u32),
+    Fd(RawFd),
+}
 
 impl Ring {
     pub(super) fn state(&mut self, idx: u32) -> Result<&mut OpState, ReadError> {
@@ -22,36 +31,20 @@ impl Ring {
 
     /// Starts the next part of op `idx`: its first read, the rest after a
     /// short read, or the next chunk of a long one.
+    ///
+    /// In keep-open mode a read goes through the file's kept descriptor, a
+    /// process descriptor shared by the engine's rings and opened (and
+    /// checked against the recorded size) by the first read of the file in
+    /// any of them: a plain `openat` on this thread, once per file. Past the
+    /// kept limit, a file is opened and checked for each read, and its
+    /// descriptor put in a transient slot (`push_chain`).
     pub(super) fn start_attempt(&mut self, idx: u32) -> Result<(), ReadError> {
-        let file = self.state(idx)?.op.file;
-        if let Some(&kept) = self.kept.get(file as usize) {
-            match kept {
-                KeptFile::Open { slot } => return self.push_kept_read(idx, slot),
-                KeptFile::Opening { slot, first_waiter } => {
-                    let state = self.state(idx)?;
-                    state.attempt = Attempt::Waiting;
-                    state.next_waiter = first_waiter;
-                    self.kept[file as usize] = KeptFile::Opening {
-                        slot,
-                        first_waiter: idx,
-                    };
-                    return Ok(());
-                }
-                KeptFile::Closed => {
-                    if let Some(slot) = self.take_kept_slot() {
-                        let state = self.state(idx)?;
-                        state.attempt = Attempt::Waiting;
-                        state.next_waiter = NONE;
-                        self.kept[file as usize] = KeptFile::Opening {
-                            slot,
-                            first_waiter: idx,
-                        };
-                        let open = self
-                            .open_sqe(file, slot)?
-                            .user_data(Kind::KeptOpen.tag(file));
-                        return self.push(&[open]);
-                    }
-                }
+        if self.files.keep_open() {
+            let file = self.state(idx)?.op.file;
+            match self.kept.kept(&self.files, file) {
+                Ok(Some(fd)) => return self.push_fd_read(idx, fd.as_raw_fd()),
+                Ok(None) => {}
+                Err(e) => return self.finish(idx, Err(e)),
             }
         }
         match self.free_slots.pop() {
@@ -62,17 +55,6 @@ impl Ring {
                 Ok(())
             }
         }
-    }
-
-    fn take_kept_slot(&mut self) -> Option<u32> {
-        if let Some(slot) = self.kept_free_slots.pop() {
-            return Some(slot);
-        }
-        if self.kept_next_slot < self.kept_end_slot {
-            self.kept_next_slot += 1;
-            return Some(self.kept_next_slot - 1);
-        }
-        None
     }
 
     fn open_sqe(&self, file: u32, slot: u32) -> Result<squeue::Entry, ReadError> {
@@ -117,7 +99,7 @@ impl Ring {
     /// `dest[chunk_bytes]` when the op has a spare byte (a plain READ one
     /// byte longer), else in the ring's probe byte (a READV of two
     /// buffers). It costs no extra SQE.
-    fn read_sqe(&mut self, idx: u32, slot: u32) -> Result<(squeue::Entry, u32), ReadError> {
+    fn read_sqe(&mut self, idx: u32, target: Target) -> Result<(squeue::Entry, u32), ReadError> {
         let probe: *mut u8 = &mut *self.probe_buf;
         let (dest, offset_bytes, chunk_bytes) = self.next_read(idx)?;
         let state = self.state(idx)?;
@@ -126,10 +108,12 @@ impl Ring {
         if probe_len == 0 || state.op.spare_byte {
             // With a spare byte the probe lands at dest[chunk_bytes], which
             // the op allows only when the read then fails (`Grew`).
-            let read = opcode::Read::new(types::Fixed(slot), dest, chunk_bytes + probe_len)
-                .offset(offset_bytes)
-                .build();
-            return Ok((read, chunk_bytes));
+            let len = chunk_bytes + probe_len;
+            let read = match target {
+                Target::Fixed(slot) => opcode::Read::new(types::Fixed(slot), dest, len),
+                Target::Fd(fd) => opcode::Read::new(types::Fd(fd), dest, len),
+            };
+            return Ok((read.offset(offset_bytes).build(), chunk_bytes));
         }
         state.iov = [
             libc::iovec {
@@ -141,19 +125,25 @@ impl Ring {
                 iov_len: 1,
             },
         ];
-        let read = opcode::Readv::new(types::Fixed(slot), state.iov.as_ptr(), 2)
-            .offset(offset_bytes)
-            .build();
-        Ok((read, chunk_bytes))
+        let read = match target {
+            Target::Fixed(slot) => opcode::Readv::new(types::Fixed(slot), state.iov.as_ptr(), 2),
+            Target::Fd(fd) => opcode::Readv::new(types::Fd(fd), state.iov.as_ptr(), 2),
+        };
+        Ok((read.offset(offset_bytes).build(), chunk_bytes))
     }
 
     fn push_chain(&mut self, idx: u32, slot: u32) -> Result<(), ReadError> {
         let file = self.state(idx)?.op.file;
-        let open = self
-            .open_sqe(file, slot)?
-            .flags(squeue::Flags::IO_LINK)
-            .user_data(Kind::ChainOpen.tag(idx));
-        let (read, chunk_bytes) = self.read_sqe(idx, slot)?;
+        // Keep-open mode, a file past the kept limit: opened and checked
+        // here, then handed to the slot, so the chain starts at its READ.
+        let opened = self.files.keep_open();
+        if opened {
+            if let Err(e) = self.open_checked_into(file, slot) {
+                self.release_slot(slot)?;
+                return self.finish(idx, Err(e));
+            }
+        }
+        let (read, chunk_bytes) = self.read_sqe(idx, Target::Fixed(slot))?;
         let read = read
             .flags(squeue::Flags::IO_HARDLINK)
             .user_data(Kind::ChainRead.tag(idx));
@@ -163,17 +153,35 @@ impl Ring {
         self.state(idx)?.attempt = Attempt::Chain {
             slot,
             chunk_bytes,
-            open_res: PENDING,
+            open_res: if opened { 0 } else { PENDING },
             read_res: PENDING,
             close_res: PENDING,
         };
+        if opened {
+            return self.push(&[read, close]);
+        }
+        let open = self
+            .open_sqe(file, slot)?
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(Kind::ChainOpen.tag(idx));
         self.push(&[open, read, close])
     }
 
-    fn push_kept_read(&mut self, idx: u32, slot: u32) -> Result<(), ReadError> {
-        let (read, chunk_bytes) = self.read_sqe(idx, slot)?;
-        let read = read.user_data(Kind::KeptRead.tag(idx));
-        self.state(idx)?.attempt = Attempt::Kept { chunk_bytes };
+    /// Opens `file` with a size check and puts it in transient slot `slot`
+    /// (the process descriptor is closed again at once).
+    fn open_checked_into(&mut self, file: u32, slot: u32) -> Result<(), ReadError> {
+        let fd = self.files.open_checked(file)?;
+        self.ring
+            .submitter()
+            .register_files_update(slot, &[fd.as_raw_fd()])
+            .map_err(|e| Self::engine_error("put a file in the registered file table", e))?;
+        Ok(())
+    }
+
+    fn push_fd_read(&mut self, idx: u32, fd: RawFd) -> Result<(), ReadError> {
+        let (read, chunk_bytes) = self.read_sqe(idx, Target::Fd(fd))?;
+        let read = read.user_data(Kind::FdRead.tag(idx));
+        self.state(idx)?.attempt = Attempt::Fd { chunk_bytes };
         self.push(&[read])
     }
 
@@ -207,8 +215,7 @@ impl Ring {
             Kind::ChainOpen | Kind::ChainRead | Kind::ChainClose => {
                 self.on_chain_cqe(index, kind, result)
             }
-            Kind::KeptOpen => self.on_kept_open(index, result),
-            Kind::KeptRead => self.on_kept_read(index, result),
+            Kind::FdRead => self.on_fd_read(index, result),
             Kind::Wake => {
                 self.woken = true;
                 if result < 0 && result != -libc::EINTR {
@@ -290,44 +297,11 @@ impl Ring {
         self.advance(idx, read_res as u32, chunk_bytes)
     }
 
-    fn on_kept_open(&mut self, file: u32, result: i32) -> Result<(), ReadError> {
-        let Some(&KeptFile::Opening { slot, first_waiter }) = self.kept.get(file as usize) else {
-            let source = io::Error::other(format!(
-                "open completion for file {file}, which is not opening"
-            ));
-            return Err(Self::engine_error("match a completion", source));
-        };
-        if result >= 0 {
-            self.kept[file as usize] = KeptFile::Open { slot };
-        } else {
-            self.kept[file as usize] = KeptFile::Closed;
-            self.kept_free_slots.push(slot);
-        }
-        let mut waiter = first_waiter;
-        while waiter != NONE {
-            let next = self.state(waiter)?.next_waiter;
-            if result >= 0 {
-                self.push_kept_read(waiter, slot)?;
-            } else {
-                self.finish(
-                    waiter,
-                    Err(ReadError::from_errno(
-                        self.files.path_buf(file),
-                        "open",
-                        -result,
-                    )),
-                )?;
-            }
-            waiter = next;
-        }
-        Ok(())
-    }
-
-    fn on_kept_read(&mut self, idx: u32, result: i32) -> Result<(), ReadError> {
+    fn on_fd_read(&mut self, idx: u32, result: i32) -> Result<(), ReadError> {
         let state = self.state(idx)?;
-        let Attempt::Kept { chunk_bytes } = state.attempt else {
+        let Attempt::Fd { chunk_bytes } = state.attempt else {
             let source = io::Error::other(format!(
-                "read completion for read {idx}, which has no kept read in flight"
+                "read completion for read {idx}, which has no read on a descriptor in flight"
             ));
             return Err(Self::engine_error("match a completion", source));
         };

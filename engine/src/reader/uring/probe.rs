@@ -22,17 +22,16 @@ const NOP_TIMEOUT: Duration = Duration::from_secs(2);
 /// `user_data` of the start-up NOP.
 pub(crate) const NOP_USER_DATA: u64 = u64::MAX;
 
-/// A ring that passed the probe, and how its registered file table is split.
+/// A ring that passed the probe, and the size of its registered file table.
 pub(crate) struct ProbedRing {
     pub(crate) ring: IoUring,
-    /// Slots `0..transient_slots` serve open/read/close chains.
+    /// Slots `0..transient_slots` serve open/read/close chains. (Keep-open
+    /// mode's files are process descriptors, not slots: see `ops.rs`.)
     pub(crate) transient_slots: u32,
-    /// Slots `transient_slots..transient_slots + kept_slots` hold kept files.
-    pub(crate) kept_slots: u32,
 }
 
 /// Creates and checks a ring for `cfg`; `Err` is the reason, in words.
-pub(crate) fn open_ring(cfg: &ReaderConfig, keep_open: bool) -> Result<ProbedRing, String> {
+pub(crate) fn open_ring(cfg: &ReaderConfig) -> Result<ProbedRing, String> {
     if cfg.disable_io_uring {
         return Err("disabled by ReaderConfig::disable_io_uring".to_string());
     }
@@ -45,8 +44,7 @@ pub(crate) fn open_ring(cfg: &ReaderConfig, keep_open: bool) -> Result<ProbedRin
         }
     }
     // A read takes at most 3 SQEs at a time; 4 per read leaves room for the
-    // opens and closes that serve kept files and clean-ups, so a full queue
-    // of reads fits in one submission.
+    // clean-up closes, so a full queue of reads fits in one submission.
     let sq_entries = (cfg.queue_depth.saturating_mul(4))
         .next_power_of_two()
         .min(SQ_ENTRIES_MAX);
@@ -58,8 +56,7 @@ pub(crate) fn open_ring(cfg: &ReaderConfig, keep_open: bool) -> Result<ProbedRin
         );
     }
     check_opcodes(&ring)?;
-    let (transient_slots, kept_slots) = split_file_table(cfg, keep_open)?;
-    let table_slots = transient_slots + kept_slots;
+    let table_slots = transient_slots(cfg)?;
     ring.submitter().register_files_sparse(table_slots).map_err(|e| {
         format!("registering a sparse table of {table_slots} direct descriptors failed ({e}); it needs Linux 5.19+")
     })?;
@@ -67,8 +64,7 @@ pub(crate) fn open_ring(cfg: &ReaderConfig, keep_open: bool) -> Result<ProbedRin
     run_nop(&mut ring)?;
     Ok(ProbedRing {
         ring,
-        transient_slots,
-        kept_slots,
+        transient_slots: table_slots,
     })
 }
 
@@ -142,23 +138,17 @@ fn check_opcodes(ring: &IoUring) -> Result<(), String> {
     }
 }
 
-/// Splits the registered file table into slots for open/read/close chains
-/// (one per read in flight) and slots for kept files, under RLIMIT_NOFILE,
-/// which the kernel applies to the table's size.
-fn split_file_table(cfg: &ReaderConfig, keep_open: bool) -> Result<(u32, u32), String> {
-    let table_max = nofile_limit();
-    let transient_slots = cfg.queue_depth.min(table_max);
-    if transient_slots == 0 {
+/// Slots of the registered file table: one per read in flight, for its
+/// open/read/close chain, under RLIMIT_NOFILE, which the kernel applies to
+/// the table's size.
+fn transient_slots(cfg: &ReaderConfig) -> Result<u32, String> {
+    let slots = cfg.queue_depth.min(nofile_limit());
+    if slots == 0 {
         return Err(
             "RLIMIT_NOFILE is 0, which leaves no room for a registered file table".to_string(),
         );
     }
-    let kept_slots = if keep_open {
-        cfg.keep_open_files_max.min(table_max - transient_slots)
-    } else {
-        0
-    };
-    Ok((transient_slots, kept_slots))
+    Ok(slots)
 }
 
 fn run_nop(ring: &mut IoUring) -> Result<(), String> {

@@ -15,10 +15,9 @@ use io_uring::{opcode, squeue, types, IoUring};
 use super::probe::{open_ring, NOP_USER_DATA};
 use super::shard::Wake;
 use super::BACKEND;
+use crate::reader::files::KeptFiles;
 use crate::reader::{Completion, FileTable, ReadError, ReadOp, ReaderConfig};
 
-/// No op, in the intrusive list of ops waiting for a kept file to open.
-pub(super) const NONE: u32 = u32::MAX;
 /// A CQE result not received yet.
 pub(super) const PENDING: i32 = i32::MIN;
 /// Most tries of one submission that the kernel answers with EAGAIN/EBUSY.
@@ -32,8 +31,7 @@ pub(super) enum Kind {
     ChainOpen = 1,
     ChainRead = 2,
     ChainClose = 3,
-    KeptOpen = 4,
-    KeptRead = 5,
+    FdRead = 5,
     CleanupClose = 6,
     Wake = 7,
 }
@@ -48,8 +46,7 @@ impl Kind {
             1 => Kind::ChainOpen,
             2 => Kind::ChainRead,
             3 => Kind::ChainClose,
-            4 => Kind::KeptOpen,
-            5 => Kind::KeptRead,
+            5 => Kind::FdRead,
             6 => Kind::CleanupClose,
             7 => Kind::Wake,
             _ => return None,
@@ -61,7 +58,7 @@ impl Kind {
 /// What part of an op is in the kernel.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Attempt {
-    /// Nothing: waiting for a transient slot or for its kept file to open.
+    /// Nothing: waiting for a transient slot.
     Waiting,
     /// An OPENAT → READ → CLOSE chain on transient slot `slot`.
     Chain {
@@ -71,8 +68,8 @@ pub(super) enum Attempt {
         read_res: i32,
         close_res: i32,
     },
-    /// A READ on a kept file.
-    Kept { chunk_bytes: u32 },
+    /// A READ on a process descriptor (keep-open mode).
+    Fd { chunk_bytes: u32 },
 }
 
 pub(super) struct OpState {
@@ -87,15 +84,6 @@ pub(super) struct OpState {
     pub(super) done_bytes: u64,
     pub(super) short_reads: u32,
     pub(super) attempt: Attempt,
-    /// Next op waiting for the same kept file to open, or NONE.
-    pub(super) next_waiter: u32,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub(super) enum KeptFile {
-    Closed,
-    Opening { slot: u32, first_waiter: u32 },
-    Open { slot: u32 },
 }
 
 /// One ring and its reads.
@@ -109,12 +97,8 @@ pub(super) struct Ring {
     pub(super) free_slots: Vec<u32>,
     /// Ops waiting for a transient slot, first come first served.
     pub(super) slot_waiters: VecDeque<u32>,
-    /// Per file in keep-open mode, else empty.
-    pub(super) kept: Vec<KeptFile>,
-    pub(super) kept_next_slot: u32,
-    pub(super) kept_end_slot: u32,
-    /// Kept slots whose open failed, ready for another file.
-    pub(super) kept_free_slots: Vec<u32>,
+    /// Keep-open mode's descriptors, shared by the engine's rings.
+    pub(super) kept: Arc<KeptFiles>,
     /// Finished ops, waiting to be reaped.
     pub(super) ready: VecDeque<Completion>,
     /// CQEs taken off the ring and not handled yet.
@@ -148,21 +132,15 @@ impl Ring {
     /// `UringUnavailable` says why not.
     pub(super) fn open(
         files: Arc<FileTable>,
+        kept: Arc<KeptFiles>,
         cfg: &ReaderConfig,
         wake: Arc<Wake>,
     ) -> Result<Ring, ReadError> {
-        let mut probed = open_ring(cfg, files.keep_open())
-            .map_err(|reason| ReadError::UringUnavailable { reason })?;
+        let mut probed = open_ring(cfg).map_err(|reason| ReadError::UringUnavailable { reason })?;
         let max_ops = cfg.queue_depth as usize;
         let cq_entries = probed.ring.completion().capacity();
-        let kept = if files.keep_open() {
-            vec![KeptFile::Closed; files.len()]
-        } else {
-            Vec::new()
-        };
         tracing::debug!(
             transient_slots = probed.transient_slots,
-            kept_slots = probed.kept_slots,
             "io_uring reader ring ready"
         );
         Ok(Ring {
@@ -173,9 +151,6 @@ impl Ring {
             free_slots: (0..probed.transient_slots).rev().collect(),
             slot_waiters: VecDeque::with_capacity(max_ops),
             kept,
-            kept_next_slot: probed.transient_slots,
-            kept_end_slot: probed.transient_slots + probed.kept_slots,
-            kept_free_slots: Vec::new(),
             ready: VecDeque::with_capacity(max_ops),
             cqes: Vec::with_capacity(cq_entries),
             active: 0,
@@ -230,7 +205,6 @@ impl Ring {
                 done_bytes: 0,
                 short_reads: 0,
                 attempt: Attempt::Waiting,
-                next_waiter: NONE,
             };
             self.ops[idx as usize] = Some(state);
             self.active += 1;
