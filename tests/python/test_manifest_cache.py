@@ -3,6 +3,7 @@ manifest from the cache, a changed tree is listed again, and a file changed
 in place (which the cache cannot see past a few thousand files) stops the
 loader with its path and removes the cache entry, so the next start lists."""
 import os
+import shutil
 import re
 import signal
 import subprocess
@@ -136,6 +137,26 @@ def test_gc_removes_the_cached_manifest_of_a_directory_that_is_gone(trees):
     # The cache of a directory that is still there stays.
     assert os.path.exists(kept), out
     assert kept not in out, out
+
+
+def test_gc_removes_the_cached_manifest_of_a_directory_now_a_file_or_under_one(tmp_path):
+    # The listed directory replaced by a file; another's parent replaced by
+    # a file (ENOTDIR): both are gone, as a missing one is.
+    roots = [tmp_path / "a" / "data", tmp_path / "b" / "data"]
+    for root in roots:
+        root.mkdir(parents=True)
+        for i in range(3):
+            (root / ("f%d" % i)).write_bytes(b"g" * 10)
+    time.sleep(RACY_WINDOW_S)  # old enough to be cached
+    caches = [cache_path(start(root)[0]) for root in roots]
+    shutil.rmtree(roots[0])
+    roots[0].write_bytes(b"now a file")
+    shutil.rmtree(roots[1].parent)
+    roots[1].parent.write_bytes(b"now a file")
+    out = subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.PIPE, text=True, timeout=20).stdout
+    assert "removed %s: %s is now a file" % (caches[0], roots[0]) in out, out
+    assert "removed %s: %s no longer exists" % (caches[1], roots[1]) in out, out
+    assert not any(os.path.exists(c) for c in caches), out
 
 
 def test_an_unusable_cache_dir_is_one_warning_naming_it_and_serving_goes_on(tmp_path):

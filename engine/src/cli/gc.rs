@@ -74,7 +74,10 @@ fn collect_manifests(dir: &Path) {
                 // Only a directory that is certainly gone: an unmounted or
                 // unreadable one may come back.
                 Ok(root) => match fs::symlink_metadata(&root) {
-                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => Some(format!("{} no longer exists", root.display())),
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ENOTDIR) => {
+                        Some(format!("{} no longer exists", root.display()))
+                    }
+                    Ok(meta) if meta.is_file() => Some(format!("{} is now a file, not the directory that was listed", root.display())),
                     _ => None,
                 },
                 Err(NotACacheFile::NewerVersion(_)) => None,
