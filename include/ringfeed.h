@@ -263,7 +263,8 @@ int32_t rf_next(struct rf_feed *feed, struct rf_batch *batch, int64_t timeout_ms
 
 /**
  * Gives a batch back to the loader. Batches may be released in any order.
- * A second release of the same batch returns RF_E_STALE.
+ * A second release of the same batch, or a release of a batch that another
+ * feed returned, returns RF_E_STALE.
  *
  * # Safety
  * `feed` comes from rf_attach and was not detached; `batch` is readable.

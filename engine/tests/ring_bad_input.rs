@@ -471,6 +471,26 @@ fn releasing_another_ranks_slot_is_not_ours() {
     }
 }
 
+// Review: in C, rf_release(feed_b, batch_of_feed_a) was accepted when
+// slot and generation matched a batch feed_b held (the same rank of two
+// loaders), and feed_b's batch was refilled under its reader.
+#[test]
+fn releasing_a_batch_of_another_feed_is_refused_and_this_feeds_batch_stays_held() {
+    let a = publish_one("other-feed-a");
+    let b = publish_one("other-feed-b");
+    let mut ca = Consumer::attach(&a.name, 0, SHORT).unwrap();
+    let mut cb = Consumer::attach(&b.name, 0, SHORT).unwrap();
+    let Next::Batch(ba) = ca.next(Some(Duration::ZERO)).unwrap() else { panic!("no batch from a") };
+    let Next::Batch(bb) = cb.next(Some(Duration::ZERO)).unwrap() else { panic!("no batch from b") };
+    assert_eq!((ba.slot, ba.generation), (bb.slot, bb.generation));
+    let err = cb.release_handle(ba.slot, ba.generation, ba.data).unwrap_err();
+    assert_eq!(err, ReleaseError::OtherFeed { slot: 0 });
+    assert!(err.to_string().contains("returned by another feed"), "{err}");
+    // b's batch is still held: a release of it succeeds once, on its feed.
+    cb.release_handle(bb.slot, bb.generation, bb.data).unwrap();
+    ca.release_handle(ba.slot, ba.generation, ba.data).unwrap();
+}
+
 #[test]
 fn releasing_a_handle_whose_slot_was_reused_is_stale() {
     let mut p = publish_one("stale");

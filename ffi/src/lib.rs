@@ -251,7 +251,8 @@ pub unsafe extern "C" fn rf_next(feed: *mut rf_feed, batch: *mut rf_batch, timeo
 }
 
 /// Gives a batch back to the loader. Batches may be released in any order.
-/// A second release of the same batch returns RF_E_STALE.
+/// A second release of the same batch, or a release of a batch that another
+/// feed returned, returns RF_E_STALE.
 ///
 /// # Safety
 /// `feed` comes from rf_attach and was not detached; `batch` is readable.
@@ -263,10 +264,16 @@ pub unsafe extern "C" fn rf_release(feed: *mut rf_feed, batch: *const rf_batch) 
         }
         // SAFETY: a live feed from rf_attach; `batch` readable by contract.
         let (feed, batch) = unsafe { (&mut *feed, &*batch) };
-        match feed.consumer.release(batch.slot, batch.generation) {
+        match feed.consumer.release_handle(batch.slot, batch.generation, batch.data) {
             Ok(()) => RF_OK,
             Err(e @ ReleaseError::Forked(_)) => fail(RF_E_FORKED, e),
-            Err(e @ (ReleaseError::NotOurs { .. } | ReleaseError::NotTaken { .. } | ReleaseError::Stale { .. } | ReleaseError::AlreadyReleased { .. })) => {
+            Err(
+                e @ (ReleaseError::NotOurs { .. }
+                | ReleaseError::NotTaken { .. }
+                | ReleaseError::Stale { .. }
+                | ReleaseError::AlreadyReleased { .. }
+                | ReleaseError::OtherFeed { .. }),
+            ) => {
                 fail(RF_E_STALE, e)
             }
         }

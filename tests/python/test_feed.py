@@ -451,3 +451,69 @@ def test_a_forked_child_that_outlives_its_trainer_does_not_keep_the_rank(produce
     finally:
         os.kill(child, signal.SIGKILL)
     assert p.wait() == 0
+
+
+def test_a_view_read_by_a_del_in_a_reference_cycle_is_neither_refilled_nor_unmapped(producer):
+    """Review: a collection runs weakref callbacks (which give slots back and
+    detach feeds) before the __del__ of the cycle's other objects. A __del__
+    that read a view of a released batch of a closed feed segfaulted, and one
+    of an open feed read a slot the loader had refilled. The binding now waits
+    for the collection's end before giving back or detaching."""
+    import subprocess
+    import sys
+
+    p = producer(world_size=1, batches=6, batch_size=2, sample_bytes=64, slots_per_rank=2)
+    script = (
+        "import gc, sys, time\n"
+        "import numpy as np\n"
+        "import ringfeed\n"
+        "feed = ringfeed.attach(sys.argv[1], 0, timeout=5)\n"
+        "b1 = feed.next(timeout=5); b2 = feed.next(timeout=5)\n"
+        "class Holder:\n"
+        "    def __del__(self):\n"
+        "        time.sleep(0.2)  # the loader would refill a slot given back meanwhile\n"
+        "        print(int(self.index), bytes(self.view).hex(), flush=True)\n"
+        "h = Holder(); h.view = b1.sample(0); h.index = b1.indices[0]; h.me = h\n"
+        "g = Holder(); g.view = b2.sample(0); g.index = b2.indices[0]; g.me = g\n"
+        "b1.release(); b2.release(); del b1, b2, h\n"
+        "gc.collect()  # h's __del__ reads a view of an open feed\n"
+        "print('next', int(feed.next(timeout=5).indices[0]), flush=True)\n"
+        "feed.close(); del feed, g\n"
+        "gc.collect()  # g's __del__ reads a view of a closed feed\n"
+        "print('survived', flush=True)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script, p.name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         timeout=30, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    out = run.stdout.decode().split("\n")
+    assert run.returncode == 0, (run.returncode, run.stdout.decode(), run.stderr.decode())
+    assert out[-2] == "survived", out
+    reads = [line.split() for line in out if line and line[0].isdigit()]
+    assert [int(r[0]) for r in reads] == [0, 2], out
+    for index, hexbytes in reads:
+        assert bytes.fromhex(hexbytes) == expected_sample(int(index), 64).tobytes(), (index, out)
+    assert "next 4" in out, out
+
+
+def test_next_waiting_for_a_slot_wakes_when_another_thread_drops_its_last_view(producer):
+    """Review: a view that died on another thread while next() waited for its
+    slot was given back at once, but next() slept out its whole 150 ms slice."""
+    p = producer(world_size=1, batches=40, batch_size=2, sample_bytes=64, slots_per_rank=2)
+    waits = []
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        for _ in range(7):
+            views = []
+            for _ in range(2):
+                b = feed.next(timeout=5)
+                views.append(b.array())
+                b.release()
+            dropper = threading.Timer(0.01, views.clear)
+            dropper.start()
+            t0 = time.monotonic()
+            b = feed.next(timeout=5)
+            waits.append(time.monotonic() - t0)
+            dropper.join()
+            b.release()
+            del b
+        feed.close()
+    waits.sort()
+    assert waits[3] < 0.1, "next() took %s s after the view died 0.01 s in" % ["%.3f" % w for w in waits]

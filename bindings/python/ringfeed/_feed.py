@@ -119,6 +119,40 @@ def _rank_from_env():
     return 0
 
 
+# A collection of a reference cycle runs the weakref callbacks (the
+# finalizers below) of the cycle's objects before the __del__ methods of its
+# other objects, which may still read a view of a batch: a slot given back
+# then would be refilled under that read, and a feed detached then would be
+# unmapped under it (a segfault). While a collection runs, the finalizers
+# wait for its end, in the order they came.
+_GC_RUNNING = [False]
+_GC_DEFERRED = collections.deque()
+
+
+def _on_gc(phase, _info):
+    if phase == "start":
+        _GC_RUNNING[0] = True
+        return
+    _GC_RUNNING[0] = False
+    while True:
+        try:
+            finalizer, args = _GC_DEFERRED.popleft()
+        except IndexError:
+            return
+        finalizer(*args)
+
+
+gc.callbacks.append(_on_gc)
+
+
+def _deferred_by_gc(finalizer, *args):
+    """True (and the call queued) while a collection runs."""
+    if not _GC_RUNNING[0]:
+        return False
+    _GC_DEFERRED.append((finalizer, args))
+    return True
+
+
 def _detach(cell, fallback=None):
     """Detaches (unmaps the ring) the feed in ``cell``, a one-item list that
     whoever detaches empties (list.pop is atomic), so that it happens once:
@@ -126,6 +160,8 @@ def _detach(cell, fallback=None):
     struck between rf_attach and the _Handle. ``fallback`` is the pointer
     rf_attach returned, for an exception before it reached the cell. Never
     raises. In a forked child the library only unmaps the child's copy."""
+    if _deferred_by_gc(_detach, cell, fallback):
+        return
     try:
         ptr = cell.pop()
     except IndexError:
@@ -241,10 +277,10 @@ def _give_back(handle, raw, claim):
     """Finalizer of a batch base: the last view died, release the slot.
 
     Runs on whichever thread dropped the last view, possibly in the middle of
-    another call on this feed (garbage collection); it never blocks and never
-    raises.
+    another call on this feed (garbage collection: then after the collection,
+    see _on_gc); it never blocks and never raises.
     """
-    if sys.is_finalizing():
+    if sys.is_finalizing() or _deferred_by_gc(_give_back, handle, raw, claim):
         return
     try:
         if not claim.take_back(handle):
@@ -255,6 +291,8 @@ def _give_back(handle, raw, claim):
                 rc, message = handle.release_now(raw)
             finally:
                 handle.call_lock.release()
+            # A next() of another thread may be waiting for this slot.
+            handle.queued.set()
             _warn_if_failed(rc, message)
         else:
             handle.pending.append(raw)

@@ -268,6 +268,13 @@ pub enum ReleaseError {
         /// Generation.
         generation: u64,
     },
+    /// The handle's payload pointer is not this consumer's slot: the batch
+    /// came from another feed (another loader, or an earlier attach).
+    #[error("the batch's data pointer is not slot {slot} of this feed: it was returned by another feed (another loader or rank, or an earlier attach); release a batch on the feed that returned it")]
+    OtherFeed {
+        /// Slot given.
+        slot: u32,
+    },
     /// Used in a forked child.
     #[error(transparent)]
     Forked(#[from] Forked),
@@ -822,12 +829,27 @@ impl Consumer {
 
     /// Releases a batch taken by `next`; its slot may be refilled at once.
     pub fn release(&mut self, slot: u32, generation: u64) -> Result<(), ReleaseError> {
+        self.release_checked(slot, generation, None)
+    }
+
+    /// [`Consumer::release`] of a batch handle that also carries its payload
+    /// pointer (the C API's `rf_batch`): a handle of another feed, whose slot
+    /// and generation may well name a batch this feed holds, is refused
+    /// (`OtherFeed`) instead of giving that batch back.
+    pub fn release_handle(&mut self, slot: u32, generation: u64, data: *const u8) -> Result<(), ReleaseError> {
+        self.release_checked(slot, generation, Some(data))
+    }
+
+    fn release_checked(&mut self, slot: u32, generation: u64, data: Option<*const u8>) -> Result<(), ReleaseError> {
         if let Some(f) = self.forked() {
             return Err(f.into());
         }
         let k = self.view.layout().geometry.slots_per_rank;
         if slot / k != self.rank || slot >= self.view.layout().slot_count() {
             return Err(ReleaseError::NotOurs { slot, rank: self.rank });
+        }
+        if data.is_some_and(|d| d != self.view.payload(slot)) {
+            return Err(ReleaseError::OtherFeed { slot });
         }
         // Releasing a published batch that `next` has not handed out would let
         // the loader overwrite it unseen: the batch would be lost.
