@@ -343,6 +343,33 @@ fn a_rank_this_process_holds_is_refused_at_once() {
     assert!(start.elapsed() < Duration::from_secs(1), "waited {:?} on itself", start.elapsed());
 }
 
+// Review: "this process holds the rank" was judged by the pid stored in the
+// rank block alone. A holder in another PID namespace (a trainer in another
+// container sharing /dev/shm) can have our pid, as can a dead consumer whose
+// pid we were given again. Such a hold is waited on, as any other process's.
+#[test]
+fn a_rank_locked_elsewhere_under_our_pid_is_waited_on_not_refused_as_ours() {
+    let mut p = publish_one("pid-ns");
+    // Another open file description holds rank 0's lock, as another
+    // process's attachment would, and its block shows our pid.
+    let other = std::fs::OpenOptions::new().read(true).write(true).open(segment::shm_path(&p.name)).unwrap();
+    let other = OwnedFd::from(other);
+    assert!(segment::try_lock_byte(&other, segment::rank_lock_byte(0)).unwrap());
+    let o = (p.layout.rank_offset(0) + 80) as usize;
+    p.map[o..o + 4].copy_from_slice(&std::process::id().to_le_bytes());
+    let start = Instant::now();
+    let err = match Consumer::attach(&p.name, 0, AttachOptions { timeout: Some(Duration::from_millis(400)) }) {
+        Ok(_) => panic!("attached a rank another description holds"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, AttachError::RankBusy { rank: 0, .. }), "{err:?}");
+    assert!(start.elapsed() >= Duration::from_millis(350), "gave up after {:?} instead of waiting", start.elapsed());
+    // Once that hold goes, the rank is ours.
+    drop(other);
+    let c = Consumer::attach(&p.name, 0, SHORT).unwrap();
+    drop(c);
+}
+
 /// A live ring with one batch of two samples published to rank 0, and a
 /// writable mapping of its segment for the test to scribble on.
 struct Published {

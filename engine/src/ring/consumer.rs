@@ -348,6 +348,9 @@ pub struct AttachOptions {
 
 /// A trainer attached to one rank of a ring.
 pub struct Consumer {
+    /// This attachment's entry in the ranks this process holds (removed
+    /// when dropped).
+    _held: HeldHere,
     name: String,
     rank: u32,
     /// Closed in Drop, unless a forked child's atfork handler already did.
@@ -535,7 +538,11 @@ impl Consumer {
             Ok(true) => {}
             Ok(false) => {
                 let pid = block.consumer_pid.load(Ordering::Relaxed);
-                if pid == std::process::id() {
+                // The pid alone could be another PID namespace's process (a
+                // trainer in another container sharing /dev/shm), or the dead
+                // consumer whose pid we were given again while the loader
+                // reclaims its slots: only an attachment on record here is ours.
+                if pid == std::process::id() && held_here(&fd, rank) {
                     return Err(Retry::Never(AttachError::RankHeldByThisProcess { name: name.to_string(), rank, pid }));
                 }
                 return Err(Retry::Later(Some(AttachError::RankBusy { name: name.to_string(), rank, pid })));
@@ -555,7 +562,9 @@ impl Consumer {
         block.attach_count.fetch_add(1, Ordering::Relaxed);
         block.consumer_sleeping.store(0, Ordering::Relaxed);
         let k = layout.geometry.slots_per_rank as usize;
+        let held = HeldHere::record(&fd, rank);
         Ok(Consumer {
+            _held: held,
             name: name.to_string(),
             rank,
             job,
@@ -908,6 +917,51 @@ impl Drop for Consumer {
         }
         // SAFETY: the descriptor is not used after this.
         unsafe { ManuallyDrop::drop(&mut self.fd) };
+    }
+}
+
+/// The ranks this process has attached and not detached, by segment file
+/// (device, inode) and rank: what tells "this process holds the rank" from
+/// an equal pid in another PID namespace.
+static HELD_HERE: std::sync::Mutex<Vec<(u64, u64, u32)>> = std::sync::Mutex::new(Vec::new());
+
+fn held_here_list() -> std::sync::MutexGuard<'static, Vec<(u64, u64, u32)>> {
+    HELD_HERE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn file_id(fd: &OwnedFd) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fd.try_clone().map(std::fs::File::from).and_then(|f| f.metadata()).ok()?;
+    Some((meta.dev(), meta.ino()))
+}
+
+/// True if this process attached `rank` of the segment open as `fd` and has
+/// not detached it.
+fn held_here(fd: &OwnedFd, rank: u32) -> bool {
+    file_id(fd).is_some_and(|(dev, ino)| held_here_list().contains(&(dev, ino, rank)))
+}
+
+/// A consumer's entry in [`HELD_HERE`], removed when it is dropped.
+struct HeldHere(Option<(u64, u64, u32)>);
+
+impl HeldHere {
+    fn record(fd: &OwnedFd, rank: u32) -> HeldHere {
+        let entry = file_id(fd).map(|(dev, ino)| (dev, ino, rank));
+        if let Some(e) = entry {
+            held_here_list().push(e);
+        }
+        HeldHere(entry)
+    }
+}
+
+impl Drop for HeldHere {
+    fn drop(&mut self) {
+        if let Some(e) = self.0 {
+            let mut list = held_here_list();
+            if let Some(i) = list.iter().position(|&x| x == e) {
+                list.swap_remove(i);
+            }
+        }
     }
 }
 
