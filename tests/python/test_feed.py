@@ -23,6 +23,16 @@ ringfeed = pytest.importorskip("ringfeed")
 HELD_PROBE_S = 0.2  # how long next() waits to show that no slot is free
 
 
+def run_script(script, *args):
+    """Runs `python -c SCRIPT ARGS` in a fresh interpreter that imports this
+    ringfeed; returns the CompletedProcess (stdout and stderr captured)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", script] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          timeout=30, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+
+
 def assert_slot_still_held(feed):
     with pytest.raises(ringfeed.AllSlotsHeldError, match="still holds the batch"):
         feed.next(timeout=HELD_PROBE_S)
@@ -415,8 +425,6 @@ def test_a_forked_child_that_outlives_its_trainer_does_not_keep_the_rank(produce
     by SIGKILL must not keep the rank locked: the restarted trainer attaches
     and gets the batches its predecessor never took."""
     import signal
-    import subprocess
-    import sys
 
     p = producer(world_size=1, batches=4, batch_size=2, sample_bytes=64, slots_per_rank=2)
     script = (
@@ -434,8 +442,7 @@ def test_a_forked_child_that_outlives_its_trainer_does_not_keep_the_rank(produce
         "print(pid, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
-    trainer = subprocess.run([sys.executable, "-c", script, p.name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             timeout=30, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    trainer = run_script(script, p.name)
     assert trainer.returncode == -signal.SIGKILL, trainer.stderr.decode()
     child = int(trainer.stdout.split()[0])
     try:
@@ -459,9 +466,6 @@ def test_a_view_read_by_a_del_in_a_reference_cycle_is_neither_refilled_nor_unmap
     that read a view of a released batch of a closed feed segfaulted, and one
     of an open feed read a slot the loader had refilled. The binding now waits
     for the collection's end before giving back or detaching."""
-    import subprocess
-    import sys
-
     p = producer(world_size=1, batches=6, batch_size=2, sample_bytes=64, slots_per_rank=2)
     script = (
         "import gc, sys, time\n"
@@ -482,8 +486,7 @@ def test_a_view_read_by_a_del_in_a_reference_cycle_is_neither_refilled_nor_unmap
         "gc.collect()  # g's __del__ reads a view of a closed feed\n"
         "print('survived', flush=True)\n"
     )
-    run = subprocess.run([sys.executable, "-c", script, p.name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         timeout=30, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    run = run_script(script, p.name)
     out = run.stdout.decode().split("\n")
     assert run.returncode == 0, (run.returncode, run.stdout.decode(), run.stderr.decode())
     assert out[-2] == "survived", out

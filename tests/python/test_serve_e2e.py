@@ -263,10 +263,12 @@ def test_one_slot_per_rank_warns_that_the_loop_must_release_each_batch(dataset):
                               stderr=subprocess.PIPE)
     try:
         time.sleep(1.5)
-    finally:
         loader.send_signal(signal.SIGINT)
         _, err = loader.communicate(timeout=30)
+    finally:
+        kill_survivors([loader])
     text = err.decode()
+    assert loader.returncode == 130, text
     assert "--slots-per-rank 1: the loader cannot read ahead" in text, text
     assert "batch.release()" in text, text
 
