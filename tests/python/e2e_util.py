@@ -1,6 +1,7 @@
 """Helpers shared by the end-to-end tests: binaries, the C compiler, processes."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import zlib
@@ -64,3 +65,19 @@ def kill_survivors(procs):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def serve_until_serving(args):
+    """Runs `ringfeed serve ARGS` until it says it serves, then stops it with
+    SIGINT; returns (its exit code, all it logged)."""
+    loader = subprocess.Popen([ringfeed_bin(), "serve"] + list(args), stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in loader.stderr:
+            lines.append(line)
+            if line.startswith("ringfeed: serving"):
+                loader.send_signal(signal.SIGINT)
+        loader.wait(timeout=30)
+    finally:
+        kill_survivors([loader])
+    return loader.returncode, "".join(lines)

@@ -5,14 +5,13 @@ loader with its path and removes the cache entry, so the next start lists."""
 import os
 import shutil
 import re
-import signal
 import subprocess
 import time
 import uuid
 
 import pytest
 
-from e2e_util import ringfeed_bin
+from e2e_util import ringfeed_bin, serve_until_serving
 
 # Directories changed less than this before a listing are not cached (the
 # loader's default window is 2 s).
@@ -43,24 +42,10 @@ def start(source, *extra, batch_size=2):
     """Runs serve until it serves, then stops it with SIGINT; returns its
     manifest line and all it logged."""
     name = "e2e-cache-%s" % uuid.uuid4().hex[:8]
-    loader = subprocess.Popen(
-        [ringfeed_bin(), "serve", "--source", str(source), "--name", name, "--batch-size", str(batch_size), "--world-size", "1"] + list(extra),
-        stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        lines = []
-        for line in loader.stderr:
-            lines.append(line)
-            if line.startswith("ringfeed: serving"):
-                loader.send_signal(signal.SIGINT)
-        loader.wait(timeout=30)
-    finally:
-        if loader.poll() is None:
-            loader.kill()
-            loader.wait()
-    manifest = [l for l in lines if l.startswith("ringfeed: manifest:")]
-    assert manifest, "no manifest line; stderr:\n" + "".join(lines)
-    return manifest[0], "".join(lines)
+    _, text = serve_until_serving(["--source", str(source), "--name", name, "--batch-size", str(batch_size), "--world-size", "1"] + list(extra))
+    manifest = [l for l in text.splitlines(keepends=True) if l.startswith("ringfeed: manifest:")]
+    assert manifest, "no manifest line; stderr:\n" + text
+    return manifest[0], text
 
 
 def cache_path(line):

@@ -2,7 +2,6 @@
 each reader backend; every sample's bytes must equal its file's."""
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -11,7 +10,7 @@ from collections import defaultdict
 
 import pytest
 
-from e2e_util import compile_c, crc32, kill_survivors, python_consumer, ringfeed_bin, wait_all
+from e2e_util import compile_c, crc32, kill_survivors, python_consumer, ringfeed_bin, serve_until_serving, wait_all
 
 
 @pytest.fixture(scope="module")
@@ -259,16 +258,8 @@ def test_the_default_prefetch_shrinks_to_fit_a_small_shm_with_a_warning(dataset)
 
 def test_one_slot_per_rank_warns_that_the_loop_must_release_each_batch(dataset):
     name = "e2e-k1-%s" % uuid.uuid4().hex[:8]
-    loader = subprocess.Popen([ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "4", "--slots-per-rank", "1"],
-                              stderr=subprocess.PIPE)
-    try:
-        time.sleep(1.5)
-        loader.send_signal(signal.SIGINT)
-        _, err = loader.communicate(timeout=30)
-    finally:
-        kill_survivors([loader])
-    text = err.decode()
-    assert loader.returncode == 130, text
+    rc, text = serve_until_serving(["--source", str(dataset[0]), "--name", name, "--batch-size", "4", "--slots-per-rank", "1"])
+    assert rc == 130, text
     assert "--slots-per-rank 1: the loader cannot read ahead" in text, text
     assert "batch.release()" in text, text
 

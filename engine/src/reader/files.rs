@@ -232,25 +232,31 @@ impl FileTable {
 }
 
 impl FileTable {
-    /// Opens file `file` for reading and checks that it still has the size
-    /// the manifest recorded (`SizeAtOpen` otherwise). For files read many
-    /// times through one descriptor (keep-open mode), where the reads of
-    /// single records would otherwise see a replaced file's bytes unless
-    /// one of them happened to reach its end.
-    pub(crate) fn open_checked(&self, file: u32) -> Result<OwnedFd, ReadError> {
+    /// Opens file `file` for reading (a process descriptor, `openat` from
+    /// the table's directory). `file` must have passed `check_op`.
+    pub(crate) fn open(&self, file: u32) -> Result<OwnedFd, ReadError> {
         let path = self.c_path(file);
-        let fd = loop {
+        loop {
             // SAFETY: `path` is a NUL-terminated string that outlives the call.
             let fd = unsafe { libc::openat(self.dir_fd(), path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
             if fd >= 0 {
                 // SAFETY: open just returned this descriptor and nobody else owns it.
-                break unsafe { OwnedFd::from_raw_fd(fd) };
+                return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
             }
             let err = io::Error::last_os_error();
             if err.kind() != io::ErrorKind::Interrupted {
                 return Err(ReadError::from_errno(self.path_buf(file), "open", err.raw_os_error().unwrap_or(libc::EIO)));
             }
-        };
+        }
+    }
+
+    /// [`FileTable::open`], then checks that the file still has the size
+    /// the manifest recorded (`SizeAtOpen` otherwise). For files read many
+    /// times through one descriptor (keep-open mode), where the reads of
+    /// single records would otherwise see a replaced file's bytes unless
+    /// one of them happened to reach its end.
+    pub(crate) fn open_checked(&self, file: u32) -> Result<OwnedFd, ReadError> {
+        let fd = self.open(file)?;
         // SAFETY: stat is plain old data; fstat fills it.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `fd` is open and `st` a valid out-pointer.

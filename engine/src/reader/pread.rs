@@ -8,7 +8,6 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -320,27 +319,6 @@ fn file_fd(pool: &Pool, file: u32) -> Result<ReadFd<'_>, ReadError> {
     if pool.files.keep_open() {
         pool.kept.fd(&pool.files, file)
     } else {
-        open_file(pool, file).map(ReadFd::Owned)
-    }
-}
-
-fn open_file(pool: &Pool, file: u32) -> Result<OwnedFd, ReadError> {
-    let path = pool.files.c_path(file);
-    loop {
-        // SAFETY: `path` is a NUL-terminated string that outlives the call.
-        let fd = unsafe { libc::openat(pool.files.dir_fd(), path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        if fd >= 0 {
-            // SAFETY: open just returned this descriptor and nobody else owns it.
-            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            let errno = err.raw_os_error().unwrap_or(libc::EIO);
-            return Err(ReadError::from_errno(
-                pool.files.path_buf(file),
-                "open",
-                errno,
-            ));
-        }
+        pool.files.open(file).map(ReadFd::Owned)
     }
 }

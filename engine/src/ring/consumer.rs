@@ -929,16 +929,10 @@ fn held_here_list() -> std::sync::MutexGuard<'static, Vec<(u64, u64, u32)>> {
     HELD_HERE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn file_id(fd: &OwnedFd) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = fd.try_clone().map(std::fs::File::from).and_then(|f| f.metadata()).ok()?;
-    Some((meta.dev(), meta.ino()))
-}
-
 /// True if this process attached `rank` of the segment open as `fd` and has
 /// not detached it.
 fn held_here(fd: &OwnedFd, rank: u32) -> bool {
-    file_id(fd).is_some_and(|(dev, ino)| held_here_list().contains(&(dev, ino, rank)))
+    segment::file_id(fd).is_ok_and(|(dev, ino)| held_here_list().contains(&(dev, ino, rank)))
 }
 
 /// A consumer's entry in [`HELD_HERE`], removed when it is dropped.
@@ -946,7 +940,7 @@ struct HeldHere(Option<(u64, u64, u32)>);
 
 impl HeldHere {
     fn record(fd: &OwnedFd, rank: u32) -> HeldHere {
-        let entry = file_id(fd).map(|(dev, ino)| (dev, ino, rank));
+        let entry = segment::file_id(fd).ok().map(|(dev, ino)| (dev, ino, rank));
         if let Some(e) = entry {
             held_here_list().push(e);
         }

@@ -343,12 +343,18 @@ pub fn is_fresh_and_empty(fd: &OwnedFd) -> bool {
     meta.len() == 0 && age.is_some_and(|a| a < CREATION_GRACE)
 }
 
+/// Device and inode of the file open as `fd`.
+pub fn file_id(fd: &OwnedFd) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fd.try_clone().map(File::from)?.metadata()?;
+    Ok((meta.dev(), meta.ino()))
+}
+
 /// True if `path` names the file open as `fd` (same device and inode).
 pub fn same_file(fd: &OwnedFd, path: &Path) -> io::Result<bool> {
     use std::os::unix::fs::MetadataExt;
     let named = std::fs::metadata(path)?;
-    let open = fd.try_clone().map(File::from)?.metadata()?;
-    Ok(named.dev() == open.dev() && named.ino() == open.ino())
+    Ok((named.dev(), named.ino()) == file_id(fd)?)
 }
 
 /// Sets the file's size (its bytes are holes until allocated).
