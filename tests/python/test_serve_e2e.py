@@ -701,7 +701,11 @@ def test_a_record_file_replaced_by_another_size_stops_serve_before_any_of_its_re
     text = err.decode()
     for index, data in delivered:
         assert data == originals[index // 10][(index % 10) * 40:(index % 10) * 40 + 40], "record %d: not the file's bytes" % index
-    assert [i for i, _ in delivered] == list(range(90)), [i for i, _ in delivered]
+    # Every record before f009 at most, in order. With K=2 the loader reads
+    # f009 (batch 45) only once batch 43 is released, so at least 88 came;
+    # batch 44 may still be in flight when f009's open fails and stops the run.
+    indices = [i for i, _ in delivered]
+    assert indices == list(range(len(indices))) and 88 <= len(indices) <= 90, indices
     assert loader.returncode == 1, text
     assert "f009: file changed size since the manifest was built: expected 400 bytes, found 800 when it was opened" in text, text
     assert error is not None and "stopped on an error" in error, error
