@@ -25,6 +25,38 @@ def test_attach_to_a_name_that_never_appears_times_out_naming_it(unused_name):
     assert 250 <= reported_ms <= waited * 1000 + 50
 
 
+def test_an_attach_still_waiting_logs_why_then_again_later(unused_name, monkeypatch, caplog):
+    # A trainer stuck at attach is otherwise silent for its whole timeout.
+    from ringfeed import _feed
+
+    monkeypatch.setattr(_feed, "_ATTACH_NOTE_AFTER_S", 0.3)
+    monkeypatch.setattr(_feed, "_ATTACH_NOTE_EVERY_S", 0.8)
+    with caplog.at_level("WARNING", logger="ringfeed"):
+        with pytest.raises(ringfeed.TimeoutError):
+            ringfeed.attach(unused_name, 3, timeout=1.5)
+    notes = [r.getMessage() for r in caplog.records if r.name == "ringfeed"]
+    assert len(notes) == 2, notes  # after 0.3 s and 1.1 s, none at 1.5 s (the error says it)
+    assert re.fullmatch(
+        r"ringfeed: rank 3 has waited 0\.\d s to attach to loader %r \(giving up in 1\.\d s\): no loader named %r is running "
+        r"yet; start one with `ringfeed serve --name %s \.\.\.`, or check RINGFEED_NAME" % (unused_name, unused_name, unused_name),
+        notes[0],
+    ), notes[0]
+
+
+def test_an_attach_waiting_on_a_killed_loaders_segment_logs_that_it_is_gone(producer, monkeypatch, caplog):
+    from ringfeed import _feed
+
+    monkeypatch.setattr(_feed, "_ATTACH_NOTE_AFTER_S", 0.2)
+    p = producer(world_size=1)
+    p.kill()
+    with caplog.at_level("WARNING", logger="ringfeed"):
+        with pytest.raises(ringfeed.LoaderGoneError):
+            ringfeed.attach(p.name, 0, timeout=0.6)
+    notes = [r.getMessage() for r in caplog.records if r.name == "ringfeed"]
+    assert len(notes) == 1, notes
+    assert 'the loader of "%s" (pid %d) is gone; restart `ringfeed serve`' % (p.name, p.proc.pid) in notes[0], notes[0]
+
+
 def test_ctrl_c_interrupts_an_attach_waiting_for_its_loader(unused_name):
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()

@@ -19,6 +19,7 @@ import collections
 import ctypes
 import functools
 import gc
+import logging
 import math
 import os
 import re
@@ -43,6 +44,13 @@ _NEXT_SLICE_S = 0.15
 # Longest timeout passed to the C library, in ms (far beyond any real wait).
 _TIMEOUT_MS_MAX = 2**62
 _INT32_MAX = 2**31 - 1
+# A trainer waiting this long to attach says why on the "ringfeed" logger
+# (stderr when logging is not configured), then again every
+# _ATTACH_NOTE_EVERY_S: a rank stuck at attach is otherwise silent for its
+# whole timeout (forever with timeout=None).
+_ATTACH_NOTE_AFTER_S = 5.0
+_ATTACH_NOTE_EVERY_S = 60.0
+_LOG = logging.getLogger("ringfeed")
 _SAMPLE_DTYPE = np.dtype([("offset", "<u8"), ("len", "<u8"), ("index", "<u8")])
 assert _SAMPLE_DTYPE.itemsize == ctypes.sizeof(_lib.rf_sample)
 
@@ -649,7 +657,9 @@ def attach(name=None, rank=None, timeout=30.0):
     ``name`` defaults to $RINGFEED_NAME. ``rank`` defaults to $LOCAL_RANK,
     else $RANK, else 0 (torchrun sets LOCAL_RANK; the loader serves the ranks
     of one machine). Waits up to ``timeout`` seconds (None: forever) for the
-    loader to appear and the rank to be free.
+    loader to appear and the rank to be free; a wait past 5 s logs why on the
+    ``ringfeed`` logger (stderr unless logging is configured), then every
+    minute.
 
     Raises ``RankError`` when torchrun's variables disagree with the ranks
     the loader serves: LOCAL_WORLD_SIZE with its rank count, WORLD_SIZE with
@@ -735,9 +745,12 @@ def _attach_in_slices(name, rank, timeout_ms):
     trainer waiting for its loader (Python runs signal handlers between
     calls), and returns the _Handle. Retries a missing loader, a dead
     loader's segment (a restarted loader replaces it) and a busy rank until
-    the deadline; the error then says how long the whole wait was."""
+    the deadline; the error then says how long the whole wait was. Logs
+    why it still waits after _ATTACH_NOTE_AFTER_S, then every
+    _ATTACH_NOTE_EVERY_S."""
     start = time.monotonic()
     deadline = None if timeout_ms < 0 else start + timeout_ms / 1000.0
+    next_note = _ATTACH_NOTE_AFTER_S
     encoded = name.encode("utf-8")
     while True:
         ptr = ctypes.c_void_p()
@@ -755,11 +768,33 @@ def _attach_in_slices(name, rank, timeout_ms):
             raise
         message = _lib.last_error(_LIB)
         waiting = rc in (_lib.RF_TIMEOUT, _lib.RF_E_BUSY, _lib.RF_E_LOADER_GONE) and _HELD_BY_THIS_PROCESS not in message
-        if not waiting or (deadline is not None and time.monotonic() >= deadline):
+        now = time.monotonic()
+        if not waiting or (deadline is not None and now >= deadline):
             if rc == _lib.RF_TIMEOUT:
-                waited_ms = int((time.monotonic() - start) * 1000)
+                waited_ms = int((now - start) * 1000)
                 message = re.sub(r"within \d+ ms", "within %d ms" % waited_ms, message, count=1)
             raise errors.error_for(rc, message)
+        if now - start >= next_note:
+            _LOG.warning("ringfeed: %s", _waiting_note(name, rank, rc, message, now - start, deadline, now))
+            next_note += _ATTACH_NOTE_EVERY_S
+
+
+def _waiting_note(name, rank, rc, message, waited_s, deadline, now):
+    """What a trainer still waiting to attach logs: why it waits, and how
+    much longer it will."""
+    if rc == _lib.RF_TIMEOUT:
+        why = "no loader named %r is running yet; start one with `ringfeed serve --name %s ...`, or check RINGFEED_NAME" % (
+            name,
+            name,
+        )
+    else:
+        why = message
+    more = "no timeout" if deadline is None else "giving up in %s" % _seconds(max(0.0, deadline - now))
+    return "rank %d has waited %s to attach to loader %r (%s): %s" % (rank, _seconds(waited_s), name, more, why)
+
+
+def _seconds(s):
+    return ("%.1f s" if s < 10 else "%.0f s") % s
 
 
 def _env_count(var):
