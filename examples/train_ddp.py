@@ -30,9 +30,13 @@ VOCAB = 4096
 
 def main():
     distributed = "RANK" in os.environ
-    if distributed:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        # Before any collective: NCCL's object collectives (check_same_plan)
+        # use the current device, cuda:0 on every rank otherwise.
+        torch.cuda.set_device(device)
+    if distributed:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 64), torch.nn.Linear(64, VOCAB)).to(device)
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
@@ -57,7 +61,11 @@ def main():
         loss.backward()
         opt.step()
         if batch.step % 20 == 0 and int(os.environ.get("RANK", 0)) == 0:
-            print("epoch %d step %d loss %.3f" % (batch.epoch, batch.step, loss.item()), flush=True)
+            # Checkpoint here with batch.resume_state: every rank has trained
+            # on this step, and `ringfeed serve ... --resume E:N` goes on after it.
+            epoch, samples = batch.resume_state
+            print("epoch %d step %d loss %.3f (resume: --resume %d:%d)" % (batch.epoch, batch.step, loss.item(), epoch, samples),
+                  flush=True)
     feed.close()
     if distributed:
         dist.destroy_process_group()

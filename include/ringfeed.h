@@ -155,7 +155,9 @@ typedef struct rf_batch {
    */
   uint64_t epoch;
   /**
-   * Step of the batch within its epoch.
+   * Step of the batch within its epoch, counted from the loader's start
+   * (its `--resume`) in the epoch it started in: `rf_resume_state` turns
+   * it into the state to resume from.
    */
   uint64_t step;
   /**
@@ -292,6 +294,44 @@ int32_t rf_get_info(const struct rf_feed *feed, struct rf_info *info);
  * `feed` comes from rf_attach and was not detached; `job` is writable.
  */
 int32_t rf_get_job(const struct rf_feed *feed, struct rf_job *job);
+
+/**
+ * Fills `*epoch` and `*samples` with the state the loader started at: its
+ * `--resume EPOCH:SAMPLES`, or 0 and 0 without one; and `*dataset_samples`
+ * with the samples of the dataset (those of one epoch, dropped tail
+ * included). `rf_batch.step` counts from the start in that epoch.
+ * RF_E_VERSION if the loader does not record them (an older loader).
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `epoch`, `samples` and
+ * `dataset_samples` are writable.
+ */
+int32_t rf_get_start(const struct rf_feed *feed,
+                     uint64_t *epoch,
+                     uint64_t *samples,
+                     uint64_t *dataset_samples);
+
+/**
+ * Fills `*epoch` and `*samples` with the resume state after `batch`: once
+ * every rank of the job has trained on its batch of this step, a loader
+ * restarted with `ringfeed serve ... --resume EPOCH:SAMPLES` (same dataset,
+ * seed, batch size, any world size) goes on with the next step. Save it in
+ * your checkpoint. `batch.step` counts from the loader's own `--resume`
+ * point in the epoch it started in, so `(step + 1) * W * B` alone is the
+ * state only for a loader started at the beginning of an epoch. After an
+ * epoch's last step the state is `EPOCH + 1` and 0: its dropped tail is not
+ * carried over.
+ * RF_E_VERSION if the loader does not record where it started (an older
+ * loader); RF_E_INVALID if `batch` is from an epoch before it.
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `batch` is readable;
+ * `epoch` and `samples` are writable.
+ */
+int32_t rf_resume_state(const struct rf_feed *feed,
+                        const struct rf_batch *batch,
+                        uint64_t *epoch,
+                        uint64_t *samples);
 
 /**
  * Detaches: batches still held are given back, and every pointer from this

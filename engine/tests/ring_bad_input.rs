@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 use ringfeed::ring::consumer::{validate_header, Next};
-use ringfeed::ring::layout::{Job, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES};
+use ringfeed::ring::layout::{Job, RunStart, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES};
 use ringfeed::ring::segment::{self, LOADER_LOCK_BYTE};
 use ringfeed::ring::{AttachError, AttachOptions, Consumer, CreateError, Layout, NextError, Producer, ReleaseError, RingGeometry, SampleEntry};
 
@@ -214,13 +214,19 @@ fn a_ring_whose_ranks_are_not_all_in_its_job_is_corrupt() {
 fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
     // Ranks 6 and 7 of a job of 8 (the last of 4 machines of 2 ranks).
     let name = unique("job");
-    let job = Job { first_rank: 6, job_world_size: 8, plan_digest: 0x1234_5678_9abc_def0 };
+    // Its loader started at --resume 3:40 over 1000 samples.
+    let start = Some(RunStart { epoch: 3, samples_consumed: 40, dataset_samples: 1000 });
+    let job = Job { first_rank: 6, job_world_size: 8, plan_digest: 0x1234_5678_9abc_def0, start };
     let _producer = Producer::create_in_job(&name, GEOMETRY, job).unwrap();
     let consumer = Consumer::attach(&name, 1, SHORT).unwrap();
     assert_eq!(consumer.job(), job);
+    // GEOMETRY's B samples a rank, 8 ranks a step, counted from 40 in epoch 3.
+    let b = u64::from(GEOMETRY.max_samples_per_slot);
+    assert_eq!(consumer.resume_state_after(3, 0), Some((3, 40 + 8 * b)));
+    assert_eq!(consumer.resume_state_after(4, 1), Some((4, 16 * b)));
     drop(consumer);
     // A job that leaves no room for the ring's ranks is refused when made.
-    let err = Producer::create_in_job(&unique("job-bad"), GEOMETRY, Job { first_rank: 7, job_world_size: 8, plan_digest: 0 }).err().expect("ranks 7..9 of 8");
+    let err = Producer::create_in_job(&unique("job-bad"), GEOMETRY, Job { first_rank: 7, job_world_size: 8, plan_digest: 0, start: None }).err().expect("ranks 7..9 of 8");
     assert!(matches!(err, CreateError::Job(_)) && err.to_string().contains("job ranks 7..9 of a job of 8 ranks"), "{err}");
     // Zeros, from a loader that predates the fields: the ring is the job.
     let plain = unique("job-zero");

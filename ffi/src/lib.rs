@@ -82,7 +82,9 @@ pub struct rf_batch {
     pub slot: u32,
     /// Epoch of the batch.
     pub epoch: u64,
-    /// Step of the batch within its epoch.
+    /// Step of the batch within its epoch, counted from the loader's start
+    /// (its `--resume`) in the epoch it started in: `rf_resume_state` turns
+    /// it into the state to resume from.
     pub step: u64,
     /// Generation of the slot (for rf_release).
     pub generation: u64,
@@ -348,6 +350,78 @@ pub unsafe extern "C" fn rf_get_job(feed: *const rf_feed, job: *mut rf_job) -> i
         let out = rf_job { first_rank: j.first_rank, job_world_size: j.job_world_size, plan_digest: j.plan_digest };
         // SAFETY: `job` is non-NULL and writable by contract.
         unsafe { *job = out };
+        RF_OK
+    })
+}
+
+/// Fills `*epoch` and `*samples` with the state the loader started at: its
+/// `--resume EPOCH:SAMPLES`, or 0 and 0 without one; and `*dataset_samples`
+/// with the samples of the dataset (those of one epoch, dropped tail
+/// included). `rf_batch.step` counts from the start in that epoch.
+/// RF_E_VERSION if the loader does not record them (an older loader).
+///
+/// # Safety
+/// `feed` comes from rf_attach and was not detached; `epoch`, `samples` and
+/// `dataset_samples` are writable.
+#[no_mangle]
+pub unsafe extern "C" fn rf_get_start(feed: *const rf_feed, epoch: *mut u64, samples: *mut u64, dataset_samples: *mut u64) -> i32 {
+    guard(|| {
+        if feed.is_null() || epoch.is_null() || samples.is_null() || dataset_samples.is_null() {
+            return fail(RF_E_INVALID, "rf_get_start: feed, epoch, samples and dataset_samples must not be NULL");
+        }
+        // SAFETY: a live feed from rf_attach.
+        let consumer = unsafe { &(*feed).consumer };
+        let Some(start) = consumer.job().start else {
+            return fail(RF_E_VERSION, not_recorded(consumer.name()));
+        };
+        // SAFETY: all three non-NULL and writable by contract.
+        unsafe {
+            *epoch = start.epoch;
+            *samples = start.samples_consumed;
+            *dataset_samples = start.dataset_samples;
+        }
+        RF_OK
+    })
+}
+
+fn not_recorded(name: &str) -> String {
+    format!("the loader of {name:?} does not record the state it started at (an older ringfeed serve); restart it with this version, or count samples yourself from its --resume")
+}
+
+/// Fills `*epoch` and `*samples` with the resume state after `batch`: once
+/// every rank of the job has trained on its batch of this step, a loader
+/// restarted with `ringfeed serve ... --resume EPOCH:SAMPLES` (same dataset,
+/// seed, batch size, any world size) goes on with the next step. Save it in
+/// your checkpoint. `batch.step` counts from the loader's own `--resume`
+/// point in the epoch it started in, so `(step + 1) * W * B` alone is the
+/// state only for a loader started at the beginning of an epoch. After an
+/// epoch's last step the state is `EPOCH + 1` and 0: its dropped tail is not
+/// carried over.
+/// RF_E_VERSION if the loader does not record where it started (an older
+/// loader); RF_E_INVALID if `batch` is from an epoch before it.
+///
+/// # Safety
+/// `feed` comes from rf_attach and was not detached; `batch` is readable;
+/// `epoch` and `samples` are writable.
+#[no_mangle]
+pub unsafe extern "C" fn rf_resume_state(feed: *const rf_feed, batch: *const rf_batch, epoch: *mut u64, samples: *mut u64) -> i32 {
+    guard(|| {
+        if feed.is_null() || batch.is_null() || epoch.is_null() || samples.is_null() {
+            return fail(RF_E_INVALID, "rf_resume_state: feed, batch, epoch and samples must not be NULL");
+        }
+        // SAFETY: a live feed from rf_attach; `batch` is readable by contract.
+        let (consumer, b) = unsafe { (&(*feed).consumer, &*batch) };
+        let Some(start) = consumer.job().start else {
+            return fail(RF_E_VERSION, not_recorded(consumer.name()));
+        };
+        let Some((e, n)) = consumer.resume_state_after(b.epoch, b.step) else {
+            return fail(RF_E_INVALID, format!("rf_resume_state: batch of epoch {} step {} is not one of this loader, which started in epoch {}", b.epoch, b.step, start.epoch));
+        };
+        // SAFETY: both non-NULL and writable by contract.
+        unsafe {
+            *epoch = e;
+            *samples = n;
+        }
         RF_OK
     })
 }

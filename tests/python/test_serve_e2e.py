@@ -709,3 +709,72 @@ def test_a_record_file_replaced_by_another_size_stops_serve_before_any_of_its_re
     assert loader.returncode == 1, text
     assert "f009: file changed size since the manifest was built: expected 400 bytes, found 800 when it was opened" in text, text
     assert error is not None and "stopped on an error" in error, error
+
+
+def _take_every_batch(name, world_size):
+    """Attaches every rank in this process and takes the whole run, step by
+    step; returns [(epoch, step, [rank 0's indices, rank 1's, ...],
+    resume_state, the C library's rf_resume_state)] and the feeds' info."""
+    import ctypes
+
+    import ringfeed
+    from ringfeed import _feed, _lib
+
+    feeds = [ringfeed.attach(name, r, timeout=30) for r in range(world_size)]
+    steps = []
+    try:
+        while True:
+            batches = [f.next(timeout=30) for f in feeds]
+            if all(b is None for b in batches):
+                return steps, feeds[0].info
+            assert None not in batches, "ranks ended at different steps"
+            assert len({(b.epoch, b.step, b.resume_state) for b in batches}) == 1
+            b = batches[0]
+            raw = _lib.rf_batch(epoch=b.epoch, step=b.step)
+            epoch, samples = ctypes.c_uint64(), ctypes.c_uint64()
+            rc = _feed._LIB.rf_resume_state(feeds[0]._handle.ptr, ctypes.byref(raw), ctypes.byref(epoch), ctypes.byref(samples))
+            assert rc == 0, _lib.last_error(_feed._LIB)
+            steps.append((b.epoch, b.step, [list(x.indices) for x in batches], b.resume_state, (epoch.value, samples.value)))
+            for x in batches:
+                x.release()
+    finally:
+        for f in feeds:
+            f.close()
+
+
+def test_resume_state_of_a_batch_restarts_the_loader_at_the_next_step_with_any_world_size(tmp_path):
+    # After `--resume 0:16` the steps count from 16: (step + 1) * W * B alone
+    # would replay 16 samples. Batch.resume_state (and rf_resume_state) add
+    # the loader's start; a loader restarted there with another W serves
+    # exactly the samples of the steps after it, in the same order.
+    root = tmp_path / "data"
+    root.mkdir()
+    for i in range(88):  # 88 - 16 and 88 are multiples of W*B = 8 and of 4
+        (root / ("f%02d" % i)).write_bytes(b"%d" % i)
+    common = ["--source", str(root), "--batch-size", "4", "--seed", "5", "--epochs", "2"]
+    tag = uuid.uuid4().hex[:8]
+
+    def run(name, world_size, resume):
+        loader = subprocess.Popen([ringfeed_bin(), "serve", "--name", name, "--world-size", str(world_size),
+                                   "--resume", resume] + common, stderr=subprocess.PIPE, text=True)
+        try:
+            steps, info = _take_every_batch(name, world_size)
+            assert loader.wait(timeout=30) == 0, loader.stderr.read()
+        finally:
+            kill_survivors([loader])
+        return steps, info
+
+    first, info = run("e2e-resume-a-" + tag, 2, "0:16")
+    assert (info.start, info.dataset_samples) == ((0, 16), 88)
+    assert [(e, s, state) for e, s, _, state, _ in first[:2]] == [(0, 0, (0, 24)), (0, 1, (0, 32))]
+    assert (first[8][:2], first[8][3]) == ((0, 8), (1, 0))  # the last step of epoch 0
+    assert (first[9][:2], first[9][3]) == ((1, 0), (1, 8))  # epoch 1 counts from 0
+    assert all(state == c_state for _, _, _, state, c_state in first)
+    # Checkpoint after step 3 of epoch 0, restart on one rank.
+    state = first[3][3]
+    assert state == (0, 48)
+    second, info = run("e2e-resume-b-" + tag, 1, "%d:%d" % state)
+    assert info.start == state
+    order = lambda steps: [(e, i) for e, _, ranks, _, _ in steps for indices in ranks for i in indices]  # noqa: E731
+    assert order(second) == order(first[4:])
+    assert second[0][3] == (0, 52) and second[-1][3] == (2, 0)  # (epochs, 0): the run is done

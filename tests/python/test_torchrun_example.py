@@ -41,6 +41,9 @@ def test_torchrun_trains_ddp_from_the_ring_on_a_record_dataset(tmp_path):
         out = job.stdout.decode()
         assert job.returncode == 0, out
         assert "epoch 1 step" in out and "loss" in out, out
+        # Printed every 20 steps: 8 samples a step; step 20 of epoch 1 is 168.
+        assert "epoch 0 step 0 loss" in out and "(resume: --resume 0:8)" in out, out
+        assert "epoch 1 step 20 loss" in out and "(resume: --resume 1:168)" in out, out
         _, err = loader.communicate(timeout=30)
         # 300 records, W×B = 8 per step: 37 steps per epoch, 2 epochs, 2 ranks.
         assert loader.returncode == 0, err.decode()

@@ -68,6 +68,8 @@ FeedInfo = collections.namedtuple(
         "first_rank",
         "job_world_size",
         "plan_digest",
+        "start",
+        "dataset_samples",
     ],
 )
 FeedInfo.__doc__ = """Shape of the ring a feed is attached to.
@@ -85,7 +87,11 @@ WORLD_SIZE); on one machine ``first_rank`` is 0 and ``job_world_size`` equals
 order (seed, shuffle, batch size, world size, epochs, resume state), or is
 None if the loader did not say: on a job over several machines, compare it
 across ranks (``ringfeed.check_same_plan`` does, through torch.distributed) to
-catch loaders started alike in name only.
+catch loaders started alike in name only. ``start`` is ``(epoch, samples)``,
+the state the loader started at (its ``--resume``; ``(0, 0)`` without one),
+from which ``Batch.step`` counts in that epoch, and ``dataset_samples`` the
+samples of one epoch (dropped tail included); both None if the loader did not
+say (see ``Batch.resume_state``).
 """
 
 
@@ -202,7 +208,7 @@ class _Handle:
     a call is queued in ``pending`` and given back by the next call.
     """
 
-    __slots__ = ("ptr", "pid", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "feeds", "__weakref__")
+    __slots__ = ("ptr", "pid", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "feeds", "resume", "__weakref__")
 
     def __init__(self, cell, name, rank):
         self.ptr = cell[0]
@@ -222,6 +228,9 @@ class _Handle:
         self.undelivered = None
         # The open Feeds on this handle (for the message of a second attach).
         self.feeds = weakref.WeakSet()
+        # ((start epoch, start samples), samples per step) for
+        # Batch.resume_state, or None if the loader did not say; set by attach().
+        self.resume = None
         # atexit=False: at interpreter exit the OS unmaps; unmapping earlier
         # could pull memory from under a daemon thread still reading a view.
         weakref.finalize(self, _detach, cell).atexit = False
@@ -325,7 +334,7 @@ class Batch:
     dangling view: while views are alive it only defers.
     """
 
-    __slots__ = ("_base", "_finalizer", "_table", "epoch", "step", "slot", "generation", "nbytes", "data_ptr")
+    __slots__ = ("_base", "_finalizer", "_table", "_resume", "epoch", "step", "slot", "generation", "nbytes", "data_ptr")
 
     def __init__(self, handle, raw, claim):
         n = raw.n_samples
@@ -339,6 +348,7 @@ class Batch:
         self.generation = raw.generation
         self.nbytes = raw.data_len
         self.data_ptr = raw.data or 0
+        self._resume = handle.resume
         self._base = _base_type(raw.data_len).from_address(self.data_ptr)
         self._finalizer = weakref.finalize(self._base, _give_back, handle, raw, claim)
         self._finalizer.atexit = False
@@ -371,6 +381,29 @@ class Batch:
             self.nbytes,
             state,
         )
+
+    @property
+    def resume_state(self):
+        """``(epoch, samples)``: once every rank of the job has trained on its
+        batch of this step, ``ringfeed serve ... --resume EPOCH:SAMPLES`` (same
+        dataset, seed and batch size, any world size) goes on with the next
+        step. Save it in your checkpoint. None if the loader does not record
+        where it started (an older ``ringfeed serve``).
+
+        ``step`` counts from the loader's own ``--resume`` point in the epoch
+        it started in, so ``(step + 1) * W * B`` alone is the state only for a
+        loader started at the beginning of an epoch; this adds that start.
+        After an epoch's last step it is ``(epoch + 1, 0)``: the epoch's
+        dropped tail is not carried over (docs/sampler.md, section 3).
+        """
+        if self._resume is None:
+            return None
+        (start_epoch, start_samples), dataset_samples, per_step = self._resume
+        done = (start_samples if self.epoch == start_epoch else 0) + (self.step + 1) * per_step
+        if done + per_step > dataset_samples:
+            # The epoch's last step: its dropped tail is not carried over.
+            return (self.epoch + 1, 0)
+        return (self.epoch, done)
 
     @property
     def indices(self):
@@ -700,6 +733,8 @@ def attach(name=None, rank=None, timeout=30.0):
         first_rank=None,
         job_world_size=None,
         plan_digest=None,
+        start=None,
+        dataset_samples=None,
     )
     if hasattr(_LIB, "rf_get_job"):
         job = _lib.rf_job()
@@ -707,6 +742,16 @@ def attach(name=None, rank=None, timeout=30.0):
         if rc != _lib.RF_OK:
             raise errors.error_for(rc, _lib.last_error(_LIB))
         info = info._replace(first_rank=job.first_rank, job_world_size=job.job_world_size, plan_digest=job.plan_digest or None)
+    if hasattr(_LIB, "rf_get_start"):
+        epoch, samples, dataset_samples = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+        rc = _LIB.rf_get_start(handle.ptr, ctypes.byref(epoch), ctypes.byref(samples), ctypes.byref(dataset_samples))
+        if rc == _lib.RF_OK:
+            info = info._replace(start=(epoch.value, samples.value), dataset_samples=dataset_samples.value)
+        elif rc != _lib.RF_E_VERSION:
+            raise errors.error_for(rc, _lib.last_error(_LIB))
+    if info.start is not None:
+        job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
+        handle.resume = (info.start, info.dataset_samples, job_world_size * info.max_samples_per_slot)
     _check_job(info, name, rank_from_env)
     return Feed(handle, info)
 

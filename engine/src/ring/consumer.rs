@@ -186,7 +186,7 @@ pub enum AttachError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NextError {
     /// The loader died.
-    #[error("the loader of {name:?} (pid {pid}) is gone: it died or was killed before the end of the run; restart `ringfeed serve` (with --resume EPOCH:SAMPLES from your checkpoint to go on where it stopped) and attach again")]
+    #[error("the loader of {name:?} (pid {pid}) is gone: it died or was killed before the end of the run; restart `ringfeed serve` (with --resume EPOCH:SAMPLES, the resume_state of the last batch in your checkpoint, to go on where it stopped) and attach again")]
     LoaderGone {
         /// The name.
         name: String,
@@ -421,7 +421,9 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
     if layout.segment_bytes != bytes.len() as u64 {
         return Err(corrupt(path, format!("header says {} bytes but the segment is {} bytes (truncated?)", layout.segment_bytes, bytes.len())));
     }
-    let job = Job::from_header(u32_at(100), u32_at(96), geometry.world_size, u64_at(104)).map_err(|e| corrupt(path, e))?;
+    let start = (u32_at(84) & crate::ring::layout::flags::START_KNOWN != 0)
+        .then(|| crate::ring::layout::RunStart { epoch: u64_at(112), samples_consumed: u64_at(120), dataset_samples: u64_at(176) });
+    let job = Job::from_header(u32_at(100), u32_at(96), geometry.world_size, u64_at(104), start).map_err(|e| corrupt(path, e))?;
     Ok((layout, job))
 }
 
@@ -590,6 +592,18 @@ impl Consumer {
     /// rank `job().first_rank + rank()` of `job().job_world_size`.
     pub fn job(&self) -> Job {
         self.job
+    }
+
+    /// The loader's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The resume state once every rank has taken its batch of `step` in
+    /// `epoch` (see [`Job::resume_state_after`]): what `serve --resume`
+    /// takes to go on with the next step.
+    pub fn resume_state_after(&self, epoch: u64, step: u64) -> Option<(u64, u64)> {
+        self.job.resume_state_after(self.layout().geometry.max_samples_per_slot, epoch, step)
     }
 
     /// The ring's layout (world size, slot sizes).

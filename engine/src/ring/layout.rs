@@ -53,6 +53,13 @@ pub mod state {
     pub const ABORTED: u32 = 3;
 }
 
+/// Bits of [`Header::flags`].
+pub mod flags {
+    /// `start_epoch`, `start_samples` and `dataset_samples` hold the
+    /// loader's [`RunStart`](super::RunStart).
+    pub const START_KNOWN: u32 = 1;
+}
+
 /// Where a ring's ranks sit in the training job. A job spread over several
 /// machines has one loader per machine; each serves a contiguous run of the
 /// job's ranks, so ring rank r is job rank `first_rank + r`, and the sampler
@@ -69,12 +76,50 @@ pub struct Job {
     /// epochs, resume state). Loaders of one job on several machines must
     /// agree on it; trainers can compare it across ranks. 0: not known.
     pub plan_digest: u64,
+    /// Where the loader started (its `--resume`). None: not known (a loader
+    /// that predates the fields, or a test producer).
+    pub start: Option<RunStart>,
+}
+
+/// The state a loader started at, and what it needs to say the state after
+/// any of its steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunStart {
+    /// Epoch of its `--resume` (0 without one).
+    pub epoch: u64,
+    /// Samples of that epoch consumed before it started (0 without `--resume`).
+    pub samples_consumed: u64,
+    /// Samples in the dataset (n): every epoch has that many.
+    pub dataset_samples: u64,
 }
 
 impl Job {
     /// A job that is all on this machine: ring ranks are job ranks.
     pub fn single(world_size: u32) -> Job {
-        Job { first_rank: 0, job_world_size: world_size, plan_digest: 0 }
+        Job { first_rank: 0, job_world_size: world_size, plan_digest: 0, start: None }
+    }
+
+    /// The resume state once every rank of the job has taken its batch of
+    /// `step` in `epoch`: `(epoch, samples consumed in it)`, what `serve
+    /// --resume` takes to go on with the step after. Steps count from the
+    /// loader's start in the epoch it started in (its `--resume`), from 0
+    /// in later ones. As in `Sampler::state_after`, the state after an
+    /// epoch's last step is `(epoch + 1, 0)`: its dropped tail is not
+    /// carried over. None if the start is not known, or for an epoch before
+    /// it (not a batch of this loader), or on overflow.
+    pub fn resume_state_after(&self, batch_size: u32, epoch: u64, step: u64) -> Option<(u64, u64)> {
+        let start = self.start?;
+        let before = match epoch.cmp(&start.epoch) {
+            std::cmp::Ordering::Less => return None,
+            std::cmp::Ordering::Equal => start.samples_consumed,
+            std::cmp::Ordering::Greater => 0,
+        };
+        let per_step = u64::from(self.job_world_size).checked_mul(u64::from(batch_size))?;
+        let done = step.checked_add(1)?.checked_mul(per_step)?.checked_add(before)?;
+        if done.checked_add(per_step)? > start.dataset_samples {
+            return Some((epoch.checked_add(1)?, 0));
+        }
+        Some((epoch, done))
     }
 
     /// Whether the ring's ranks are the whole job.
@@ -85,15 +130,15 @@ impl Job {
     /// Reads the header's fields for a ring of `world_size` ranks: zeros
     /// (a loader that predates them) mean [`Job::single`]. Refuses a
     /// run of ranks that does not lie inside the job.
-    pub fn from_header(first_rank: u32, job_world_size: u32, world_size: u32, plan_digest: u64) -> Result<Job, String> {
+    pub fn from_header(first_rank: u32, job_world_size: u32, world_size: u32, plan_digest: u64, start: Option<RunStart>) -> Result<Job, String> {
         if job_world_size == 0 && first_rank == 0 {
-            return Ok(Job { plan_digest, ..Job::single(world_size) });
+            return Ok(Job { plan_digest, start, ..Job::single(world_size) });
         }
         let end = u64::from(first_rank) + u64::from(world_size);
         if end > u64::from(job_world_size) {
             return Err(format!("it serves job ranks {first_rank}..{end} of a job of {job_world_size} ranks"));
         }
-        Ok(Job { first_rank, job_world_size, plan_digest })
+        Ok(Job { first_rank, job_world_size, plan_digest, start })
     }
 }
 
@@ -129,7 +174,7 @@ pub struct Header {
     pub slot_meta_bytes: AtomicU64,
     /// Loader's pid, for messages only (liveness is the kernel lock).
     pub loader_pid: AtomicU32,
-    /// Reserved, zero.
+    /// [`flags`] bits (0 from a loader that predates them).
     pub flags: AtomicU32,
     /// Wall-clock creation time.
     pub created_unix_ms: AtomicU64,
@@ -141,7 +186,10 @@ pub struct Header {
     pub first_rank: AtomicU32,
     /// [`Job::plan_digest`] (0: not known).
     pub plan_digest: AtomicU64,
-    _reserved0: [AtomicU64; 2],
+    /// [`RunStart::epoch`] (valid with [`flags::START_KNOWN`]).
+    pub start_epoch: AtomicU64,
+    /// [`RunStart::samples_consumed`] (valid with [`flags::START_KNOWN`]).
+    pub start_samples: AtomicU64,
     // --- offset 128: written by the loader while it runs ---
     /// One of [`state`].
     pub state: AtomicU32,
@@ -157,7 +205,10 @@ pub struct Header {
     pub bytes_published: AtomicU64,
     /// Reader backend name, ASCII, NUL-padded (for `ringfeed stat`).
     pub reader_backend: [AtomicU64; 2],
-    _reserved1: [AtomicU64; 10],
+    /// [`RunStart::dataset_samples`] (valid with [`flags::START_KNOWN`]):
+    /// written once before READY, like the fields before offset 128.
+    pub dataset_samples: AtomicU64,
+    _reserved1: [AtomicU64; 9],
     // --- offset 256 to 4096: reserved ---
     _reserved2: [AtomicU64; 480],
 }
@@ -305,6 +356,8 @@ const _: () = {
     assert!(offset_of!(Header, job_world_size) == 96);
     assert!(offset_of!(Header, first_rank) == 100);
     assert!(offset_of!(Header, plan_digest) == 104);
+    assert!(offset_of!(Header, start_epoch) == 112);
+    assert!(offset_of!(Header, start_samples) == 120);
     assert!(offset_of!(Header, state) == 128);
     assert!(offset_of!(Header, abort_code) == 132);
     assert!(offset_of!(Header, producer_sleeping) == 136);
@@ -312,6 +365,7 @@ const _: () = {
     assert!(offset_of!(Header, batches_published) == 144);
     assert!(offset_of!(Header, bytes_published) == 152);
     assert!(offset_of!(Header, reader_backend) == 160);
+    assert!(offset_of!(Header, dataset_samples) == 176);
     assert!(size_of::<RankBlock>() as u64 == RANK_BLOCK_BYTES);
     assert!(offset_of!(RankBlock, publish_futex) == 8);
     assert!(offset_of!(RankBlock, finished) == 12);
@@ -474,6 +528,24 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_resume_state_after_a_step_adds_the_loaders_start_in_its_first_epoch_only() {
+        // Two machines of 4 ranks, B = 8: a step is 64 samples of the job;
+        // 1000 samples: epoch 2 from 100 has 14 steps, later ones 15.
+        let start = RunStart { epoch: 2, samples_consumed: 100, dataset_samples: 1000 };
+        let job = Job { first_rank: 4, job_world_size: 8, plan_digest: 0, start: Some(start) };
+        assert_eq!(job.resume_state_after(8, 2, 0), Some((2, 164)));
+        assert_eq!(job.resume_state_after(8, 2, 3), Some((2, 356)));
+        assert_eq!(job.resume_state_after(8, 2, 12), Some((2, 932)));
+        assert_eq!(job.resume_state_after(8, 2, 13), Some((3, 0)), "the last step of an epoch: its tail of 4 is not carried over");
+        assert_eq!(job.resume_state_after(8, 3, 0), Some((3, 64)));
+        assert_eq!(job.resume_state_after(8, 3, 13), Some((3, 896)));
+        assert_eq!(job.resume_state_after(8, 3, 14), Some((4, 0)));
+        assert_eq!(job.resume_state_after(8, 1, 0), None, "an epoch before the start is not this loader's");
+        assert_eq!(job.resume_state_after(8, 2, u64::MAX), None, "overflow");
+        assert_eq!(Job { start: None, ..job }.resume_state_after(8, 2, 0), None, "start not known");
+    }
 
     fn geometry(w: u32, k: u32, m: u32, s: u64) -> RingGeometry {
         RingGeometry { world_size: w, slots_per_rank: k, max_samples_per_slot: m, slot_payload_bytes: s }

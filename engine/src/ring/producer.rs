@@ -306,7 +306,7 @@ impl Producer {
     /// over several machines: its ranks are the job's `job.first_rank..`.
     pub fn create_in_job(name: &str, geometry: RingGeometry, job: Job) -> Result<Producer, CreateError> {
         segment::validate_name(name)?;
-        if let Err(e) = Job::from_header(job.first_rank, job.job_world_size, geometry.world_size, job.plan_digest) {
+        if let Err(e) = Job::from_header(job.first_rank, job.job_world_size, geometry.world_size, job.plan_digest, job.start) {
             return Err(CreateError::Job(e));
         }
         let layout = Layout::compute(geometry)?;
@@ -461,6 +461,12 @@ impl Producer {
         h.job_world_size.store(job.job_world_size, r);
         h.first_rank.store(job.first_rank, r);
         h.plan_digest.store(job.plan_digest, r);
+        if let Some(start) = job.start {
+            h.start_epoch.store(start.epoch, r);
+            h.start_samples.store(start.samples_consumed, r);
+            h.dataset_samples.store(start.dataset_samples, r);
+            h.flags.store(crate::ring::layout::flags::START_KNOWN, r);
+        }
         for rank in 0..g.world_size {
             view.rank(rank).batches_expected.store(u64::MAX, r);
         }
