@@ -778,3 +778,41 @@ def test_resume_state_of_a_batch_restarts_the_loader_at_the_next_step_with_any_w
     order = lambda steps: [(e, i) for e, _, ranks, _, _ in steps for indices in ranks for i in indices]  # noqa: E731
     assert order(second) == order(first[4:])
     assert second[0][3] == (0, 52) and second[-1][3] == (2, 0)  # (epochs, 0): the run is done
+
+
+def test_a_trainer_attaches_again_to_a_loader_restarted_after_its_loader_died(tmp_path):
+    # The LoaderGoneError advice: restart `ringfeed serve` and attach again.
+    # The dead loader's feed, still open (or kept alive by the traceback of
+    # the error being handled), holds its rank on the dead segment only: the
+    # new attach must not be refused as "already attached by this process".
+    import ringfeed
+
+    root = tmp_path / "data"
+    root.mkdir()
+    for i in range(64):
+        (root / ("f%02d" % i)).write_bytes(b"x" * 100)
+    name = "e2e-restart-" + uuid.uuid4().hex[:8]
+    args = [ringfeed_bin(), "serve", "--source", str(root), "--name", name, "--batch-size", "2"]
+    loaders = [subprocess.Popen(args, stderr=subprocess.DEVNULL)]
+    try:
+        feed = ringfeed.attach(name, 0, timeout=30)
+        feed.next(timeout=30).release()
+        loaders[0].kill()
+        loaders[0].wait()
+        try:
+            while True:
+                batch = feed.next(timeout=5)
+                batch.release()
+        except ringfeed.LoaderGoneError:
+            loaders.append(subprocess.Popen(args, stderr=subprocess.DEVNULL))
+            again = ringfeed.attach(name, 0, timeout=30)  # inside the handler: the traceback holds the old feed
+        assert not feed.closed
+        got = sum(len(b) for b in again)
+        assert got == 64
+        assert loaders[1].wait(timeout=30) == 0
+        # The old feed still refuses politely, and closes.
+        with pytest.raises(ringfeed.LoaderGoneError):
+            feed.next(timeout=1)
+        feed.close()
+    finally:
+        kill_survivors(loaders)

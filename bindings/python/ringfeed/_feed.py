@@ -715,8 +715,23 @@ def attach(name=None, rank=None, timeout=30.0):
     rank = int(rank)
     if rank > _INT32_MAX:
         raise errors.RankError("rank %d is out of range (at most %d)" % (rank, _INT32_MAX))
-    _refuse_if_held_here(name, rank)
-    handle = _attach_in_slices(name, rank, _timeout_ms(timeout))
+    timeout_ms = _timeout_ms(timeout)
+    try:
+        handle = _attach_in_slices(name, rank, timeout_ms)
+    except errors.RankBusyError as e:
+        # The library refuses at once a rank this process holds on this very
+        # segment (a rank held on a dead loader's segment, replaced since,
+        # does not count). A Feed or batch that only a reference cycle keeps
+        # alive is freed by a collection; otherwise say what holds it.
+        if _HELD_BY_THIS_PROCESS not in str(e):
+            raise
+        gc.collect()
+        try:
+            handle = _attach_in_slices(name, rank, timeout_ms)
+        except errors.RankBusyError as again:
+            if _HELD_BY_THIS_PROCESS in str(again):
+                _raise_held_here(name, rank, again)
+            raise
     raw = _lib.rf_info()
     rc = _LIB.rf_get_info(handle.ptr, ctypes.byref(raw))
     if rc != _lib.RF_OK:
@@ -756,21 +771,14 @@ def attach(name=None, rank=None, timeout=30.0):
     return Feed(handle, info)
 
 
-def _refuse_if_held_here(name, rank):
-    """Raises RankBusyError at once if this process still holds the rank
-    through an earlier attach: waiting would wait on itself. Collects garbage
-    first, for a Feed or batch that only a reference cycle keeps alive."""
-
-    def held_here():
-        pid = os.getpid()
-        return next((h for h in list(_LIVE_HANDLES) if (h.name, h.rank, h.pid) == (name, rank, pid)), None)
-
-    if held_here() is None:
-        return
-    gc.collect()
-    handle = held_here()
+def _raise_held_here(name, rank, error):
+    """Raises RankBusyError saying what of this process holds the rank: an
+    open Feed, or batches (or their views) of a closed one; else ``error``,
+    the library's own message."""
+    pid = os.getpid()
+    handle = next((h for h in list(_LIVE_HANDLES) if (h.name, h.rank, h.pid) == (name, rank, pid)), None)
     if handle is None:
-        return
+        raise error
     if len(handle.feeds):
         what = "a Feed of it is still open"
     else:
@@ -782,7 +790,7 @@ def _refuse_if_held_here(name, rank):
     raise errors.RankBusyError(
         "rank %d of loader %r is already attached by this process (pid %d): %s. Keep using that feed, or close "
         "it and drop its batches and their views before attaching again" % (rank, name, handle.pid, what)
-    )
+    ) from None
 
 
 def _attach_in_slices(name, rank, timeout_ms):
