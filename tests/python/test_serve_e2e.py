@@ -816,3 +816,48 @@ def test_a_trainer_attaches_again_to_a_loader_restarted_after_its_loader_died(tm
         feed.close()
     finally:
         kill_survivors(loaders)
+
+
+def test_nohup_keeps_the_loader_up_and_an_inherited_ignored_sigint_still_stops_it(dataset):
+    # `nohup ringfeed serve ... &` starts it with SIGHUP ignored: the hang-up
+    # of the ssh session must not stop it. A script's `serve &` starts it
+    # with SIGINT ignored: SIGINT must still stop it, during the listing as
+    # after it.
+    import signal
+
+    def ignore(*sigs):
+        return lambda: [signal.signal(s, signal.SIG_IGN) for s in sigs]
+
+    name = "e2e-nohup-" + uuid.uuid4().hex[:8]
+    args = [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "4"]
+    loader = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, preexec_fn=ignore(signal.SIGHUP, signal.SIGINT))
+    try:
+        for line in loader.stderr:
+            if line.startswith("ringfeed: serving"):
+                break
+        loader.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert loader.poll() is None, "SIGHUP under nohup stopped the loader"
+        loader.send_signal(signal.SIGINT)
+        assert loader.wait(timeout=10) == 128 + signal.SIGINT
+        assert not os.path.exists("/dev/shm/ringfeed-" + name)
+        # The first thing it does is to take the inherited "ignore" back (a
+        # signal before that, right after exec, is lost to any program).
+        early = subprocess.Popen(args, stderr=subprocess.DEVNULL, preexec_fn=ignore(signal.SIGINT))
+        deadline = time.monotonic() + 10
+        while _ignored_signals(early.pid) & (1 << (signal.SIGINT - 1)):
+            assert time.monotonic() < deadline, "SIGINT still ignored"
+            time.sleep(0.001)
+        early.send_signal(signal.SIGINT)
+        assert early.wait(timeout=10) in (128 + signal.SIGINT, -signal.SIGINT)
+    finally:
+        kill_survivors([loader] + ([early] if "early" in locals() else []))
+
+
+def _ignored_signals(pid):
+    """The SigIgn mask of a process (0 once it is gone)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            return next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+    except (FileNotFoundError, StopIteration):
+        return 0

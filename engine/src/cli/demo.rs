@@ -139,6 +139,7 @@ struct RankResult {
 
 /// Runs the demo.
 pub fn run(a: &DemoArgs) -> Result<()> {
+    signals::unignore_stop_signals();
     signals::install();
     let dir = std::env::temp_dir().join(format!("ringfeed-demo-{}", std::process::id()));
     let result = run_in(a, &dir);

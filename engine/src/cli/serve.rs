@@ -263,6 +263,7 @@ fn ranks_words(world_size: u32, job: Job) -> String {
 /// Runs a loader until every batch was delivered and released. Returns the
 /// exit code: 0, or 128 + signal when stopped by SIGINT, SIGTERM or SIGHUP.
 pub fn run(args: &ServeArgs) -> Result<u8> {
+    signals::unignore_stop_signals();
     let cfg = args.config()?;
     args.check_before_listing(&cfg)?;
     let listing = std::time::Instant::now();
