@@ -861,3 +861,34 @@ def _ignored_signals(pid):
             return next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
     except (FileNotFoundError, StopIteration):
         return 0
+
+
+def test_live_stat_follows_the_trainers_draining_the_last_batches_until_the_loader_exits(dataset):
+    # Every batch published ("ended") while the last ones are still queued
+    # for the trainer: stat went quiet there, though the run was not over.
+    import ringfeed
+
+    name = "e2e-statlive-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "32", "--world-size", "1",
+         "--slots-per-rank", "16"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    stat = None
+    try:
+        for line in loader.stderr:
+            if line.startswith("ringfeed: serving"):
+                break
+        stat = subprocess.Popen([ringfeed_bin(), "stat", name, "--interval", "0.1"], stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        assert stat.poll() is None, "stat quit while 9 batches were still queued for the trainer"
+        with ringfeed.attach(name, 0, timeout=10) as feed:
+            assert sum(1 for _ in feed) == 9
+        assert loader.wait(timeout=30) == 0
+        out, _ = stat.communicate(timeout=10)
+        assert stat.returncode == 0
+        assert "waiting for trainers to take and release the last" in out, out
+        last = out.split('loader "')[-1]  # the last frame
+        assert "finished: every batch was published and the loader exited" in last, last
+    finally:
+        kill_survivors([loader] + ([stat] if stat else []))

@@ -26,7 +26,7 @@ pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
     // the loader is gone and nothing can move.
     if !once || !prev.loader_alive {
         print(name, &prev, &prev, Duration::ZERO, &recent_wait);
-        if once {
+        if once || !prev.loader_alive {
             return Ok(());
         }
     }
@@ -38,7 +38,9 @@ pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
             recent_wait[i] = r.wait.saturating_sub(prev.ranks[i].wait);
         }
         print(name, &now, &prev, dt, &recent_wait);
-        if once || !now.loader_alive || now.state_name() == "ended" || now.state_name() == "aborted" {
+        // Every batch published ("ended") is not the end: trainers still
+        // take and release the last ones while the loader waits for them.
+        if once || !now.loader_alive {
             return Ok(());
         }
         prev = now;
@@ -68,7 +70,14 @@ fn state_words(s: &Snapshot, name: &str) -> &'static str {
 
 fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &[Duration]) {
     let secs = dt.as_secs_f64();
-    let rate = |now: u64, before: u64| if secs > 0.0 { (now - before.min(now)) as f64 / secs } else { 0.0 };
+    // The first frame has no interval: no rate yet.
+    let rate = |now: u64, before: u64, scale: f64| {
+        if secs > 0.0 {
+            format!("{:.1}", (now - before.min(now)) as f64 / secs / scale)
+        } else {
+            "-".to_owned()
+        }
+    };
     // A loader that exited left its last count behind: no read is under way.
     let in_flight = if s.loader_alive { s.reads_in_flight.to_string() } else { "no".to_string() };
     println!(
@@ -90,13 +99,13 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         );
     }
     println!(
-        "  total {:.1} batches/s, {:.1} MB/s, {} batches, {}",
-        rate(s.batches_published, prev.batches_published),
-        rate(s.bytes_published, prev.bytes_published) / 1e6,
+        "  total {} batches/s, {} MB/s, {} batches, {}",
+        rate(s.batches_published, prev.batches_published, 1.0),
+        rate(s.bytes_published, prev.bytes_published, 1e6),
         s.batches_published,
         human_bytes(s.bytes_published)
     );
-    let recent = format!("waited(last {secs:.1}s)");
+    let recent = if secs > 0.0 { format!("waited(last {secs:.1}s)") } else { "waited(recent)".to_owned() };
     println!(
         "  {:>4}  {:<9} {:>7}  {:>15}  {:>9}  {:>9}  {:>8}  {:>14}  {recent:>17}",
         "rank", "consumer", "queued", "published", "consumed", "batches/s", "MB/s", "waited(total)"
@@ -109,16 +118,22 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         let mbps = if r.consumed > p.consumed && r.bytes_consumed == p.bytes_consumed {
             "-".to_string()
         } else {
-            format!("{:.1}", rate(r.bytes_consumed, p.bytes_consumed) / 1e6)
+            rate(r.bytes_consumed, p.bytes_consumed, 1e6)
+        };
+        // A consumer adds its wait when each wait slice ends, so the growth
+        // over one interval can exceed it by a slice: it waited all of it.
+        let recent = if secs > 0.0 {
+            format!("{:.3}s", recent_wait.get(i).copied().unwrap_or_default().min(dt).as_secs_f64())
+        } else {
+            "-".to_owned()
         };
         println!(
-            "  {i:>4}  {consumer:<9} {:>7}  {:>15}  {:>9}  {:>9.1}  {mbps:>8}  {:>13.3}s  {:>16.3}s",
+            "  {i:>4}  {consumer:<9} {:>7}  {:>15}  {:>9}  {:>9}  {mbps:>8}  {:>13.3}s  {recent:>17}",
             r.published.saturating_sub(r.consumed),
             format!("{}{expected}", r.published),
             r.consumed,
-            rate(r.consumed, p.consumed),
+            rate(r.consumed, p.consumed, 1.0),
             r.wait.as_secs_f64(),
-            recent_wait.get(i).copied().unwrap_or_default().as_secs_f64(),
         );
     }
 }

@@ -576,6 +576,8 @@ impl Loader {
             }
             let idle = self.reader.in_flight() == 0 && self.queued.is_empty();
             if idle && !blocked.is_empty() {
+                // For `stat`: the count above was taken before the reap.
+                self.producer.set_reader_info(self.reader.backend_name(), 0);
                 let cursors = &self.cursors;
                 self.producer.wait_for_release(&blocked, RECLAIM_EVERY, |p| blocked.iter().all(|&r| cursors[r as usize].done() || !p.can_claim(r)));
             }
@@ -866,8 +868,16 @@ impl Loader {
         let secs = base.1.elapsed().as_secs_f64();
         let mb = (self.report.bytes - base.0) as f64 / 1e6;
         let total = self.plan.batches_per_rank().saturating_mul(u64::from(self.plan.cfg.world_size));
-        let (epoch, _) = self.cursors.first().map(RankCursor::position).unwrap_or_default();
-        tracing::info!("epoch {epoch}: {}/{} batches published, {:.1} MB/s", self.report.batches, total, mb / secs.max(1e-9));
+        // The epochs of the ranks still going: a rank that is done sits past
+        // the last epoch, and ranks whose trainers differ in speed can be
+        // in different epochs.
+        let epochs = self.cursors.iter().filter(|c| !c.done()).map(|c| c.position().0);
+        let epoch = match (epochs.clone().min(), epochs.max()) {
+            (Some(lo), Some(hi)) if lo < hi => format!("epochs {lo} to {hi}"),
+            (Some(e), _) => format!("epoch {e}"),
+            _ => "last epoch".to_owned(),
+        };
+        tracing::info!("{epoch}: {}/{} batches published, {:.1} MB/s", self.report.batches, total, mb / secs.max(1e-9));
         *base = (self.report.bytes, Instant::now());
     }
 }
