@@ -892,3 +892,34 @@ def test_live_stat_follows_the_trainers_draining_the_last_batches_until_the_load
         assert "finished: every batch was published and the loader exited" in last, last
     finally:
         kill_survivors([loader] + ([stat] if stat else []))
+
+
+def test_gc_run_by_another_user_skips_what_is_not_theirs_and_succeeds(tmp_path):
+    # A user's gc met root's segments (mode 0600) and exited 1 "(permissions?)";
+    # a directory with a segment's name got the same hint.
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run gc as another user")
+    tag = uuid.uuid4().hex[:8]
+    seg = "/dev/shm/ringfeed-e2e-gcroot-" + tag
+    odd = "/dev/shm/ringfeed-e2e-gcdir-" + tag
+    with open(seg, "wb") as f:  # a dead root loader's segment, as far as gc can tell
+        f.write(b"\0" * 8192)
+    os.chmod(seg, 0o600)
+    os.mkdir(odd)
+    bindir = tempfile.mkdtemp(dir="/tmp")
+    try:
+        os.chmod(bindir, 0o755)
+        binary = shutil.copy(ringfeed_bin(), bindir)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", binary, "gc"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=20, env=dict(os.environ, HOME="/nonexistent"))
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        assert "skipped %s: another user's (uid 0)" % seg in p.stdout, p.stdout
+        assert "skipped %s: a directory, not a ringfeed segment" % odd in p.stdout, p.stdout
+        assert os.path.exists(seg)
+    finally:
+        shutil.rmtree(bindir, ignore_errors=True)
+        os.rmdir(odd)
+        os.unlink(seg)

@@ -31,6 +31,10 @@ fn collect_segments() -> Result<()> {
                 println!("removed {SHM_DIR}/ringfeed-{name} ({}), its loader is dead", human_bytes(*bytes));
             }
             GcOutcome::Alive { name } => println!("kept    {SHM_DIR}/ringfeed-{name}: its loader is running"),
+            GcOutcome::OtherUsers { name, uid } => {
+                println!("skipped {SHM_DIR}/ringfeed-{name}: another user's (uid {uid}); only they or root can remove it")
+            }
+            GcOutcome::NotASegment { name, kind } => println!("skipped {SHM_DIR}/ringfeed-{name}: {kind}, not a ringfeed segment"),
             GcOutcome::Failed { name, error } => {
                 failed += 1;
                 eprintln!("error   {SHM_DIR}/ringfeed-{name}: {error}");
@@ -39,7 +43,7 @@ fn collect_segments() -> Result<()> {
     }
     println!("{removed} segment(s) removed, {} kept", outcomes.len() - removed - failed);
     if failed > 0 {
-        anyhow::bail!("{failed} segment(s) could not be inspected or removed (permissions?)");
+        anyhow::bail!("{failed} segment(s) could not be inspected or removed (the errors above say why)");
     }
     Ok(())
 }

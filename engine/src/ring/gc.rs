@@ -19,6 +19,22 @@ pub enum GcOutcome {
         /// Loader name.
         name: String,
     },
+    /// Left alone: another user's (gc cannot open or remove it, and it is
+    /// not this user's to judge).
+    OtherUsers {
+        /// Loader name.
+        name: String,
+        /// Its owner.
+        uid: u32,
+    },
+    /// Left alone: a directory, link or other file that only has the name
+    /// of a segment.
+    NotASegment {
+        /// The entry's name after the prefix.
+        name: String,
+        /// What it is.
+        kind: &'static str,
+    },
     /// Could not be inspected or removed.
     Failed {
         /// Loader name.
@@ -44,6 +60,28 @@ fn inspect(name: &str) -> GcOutcome {
     // Loaders create, and replace dead, segments under this lock: what is
     // checked below is still there when it is removed.
     let _shm_lock = segment::ShmDirLock::take();
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    match std::fs::symlink_metadata(segment::shm_path(name)) {
+        Ok(meta) if !meta.file_type().is_file() => {
+            let t = meta.file_type();
+            let kind = if t.is_dir() {
+                "a directory"
+            } else if t.is_symlink() {
+                "a symbolic link"
+            } else if t.is_fifo() {
+                "a FIFO"
+            } else {
+                "not a regular file"
+            };
+            return GcOutcome::NotASegment { name: name.to_string(), kind };
+        }
+        // SAFETY: geteuid has no preconditions.
+        Ok(meta) if meta.uid() != unsafe { libc::geteuid() } && unsafe { libc::geteuid() } != 0 => {
+            return GcOutcome::OtherUsers { name: name.to_string(), uid: meta.uid() };
+        }
+        Ok(_) => {}
+        Err(error) => return GcOutcome::Failed { name: name.to_string(), error },
+    }
     let fd = match segment::shm_open(name, libc::O_RDONLY, 0) {
         Ok(fd) => fd,
         Err(error) => return GcOutcome::Failed { name: name.to_string(), error },
