@@ -89,7 +89,15 @@ fn main() -> ExitCode {
             Ok(code) => return ExitCode::from(code),
             Err(e) => Err(e),
         },
-        Command::Demo(a) => cli::demo::run(&a),
+        Command::Demo(a) => match cli::demo::run(&a) {
+            // Stopped by a signal: exit as `serve` does, 128 + its number.
+            Err(e) if ringfeed::loader::signals::STOP.load(std::sync::atomic::Ordering::Relaxed) != 0 => {
+                cli::say::err(format_args!("ringfeed: error: {}", error_chain(&e)));
+                let sig = ringfeed::loader::signals::STOP.load(std::sync::atomic::Ordering::Relaxed);
+                return ExitCode::from(128u8.saturating_add(u8::try_from(sig).unwrap_or(0)));
+            }
+            other => other,
+        },
         Command::DemoConsumer(a) => cli::demo::run_consumer(&a),
         Command::Stat { name, interval, once } => {
             restore_sigpipe();

@@ -10,7 +10,7 @@ def test_the_demo_passes_its_exactly_once_check_and_prints_its_figures():
     out, err = p.stdout.decode(), p.stderr.decode()
     assert p.returncode == 0, out + err
     assert "demo: exactly-once check passed" in out, out + err
-    assert "GB/s" in out and "time from attach to first batch per rank" in out, out
+    assert "GB/s" in out and "time to first batch per rank" in out, out
     assert "every rank's by" in out, out
 
 
@@ -60,6 +60,21 @@ def test_ctrl_c_while_the_demo_writes_its_dataset_stops_it_and_cleans_up():
     finally:
         kill_survivors([demo])
     err = err.decode()
-    assert demo.returncode == 1, err
+    assert demo.returncode == 128 + signal.SIGINT, err  # as serve exits
     assert "stopped by signal 2 while writing the dataset" in err, err
     assert not os.path.exists(os.path.dirname(data)), "the demo left its files"
+
+
+def test_bad_demo_settings_are_refused_before_anything_is_written(tmp_path):
+    import os
+
+    missing = tmp_path / "no-such-dir"
+    p = subprocess.run([ringfeed_bin(), "demo", "--files", "64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=dict(os.environ, TMPDIR=str(missing)), timeout=60)
+    assert p.returncode == 1 and "does not exist (TMPDIR?)" in p.stderr, p.stderr
+    assert not missing.exists()  # it was made, outside any temporary area
+    p = subprocess.run([ringfeed_bin(), "demo", "--files", "1000", "--world-size", "200", "--batch-size", "1"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(tmp_path)),
+                       timeout=60)
+    assert p.returncode == 1 and "at most 128 ranks" in p.stderr, p.stderr
+    assert list(tmp_path.iterdir()) == [], "it wrote a dataset first"

@@ -75,8 +75,10 @@ pub struct DemoConsumerArgs {
 
 /// One demo rank: take every batch, check every byte, record what arrived.
 pub fn run_consumer(a: &DemoConsumerArgs) -> Result<()> {
+    // A trainer's time to first batch: it starts before the loader has its
+    // ring, so the wait in attach counts.
+    let started = Instant::now();
     let mut c = Consumer::attach(&a.name, a.rank, AttachOptions { timeout: Some(Duration::from_secs(30)) })?;
-    let attached_at = Instant::now();
     let mut out = Vec::new();
     let mut first_batch: Option<Duration> = None;
     let (mut batches, mut bytes) = (0u64, 0u64);
@@ -86,7 +88,7 @@ pub fn run_consumer(a: &DemoConsumerArgs) -> Result<()> {
             Next::End => break,
             Next::Timeout => bail!("rank {}: no batch for 60 s", a.rank),
         };
-        first_batch.get_or_insert_with(|| attached_at.elapsed());
+        first_batch.get_or_insert_with(|| started.elapsed());
         // SAFETY: the batch is held until the release below.
         let table = unsafe { b.sample_table() };
         for (j, s) in table.iter().enumerate() {
@@ -141,7 +143,12 @@ struct RankResult {
 pub fn run(a: &DemoArgs) -> Result<()> {
     signals::unignore_stop_signals();
     signals::install();
-    let dir = std::env::temp_dir().join(format!("ringfeed-demo-{}", std::process::id()));
+    let tmp = std::env::temp_dir();
+    if !tmp.is_dir() {
+        // create_dir_all below would make it, outside any temporary area.
+        anyhow::bail!("the temporary directory {} does not exist (TMPDIR?); set TMPDIR to an existing directory", tmp.display());
+    }
+    let dir = tmp.join(format!("ringfeed-demo-{}", std::process::id()));
     let result = run_in(a, &dir);
     if !a.keep {
         let _ = fs::remove_dir_all(&dir);
@@ -154,6 +161,9 @@ fn check(a: &DemoArgs) -> Result<()> {
     const MAX_SAMPLE_BYTES_LIMIT: u64 = 64 << 20;
     if !(1..=MAX_SAMPLE_BYTES_LIMIT).contains(&a.max_sample_bytes) {
         anyhow::bail!("--max-sample-bytes {}: must be from 1 to {MAX_SAMPLE_BYTES_LIMIT}", a.max_sample_bytes);
+    }
+    if a.world_size > crate::ring::layout::MAX_RANKS {
+        anyhow::bail!("--world-size {}: a loader serves at most {} ranks", a.world_size, crate::ring::layout::MAX_RANKS);
     }
     if a.world_size == 0 || a.batch_size == 0 || a.epochs == 0 {
         anyhow::bail!(
@@ -283,7 +293,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         human_bytes(ring_bytes),
     );
     let fb = first_batch_us.iter().map(|us| format!("{:.1} ms", *us as f64 / 1e3)).collect::<Vec<_>>().join(", ");
-    say_out!("demo: time from attach to first batch per rank: {fb}");
+    say_out!("demo: time to first batch per rank, from its consumer's start (waiting in attach for the ring included): {fb}");
     if let (Some(first), Some(all)) = (report.first_publish, report.all_first_published) {
         say_out!(
             "demo: the loader published the first rank's first batch {:.1} ms after creating the ring, and every rank's by {:.1} ms (the consumers were already waiting)",
