@@ -253,7 +253,7 @@ pub enum SamplerError {
         n_samples: u64,
     },
     /// The resume state lies after the run's last epoch.
-    #[error("resume state is at epoch {epoch} with {samples_consumed} samples consumed, but the run has only {epochs} epochs (0..{epochs}); raise --epochs to continue training")]
+    #[error("resume state is at epoch {epoch} with {samples_consumed} samples consumed, but the run has only {epochs} epoch(s), the last being epoch {}; raise --epochs to continue training", .epochs.saturating_sub(1))]
     StartBeyondEpochs {
         /// The resume state's epoch.
         epoch: u64,

@@ -884,7 +884,7 @@ def _check_job(info, name, rank_from_env):
         )
     if info.job_world_size is None or world_size is None:
         return
-    ranks = "ranks %d..%d" % (info.first_rank, info.first_rank + info.world_size - 1)
+    ranks = "ranks %d to %d" % (info.first_rank, info.first_rank + info.world_size - 1)
     if world_size != info.job_world_size:
         fix = _several_machines_fix(world_size, info.world_size) or "start the loaders with --world-size %d" % world_size
         raise errors.RankError(

@@ -252,7 +252,7 @@ fn ranks_words(world_size: u32, job: Job) -> String {
     }
     let (first, nnodes) = (job.first_rank, job.job_world_size / world_size);
     format!(
-        "{world_size} rank(s), job ranks {first}..={} of {} (machine {} of {nnodes}; LOCAL_RANK r is job rank {first} + r; plan {:016x}, the same on every machine)",
+        "{world_size} rank(s), job ranks {first} to {} of {} (machine {} of {nnodes}; LOCAL_RANK r is job rank {first} + r; plan {:016x}, the same on every machine)",
         first + world_size - 1,
         job.job_world_size,
         first / world_size,

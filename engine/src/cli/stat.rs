@@ -93,7 +93,7 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
     if !s.job.is_single_machine(w) {
         let first = s.job.first_rank;
         println!(
-            "  part of a job of {} ranks on several machines: this loader serves job ranks {first}..={} (rank r below is job rank {first} + r)",
+            "  part of a job of {} ranks on several machines: this loader serves job ranks {first} to {} (rank r below is job rank {first} + r)",
             s.job.job_world_size,
             first + w.saturating_sub(1)
         );

@@ -814,8 +814,9 @@ impl Loader {
         }
         let w = self.plan.cfg.world_size;
         let line = format!(
-            "{context}waiting for rank(s) {missing:?}: no trainer is attached to them (the loader serves ranks 0..{w}; each trainer \
-             attaches with LOCAL_RANK set to its rank, and this machine needs {w} trainers, LOCAL_RANK 0 to {})",
+            "{context}waiting for rank(s) {missing:?}: no trainer is attached to them (the loader serves ranks 0 to {}; each trainer \
+             attaches with LOCAL_RANK set to its rank, and this machine needs {w} trainer(s), LOCAL_RANK 0 to {})",
+            w.saturating_sub(1),
             w.saturating_sub(1)
         );
         if (0..w).any(|r| self.producer.ever_attached(r)) {

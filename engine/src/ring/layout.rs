@@ -136,7 +136,7 @@ impl Job {
         }
         let end = u64::from(first_rank) + u64::from(world_size);
         if end > u64::from(job_world_size) {
-            return Err(format!("it serves job ranks {first_rank}..{end} of a job of {job_world_size} ranks"));
+            return Err(format!("it serves job ranks {first_rank} to {} of a job of {job_world_size} ranks", end - 1));
         }
         Ok(Job { first_rank, job_world_size, plan_digest, start })
     }
