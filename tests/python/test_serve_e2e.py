@@ -8,6 +8,7 @@ import time
 import uuid
 from collections import defaultdict
 
+import numpy as np
 import pytest
 
 from e2e_util import compile_c, crc32, kill_survivors, python_consumer, ringfeed_bin, serve_until_serving, wait_all
@@ -923,3 +924,75 @@ def test_gc_run_by_another_user_skips_what_is_not_theirs_and_succeeds(tmp_path):
         shutil.rmtree(bindir, ignore_errors=True)
         os.rmdir(odd)
         os.unlink(seg)
+
+
+@pytest.mark.parametrize("io, mode", [("pread", "files"), ("pread", "records"), ("uring", "records")])
+def test_a_file_replaced_by_a_fifo_stops_the_loader_naming_it_instead_of_a_hang(tmp_path, c_consumer, io, mode):
+    # Opening a FIFO with no writer blocks until one comes: the open must
+    # not wait. (io_uring's whole-file reads open inside the ring: not yet.)
+    record = mode == "records"
+    for i in range(64):
+        (tmp_path / ("f%02d" % i)).write_bytes(b"x" * (4000 if record else 1000))
+    name = "e2e-fifo-%s" % uuid.uuid4().hex[:8]
+    extra = ["--record-bytes", "100"] if record else []
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(tmp_path), "--name", name, "--batch-size", "4", "--world-size", "1",
+         "--epochs", "100000", "--slots-per-rank", "1", "--no-shuffle", "--io", io] + extra,
+        stderr=subprocess.PIPE, text=True,
+    )
+    consumer = None
+    try:
+        for line in loader.stderr:
+            if line.startswith("ringfeed: serving"):
+                break
+        # Before the consumer comes, so the file's first open is of the FIFO
+        # (record mode keeps a file open once read).
+        (tmp_path / "f17").unlink()
+        os.mkfifo(tmp_path / "f17")
+        consumer = subprocess.Popen([c_consumer, name, "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, err = loader.communicate(timeout=30)
+        assert loader.returncode == 1, err
+        assert "%s: is now a FIFO, not the regular file the manifest listed" % (tmp_path / "f17") in err, err
+    finally:
+        kill_survivors([loader] + ([consumer] if consumer else []))
+
+
+def test_record_mode_under_a_small_descriptor_limit_reads_without_keeping_files_open(tmp_path):
+    import resource
+
+    for i in range(40):
+        (tmp_path / ("f%02d" % i)).write_bytes(bytes([i]) * (50 * 4096))
+    name = "e2e-fewfds-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(tmp_path), "--name", name, "--batch-size", "64", "--record-bytes", "4096",
+         "--io", "uring", "--queue-depth", "1"],
+        stderr=subprocess.PIPE, text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (24, 24)),
+    )
+    try:
+        import ringfeed
+
+        with ringfeed.attach(name, 0, timeout=30) as feed:
+            for batch in feed:
+                with batch:
+                    a = batch.array(np.uint8, (len(batch), 4096))
+                    assert all((a[j] == batch.indices[j] // 50).all() for j in range(len(batch)))
+                    del a  # the view holds the slot
+        _, err = loader.communicate(timeout=30)
+        assert loader.returncode == 0, err
+    finally:
+        kill_survivors([loader])
+
+
+def test_what_the_listing_leaves_out_is_said_once(tmp_path):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "x").write_bytes(b"1")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "y").write_bytes(b"2")
+    os.symlink(tmp_path / "elsewhere", src / "train")
+    os.mkfifo(src / "pipe")
+    rc, err = serve_until_serving(["--source", str(src), "--name", "e2e-skip-" + uuid.uuid4().hex[:8], "--batch-size", "1",
+                                   "--manifest-cache", "off"])
+    assert "skipped 1 link(s) to a directory or other non-file, not followed (first: %s)" % (src / "train") in err, err
+    assert "1 socket(s), FIFO(s) or device(s) (one: %s)" % (src / "pipe") in err, err
+    assert err.count("skipped") == 1, err

@@ -381,7 +381,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             Ok(128u8.saturating_add(sig as u8))
         }
         Err(err)
-            if matches!(err, ServeError::Read(ReadError::Vanished { .. } | ReadError::ChangedSize { .. } | ReadError::Grew { .. } | ReadError::SizeAtOpen { .. }))
+            if matches!(err, ServeError::Read(ReadError::Vanished { .. } | ReadError::ChangedSize { .. } | ReadError::Grew { .. } | ReadError::SizeAtOpen { .. } | ReadError::NotRegular { .. }))
                 || matches!((&err, &origin), (ServeError::SampleTooLarge { .. }, Some(ManifestOrigin::Cached { .. }))) =>
         {
             // A file changed since it was listed (or, from the cache, may

@@ -52,6 +52,9 @@ struct Walk<'a> {
     /// Set on the first error: every thread stops at its next job.
     stop: AtomicBool,
     first_error: Mutex<Option<ManifestError>>,
+    /// Sockets, FIFOs and devices skipped, and the first one met.
+    skipped_special: AtomicU64,
+    first_special: Mutex<Option<PathBuf>>,
 }
 
 /// What a walk found.
@@ -80,6 +83,8 @@ pub(super) fn list_files(
         files_found: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         first_error: Mutex::new(None),
+        skipped_special: AtomicU64::new(0),
+        first_special: Mutex::new(None),
     };
     walk.injector.push(PathBuf::new());
 
@@ -128,6 +133,7 @@ pub(super) fn list_files(
         return Err(err);
     }
     let files = FileList::sorted_union(parts);
+    warn_skipped(&walk, &links);
     tracing::debug!(
         root = %root.display(),
         files = files.len(),
@@ -136,6 +142,30 @@ pub(super) fn list_files(
         "listed and sorted source directory"
     );
     Ok(Listing { files, dirs, links })
+}
+
+/// One warning for what the manifest leaves out of the tree (links to
+/// directories, sockets, FIFOs, devices), so that data behind a link such as
+/// `train -> /mnt/disk2/train` is not lost in silence; debug logs name each.
+fn warn_skipped(walk: &Walk<'_>, links: &[LinkStamp]) {
+    let mut what = Vec::new();
+    let not_files: Vec<&LinkStamp> = links.iter().filter(|l| l.file_size.is_none()).collect();
+    if let Some(first) = not_files.iter().map(|l| &l.rel_path).min() {
+        what.push(format!("{} link(s) to a directory or other non-file, not followed (first: {})", not_files.len(), walk.root.join(first).display()));
+    }
+    let special = walk.skipped_special.load(Ordering::Relaxed);
+    if special > 0 {
+        let first = walk.first_special.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+        what.push(format!("{special} socket(s), FIFO(s) or device(s) (one: {})", first.display()));
+    }
+    if !what.is_empty() {
+        tracing::warn!(
+            "{}: skipped {}; a manifest holds regular files and links to them only (RINGFEED_LOG=debug names each; \
+             to serve files behind a directory link, give the link's target as --source or link the files)",
+            walk.root.display(),
+            what.join(" and ")
+        );
+    }
 }
 
 /// Waits for the threads to finish; after `PROGRESS_AFTER_MS`, shows a
@@ -270,6 +300,9 @@ impl Walk<'_> {
                 size
             } else {
                 tracing::debug!(path = %entry.path().display(), "skipping a socket, FIFO or device");
+                if self.skipped_special.fetch_add(1, Ordering::Relaxed) == 0 {
+                    *self.first_special.lock().unwrap_or_else(|p| p.into_inner()) = Some(entry.path());
+                }
                 continue;
             };
             // Joined in place: no path is allocated per file.

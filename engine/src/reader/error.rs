@@ -84,6 +84,20 @@ pub enum ReadError {
         /// Size of the file that was opened.
         actual_bytes: u64,
     },
+    /// The path of a listed file now names something else: a directory,
+    /// a FIFO, a device (replaced since the listing). Refused at open, so
+    /// a FIFO with no writer cannot block the reader.
+    #[error(
+        "{}: is now {kind}, not the regular file the manifest listed (replaced since the listing; restart \
+         the loader to list the dataset again, or leave its files unchanged while it runs)",
+        path.display()
+    )]
+    NotRegular {
+        /// The file.
+        path: PathBuf,
+        /// What it is now, in words ("a FIFO").
+        kind: &'static str,
+    },
     /// Any other OS error while opening or reading a file.
     #[error("{}: {op} failed: {source}{}", path.display(), fd_limit_hint(source))]
     Io {

@@ -235,19 +235,55 @@ impl FileTable {
     /// Opens file `file` for reading (a process descriptor, `openat` from
     /// the table's directory). `file` must have passed `check_op`.
     pub(crate) fn open(&self, file: u32) -> Result<OwnedFd, ReadError> {
+        self.open_stat(file).map(|(fd, _)| fd)
+    }
+
+    /// [`FileTable::open`], and the file's `fstat`. Refuses a path that is
+    /// no longer a regular file (`NotRegular`): the open does not wait (a
+    /// FIFO put in a file's place would block it until a writer came), and
+    /// the descriptor is made blocking again once it is known to be a file.
+    fn open_stat(&self, file: u32) -> Result<(OwnedFd, libc::stat), ReadError> {
         let path = self.c_path(file);
-        loop {
+        let fd = loop {
             // SAFETY: `path` is a NUL-terminated string that outlives the call.
-            let fd = unsafe { libc::openat(self.dir_fd(), path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+            let fd = unsafe { libc::openat(self.dir_fd(), path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) };
             if fd >= 0 {
                 // SAFETY: open just returned this descriptor and nobody else owns it.
-                return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+                break unsafe { OwnedFd::from_raw_fd(fd) };
             }
             let err = io::Error::last_os_error();
             if err.kind() != io::ErrorKind::Interrupted {
                 return Err(ReadError::from_errno(self.path_buf(file), "open", err.raw_os_error().unwrap_or(libc::EIO)));
             }
+        };
+        let errno = |what| ReadError::from_errno(self.path_buf(file), what, io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
+        // SAFETY: stat is plain old data; fstat fills it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open and `st` a valid out-pointer.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(errno("stat"));
         }
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => None,
+            libc::S_IFDIR => Some("a directory"),
+            libc::S_IFIFO => Some("a FIFO"),
+            libc::S_IFCHR => Some("a character device"),
+            libc::S_IFBLK => Some("a block device"),
+            libc::S_IFSOCK => Some("a socket"),
+            _ => Some("not a regular file"),
+        };
+        if let Some(kind) = kind {
+            return Err(ReadError::NotRegular { path: self.path_buf(file), kind });
+        }
+        // Reads through io_uring honour O_NONBLOCK on a regular file too
+        // (EAGAIN for bytes not in the page cache): clear it.
+        // SAFETY: F_GETFL/F_SETFL on an open descriptor.
+        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+            return Err(errno("fcntl"));
+        }
+        Ok((fd, st))
     }
 
     /// [`FileTable::open`], then checks that the file still has the size
@@ -256,14 +292,7 @@ impl FileTable {
     /// single records would otherwise see a replaced file's bytes unless
     /// one of them happened to reach its end.
     pub(crate) fn open_checked(&self, file: u32) -> Result<OwnedFd, ReadError> {
-        let fd = self.open(file)?;
-        // SAFETY: stat is plain old data; fstat fills it.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `fd` is open and `st` a valid out-pointer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            return Err(ReadError::from_errno(self.path_buf(file), "stat", errno));
-        }
+        let (fd, st) = self.open_stat(file)?;
         let expected_bytes = self.size_bytes(file).unwrap_or(0);
         let actual_bytes = st.st_size as u64;
         if actual_bytes != expected_bytes {
@@ -284,8 +313,12 @@ pub(crate) struct KeptFiles {
     fds: Vec<OnceLock<OwnedFd>>,
     /// Cells filled so far (reserved before opening, so it never passes `max`).
     count: AtomicU32,
-    max: u32,
+    /// Lowered to `count` when an open meets a full descriptor table.
+    max: AtomicU32,
 }
+
+/// Descriptors left to the rest of the loader by [`KeptFiles`].
+const KEPT_MARGIN: u32 = 32;
 
 /// A descriptor for one read: kept for the engine's life, or opened for
 /// this read alone.
@@ -316,7 +349,10 @@ impl KeptFiles {
         KeptFiles {
             fds: (0..cells).map(|_| OnceLock::new()).collect(),
             count: AtomicU32::new(0),
-            max: max.min(super::nofile_limit() / 2),
+            // Besides what it keeps, the loader holds a few dozen descriptors
+            // (rings, eventfds, the segment, the root, the reads of files
+            // not kept): leave them room even under a tiny `ulimit -n`.
+            max: AtomicU32::new(max.min((super::nofile_limit() / 2).saturating_sub(KEPT_MARGIN))),
         }
     }
 
@@ -332,12 +368,18 @@ impl KeptFiles {
         }
         // Reserve a place under the limit before opening, so racing threads
         // cannot pass it together.
-        if self.count.fetch_add(1, Ordering::Relaxed) >= self.max {
+        if self.count.fetch_add(1, Ordering::Relaxed) >= self.max.load(Ordering::Relaxed) {
             self.count.fetch_sub(1, Ordering::Relaxed);
             return Ok(None);
         }
         let fd = match files.open_checked(file) {
             Ok(fd) => fd,
+            Err(ReadError::Io { source, .. }) if source.raw_os_error() == Some(libc::EMFILE) => {
+                // The descriptor table is full: keep no more files, and let
+                // this read open its own (which says so if it fails too).
+                self.max.store(self.count.fetch_sub(1, Ordering::Relaxed) - 1, Ordering::Relaxed);
+                return Ok(None);
+            }
             Err(e) => {
                 self.count.fetch_sub(1, Ordering::Relaxed);
                 return Err(e);

@@ -720,21 +720,29 @@ impl Producer {
     pub fn remove_name(&mut self) {
         self.stop_reserving();
         if !self.name_removed {
-            self.name_removed = true;
             // Only if the name is still this ring's: someone may have removed
             // it (`rm /dev/shm/*`, systemd's RemoveIPC) and another loader
             // taken it since. Under the /dev/shm lock, which that loader's
             // create takes, so the name cannot change between look and unlink.
             let _shm_lock = segment::ShmDirLock::take();
             match segment::same_file(&self.fd, &segment::shm_path(&self.name)) {
-                Ok(true) => {
-                    let _ = segment::shm_unlink(&self.name);
+                Ok(true) => match segment::shm_unlink(&self.name) {
+                    Ok(()) => self.name_removed = true,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.name_removed = true,
+                    // Left for drop to try again.
+                    Err(e) => tracing::debug!("cannot remove {} yet: {e}", self.path),
+                },
+                Ok(false) => {
+                    self.name_removed = true;
+                    tracing::warn!(
+                        "{} is no longer this loader's ring (it was removed while the loader ran, and another loader may use the name now): left as it is",
+                        self.path
+                    );
                 }
-                Ok(false) => tracing::warn!(
-                    "{} is no longer this loader's ring (it was removed while the loader ran, and another loader may use the name now): left as it is",
-                    self.path
-                ),
-                Err(_) => {} // already gone
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.name_removed = true,
+                // Not known to be gone (EMFILE, ...): drop tries again, after
+                // the readers have closed their descriptors.
+                Err(e) => tracing::debug!("cannot check {} yet: {e}", self.path),
             }
         }
     }

@@ -336,18 +336,31 @@ const CREATION_GRACE: Duration = Duration::from_secs(5);
 /// True for an empty segment younger than `CREATION_GRACE`: a loader may be
 /// about to lock it, so it must not be taken for a dead loader's.
 pub fn is_fresh_and_empty(fd: &OwnedFd) -> bool {
-    let Ok(meta) = fd.try_clone().map(File::from).and_then(|f| f.metadata()) else {
+    let Ok(st) = fstat(fd) else {
         return false;
     };
-    let age = meta.modified().ok().and_then(|m| m.elapsed().ok());
-    meta.len() == 0 && age.is_some_and(|a| a < CREATION_GRACE)
+    let modified = std::time::UNIX_EPOCH + Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.clamp(0, 999_999_999) as u32);
+    let age = modified.elapsed().ok();
+    st.st_size == 0 && age.is_some_and(|a| a < CREATION_GRACE)
+}
+
+/// `fstat` of `fd`, without a second descriptor: with the descriptor table
+/// full (EMFILE, the very failure a stopping loader may be reporting), a
+/// `dup` for `File::metadata` would fail, and the segment's name be left.
+fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain old data; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` a valid out-pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
 }
 
 /// Device and inode of the file open as `fd`.
 pub fn file_id(fd: &OwnedFd) -> io::Result<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = fd.try_clone().map(File::from)?.metadata()?;
-    Ok((meta.dev(), meta.ino()))
+    let st = fstat(fd)?;
+    Ok((st.st_dev, st.st_ino))
 }
 
 /// True if `path` names the file open as `fd` (same device and inode).
