@@ -89,15 +89,16 @@ fn main() -> ExitCode {
             Ok(code) => return ExitCode::from(code),
             Err(e) => Err(e),
         },
-        Command::Demo(a) => match cli::demo::run(&a) {
+        Command::Demo(a) => {
+            let result = cli::demo::run(&a);
             // Stopped by a signal: exit as `serve` does, 128 + its number.
-            Err(e) if ringfeed::loader::signals::STOP.load(std::sync::atomic::Ordering::Relaxed) != 0 => {
-                cli::say::err(format_args!("ringfeed: error: {}", error_chain(&e)));
-                let sig = ringfeed::loader::signals::STOP.load(std::sync::atomic::Ordering::Relaxed);
+            let sig = ringfeed::loader::signals::STOP.load(std::sync::atomic::Ordering::Relaxed);
+            if let (Err(e), 1..) = (&result, sig) {
+                cli::say::err(format_args!("ringfeed: error: {}", error_chain(e)));
                 return ExitCode::from(128u8.saturating_add(u8::try_from(sig).unwrap_or(0)));
             }
-            other => other,
-        },
+            result
+        }
         Command::DemoConsumer(a) => cli::demo::run_consumer(&a),
         Command::Stat { name, interval, once } => {
             restore_sigpipe();

@@ -228,8 +228,9 @@ class _Handle:
         self.undelivered = None
         # The open Feeds on this handle (for the message of a second attach).
         self.feeds = weakref.WeakSet()
-        # ((start epoch, start samples), samples per step) for
-        # Batch.resume_state, or None if the loader did not say; set by attach().
+        # ((start epoch, start samples), dataset samples, samples per step)
+        # for Batch.resume_state, or None if the loader did not say; set by
+        # attach().
         self.resume = None
         # atexit=False: at interpreter exit the OS unmaps; unmapping earlier
         # could pull memory from under a daemon thread still reading a view.
@@ -396,9 +397,15 @@ class Batch:
         After an epoch's last step it is ``(epoch + 1, 0)``: the epoch's
         dropped tail is not carried over (docs/sampler.md, section 3).
         """
+        # The rule of Job::resume_state_after (engine/src/ring/layout.rs),
+        # which rf_resume_state applies: computed here, because a released
+        # batch may outlive its feed's attachment. The end-to-end resume test
+        # checks that both agree on every batch.
         if self._resume is None:
             return None
         (start_epoch, start_samples), dataset_samples, per_step = self._resume
+        if self.epoch < start_epoch:
+            return None  # not a batch of this loader
         done = (start_samples if self.epoch == start_epoch else 0) + (self.step + 1) * per_step
         if done + per_step > dataset_samples:
             # The epoch's last step: its dropped tail is not carried over.

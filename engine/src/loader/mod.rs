@@ -814,10 +814,9 @@ impl Loader {
         }
         let w = self.plan.cfg.world_size;
         let line = format!(
-            "{context}waiting for rank(s) {missing:?}: no trainer is attached to them (the loader serves ranks 0 to {}; each trainer \
-             attaches with LOCAL_RANK set to its rank, and this machine needs {w} trainer(s), LOCAL_RANK 0 to {})",
-            w.saturating_sub(1),
-            w.saturating_sub(1)
+            "{context}waiting for rank(s) {missing:?}: no trainer is attached to them (the loader serves ranks 0 to {last}; each trainer \
+             attaches with LOCAL_RANK set to its rank, and this machine needs {w} trainer(s), LOCAL_RANK 0 to {last})",
+            last = w.saturating_sub(1)
         );
         if (0..w).any(|r| self.producer.ever_attached(r)) {
             // Some trainers came and these did not: a crash or a rank mismatch.

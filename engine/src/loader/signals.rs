@@ -1,6 +1,6 @@
 //! SIGINT, SIGTERM and SIGHUP (the terminal of an ssh session closing, unless
-//! started under `nohup`) turn into a flag the loader polls, so it can tell the trainers, remove its
-//! segment and exit instead of dying mid-write.
+//! started under `nohup`) turn into a flag the loader polls, so it can tell
+//! the trainers, remove its segment and exit instead of dying mid-write.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -276,11 +276,10 @@ impl FileTable {
             return Err(ReadError::NotRegular { path: self.path_buf(file), kind });
         }
         // Reads through io_uring honour O_NONBLOCK on a regular file too
-        // (EAGAIN for bytes not in the page cache): clear it.
-        // SAFETY: F_GETFL/F_SETFL on an open descriptor.
-        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-        // SAFETY: as above.
-        if flags < 0 || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        // (EAGAIN for bytes not in the page cache): clear it. O_NONBLOCK is
+        // the only status flag the open set, so no F_GETFL is needed.
+        // SAFETY: F_SETFL on an open descriptor.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, 0) } < 0 {
             return Err(errno("fcntl"));
         }
         Ok((fd, st))

@@ -76,7 +76,7 @@ fn inspect(name: &str) -> GcOutcome {
             return GcOutcome::NotASegment { name: name.to_string(), kind };
         }
         // SAFETY: geteuid has no preconditions.
-        Ok(meta) if meta.uid() != unsafe { libc::geteuid() } && unsafe { libc::geteuid() } != 0 => {
+        Ok(meta) if meta.uid() != unsafe { libc::geteuid() } && !is_root() => {
             return GcOutcome::OtherUsers { name: name.to_string(), uid: meta.uid() };
         }
         Ok(_) => {}
@@ -100,4 +100,9 @@ fn inspect(name: &str) -> GcOutcome {
         }
         Err(error) => GcOutcome::Failed { name: name.to_string(), error },
     }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
 }

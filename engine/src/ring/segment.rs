@@ -137,13 +137,7 @@ pub fn shm_unlink(name: &str) -> io::Result<()> {
 
 /// Size of the open file.
 pub fn file_size(fd: &OwnedFd) -> io::Result<u64> {
-    // SAFETY: stat is plain old data; fstat fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open and `st` is a valid out-pointer.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st.st_size as u64)
+    Ok(fstat(fd)?.st_size as u64)
 }
 
 /// Free bytes in the filesystem holding `fd`; None when unknown or unlimited
