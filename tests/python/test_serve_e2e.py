@@ -505,13 +505,31 @@ def test_a_rank_that_took_its_last_batch_ends_without_waiting_for_slower_ranks(d
     assert loader.returncode == 128 + 15, loader_err.decode()
 
 
-# pread refuses a FIFO at open now (see the FIFO test below); io_uring's
-# whole-file reads open inside the ring, where a FIFO still blocks.
-@pytest.mark.parametrize("io", ["uring"])
+_LEASE_HOLDER = """
+import fcntl, os, signal, sys, time
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # told to give the lease up: keep it
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def hold_lease(path, seconds):
+    """A process that holds a write lease on `path` for `seconds`: any other
+    process's open of it waits until the lease is given up, or for
+    /proc/sys/fs/lease-break-time (45 s by default), the way a read of a hung
+    network filesystem waits. Needs the file's owner (or CAP_LEASE)."""
+    holder = subprocess.Popen([sys.executable, "-c", _LEASE_HOLDER, str(path), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held", "could not take a lease on %s" % path
+    return holder
+
+
+@pytest.mark.parametrize("io", ["uring", "pread"])
 def test_a_stop_is_not_held_up_by_a_read_that_never_returns(tmp_path, io):
-    """Opening a FIFO put in place of a dataset file blocks until a writer
-    comes, like a read from a hung network filesystem. SIGTERM must still
-    tell the trainer, remove the segment and end the loader."""
+    """A dataset file whose open waits (another process holds a lease on it)
+    stands for a read of a hung network filesystem. SIGTERM must still tell
+    the trainer, remove the segment and end the loader."""
     import time
 
     import ringfeed
@@ -526,19 +544,18 @@ def test_a_stop_is_not_held_up_by_a_read_that_never_returns(tmp_path, io):
          "--slots-per-rank", "2", "--io", io, "--manifest-cache", "off"],
         stderr=subprocess.PIPE,
     )
+    holder = None
     try:
         with ringfeed.attach(name, rank=0, timeout=30) as feed:
             # The loader is two batches ahead: samples 0 and 1 are read. File
-            # 5 becomes a FIFO before the loader opens it.
-            fifo = root / "f05"
-            fifo.unlink()
-            os.mkfifo(fifo)
+            # 5's open will wait for the lease, for 45 s.
+            holder = hold_lease(root / "f05", 120)
             for i in range(5):
                 b = feed.next(timeout=20)
                 assert bytes(b.sample(0))[:1] == bytes([i])
                 b.release()
             with pytest.raises(ringfeed.TimeoutError):
-                feed.next(timeout=1)  # the loader is stuck opening f05
+                feed.next(timeout=2)  # the loader is stuck opening f05
             stopped = time.monotonic()
             loader.terminate()
             with pytest.raises(ringfeed.AbortedError):
@@ -547,13 +564,41 @@ def test_a_stop_is_not_held_up_by_a_read_that_never_returns(tmp_path, io):
         _, err = loader.communicate(timeout=20)
         took = time.monotonic() - stopped
     finally:
-        kill_survivors([loader])
+        kill_survivors([loader] + ([holder] if holder else []))
     text = err.decode()
     assert loader.returncode == 128 + 15, text
     assert told < 2, "the trainer learned of the stop %.1f s after SIGTERM" % told
     assert took < 15, "the loader took %.1f s to exit" % took
     assert not os.path.exists("/dev/shm/ringfeed-" + name)
-    assert "read(s) still under way" in text and "FIFO" in text, text
+    assert "read(s) still under way" in text, text
+
+
+@pytest.mark.parametrize("io", ["uring", "pread"])
+def test_a_file_whose_open_waits_for_a_lease_is_read_once_it_is_given_up(tmp_path, io):
+    """A lease (Samba, an NFS server) makes an open wait a little: the loader
+    waits too, rather than fail (a non-blocking open would fail at once)."""
+    import ringfeed
+
+    for i in range(8):
+        (tmp_path / ("f%d" % i)).write_bytes(bytes([i]) * 3000)
+    holder = hold_lease(tmp_path / "f3", 2)
+    name = "e2e-lease-%s-%s" % (io, uuid.uuid4().hex[:8])
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(tmp_path), "--name", name, "--batch-size", "2", "--no-shuffle",
+         "--io", io, "--manifest-cache", "off"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        got = []
+        with ringfeed.attach(name, rank=0, timeout=30) as feed:
+            for batch in feed:
+                with batch:
+                    got += [bytes(batch.sample(j)) for j in range(len(batch))]
+        _, err = loader.communicate(timeout=30)
+    finally:
+        kill_survivors([loader, holder])
+    assert loader.returncode == 0, err
+    assert got == [bytes([i]) * 3000 for i in range(8)]
 
 
 def _serve_job(root, loaders, consumers, io="auto"):
@@ -928,10 +973,12 @@ def test_gc_run_by_another_user_skips_what_is_not_theirs_and_succeeds(tmp_path):
         os.unlink(seg)
 
 
-@pytest.mark.parametrize("io, mode", [("pread", "files"), ("pread", "records"), ("uring", "records")])
+@pytest.mark.parametrize("io, mode", [("pread", "files"), ("pread", "records"), ("uring", "files"), ("uring", "records")])
 def test_a_file_replaced_by_a_fifo_stops_the_loader_naming_it_instead_of_a_hang(tmp_path, c_consumer, io, mode):
-    # Opening a FIFO with no writer blocks until one comes: the open must
-    # not wait. (io_uring's whole-file reads open inside the ring: not yet.)
+    # Opening a FIFO with no writer blocks until one comes. pread's opens and
+    # record mode's refuse it at once; io_uring's whole-file reads open inside
+    # the ring, where the open waits, and the loader finds the FIFO once no
+    # read has completed for a second.
     record = mode == "records"
     for i in range(64):
         (tmp_path / ("f%02d" % i)).write_bytes(b"x" * (4000 if record else 1000))

@@ -37,6 +37,8 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 const READS_GRACE: Duration = Duration::from_secs(5);
 /// Reads in flight with no completion for this long get a warning.
 const READS_STALLED: Duration = Duration::from_secs(30);
+/// No read completed for this long: see `Loader::probe_stalled_files`.
+const STALL_PROBE: Duration = Duration::from_secs(1);
 
 /// Everything `ringfeed serve` needs.
 #[derive(Clone, Debug)]
@@ -405,6 +407,8 @@ pub struct Loader {
     first_step_bytes: u64,
     /// When a read last completed, or reads were last idle (see `watch_stall`).
     reads_moved: Instant,
+    /// `reads_moved` when `probe_stalled_files` last ran.
+    stall_probed: Option<Instant>,
     /// The last stall warning.
     stall_warned: Option<Instant>,
     /// The ring's name in /dev/shm was found removed (warned once).
@@ -458,6 +462,7 @@ impl Loader {
             ranks_started: 0,
             first_step_bytes: 0,
             reads_moved: Instant::now(),
+            stall_probed: None,
             stall_warned: None,
             name_lost: false,
         })
@@ -558,6 +563,7 @@ impl Loader {
                 self.completions.clear();
                 self.reader.reap(&mut self.completions, 1, Some(REAP_WAIT))?;
                 self.complete()?;
+                self.probe_stalled_files()?;
             }
             self.publish_ready()?;
             if self.all_claimed() && self.pending.is_empty() && self.queued.is_empty() {
@@ -711,6 +717,11 @@ impl Loader {
             return Ok(());
         }
         let ops: Vec<ReadOp> = self.queued.drain(..n).collect();
+        if self.reader.in_flight() == 0 {
+            // A stall is counted from here, not from the last completion
+            // before the loader sat idle (waiting for trainers to release).
+            self.reads_moved = Instant::now();
+        }
         // SAFETY: each dest lies inside a slot payload claimed by this loader
         // and not yet published: no consumer can see it, and the Producer
         // (which owns the mapping) outlives the reader (dropped first in run).
@@ -825,6 +836,29 @@ impl Loader {
             // None yet: trainers still starting (torchrun, imports) is normal.
             tracing::info!("{line}");
         }
+    }
+
+    /// Once no read has completed for `STALL_PROBE`, checks that the files
+    /// of the batches still waiting are regular files: a FIFO put in place
+    /// of one (after the listing) blocks an io_uring open until a writer
+    /// comes, which may be never. Fails with `NotRegular` naming it, instead
+    /// of a loader that waits in silence. Once per stall.
+    fn probe_stalled_files(&mut self) -> Result<(), ServeError> {
+        if self.reads_moved.elapsed() < STALL_PROBE || self.stall_probed == Some(self.reads_moved) {
+            return Ok(());
+        }
+        self.stall_probed = Some(self.reads_moved);
+        let manifest = &self.plan.manifest;
+        let files = &self.plan.files;
+        let mut last = None;
+        for sample in self.pending.samples_waiting() {
+            let file = manifest.sample(sample.index).file;
+            if last != Some(file) {
+                files.check_still_regular(file)?;
+                last = Some(file);
+            }
+        }
+        Ok(())
     }
 
     /// Warns, every `READS_STALLED`, while reads are in flight and none has

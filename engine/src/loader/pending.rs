@@ -134,6 +134,12 @@ impl Pending {
         Some(Done { claim: e.claim, epoch: e.epoch, step: e.step, samples: e.samples })
     }
 
+    /// The samples of every batch still waiting for a read (some of them
+    /// may have landed: a batch does not count its reads by sample).
+    pub(super) fn samples_waiting(&self) -> impl Iterator<Item = &SampleEntry> {
+        self.entries.iter().flatten().filter(|e| e.reads_left > 0).flat_map(|e| e.samples.iter())
+    }
+
     pub(super) fn recycle(&mut self, table: Vec<SampleEntry>) {
         self.spare_tables.push(table);
     }

@@ -244,16 +244,23 @@ impl FileTable {
     /// the descriptor is made blocking again once it is known to be a file.
     fn open_stat(&self, file: u32) -> Result<(OwnedFd, libc::stat), ReadError> {
         let path = self.c_path(file);
+        let mut flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK;
         let fd = loop {
             // SAFETY: `path` is a NUL-terminated string that outlives the call.
-            let fd = unsafe { libc::openat(self.dir_fd(), path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) };
+            let fd = unsafe { libc::openat(self.dir_fd(), path.as_ptr(), flags) };
             if fd >= 0 {
                 // SAFETY: open just returned this descriptor and nobody else owns it.
                 break unsafe { OwnedFd::from_raw_fd(fd) };
             }
             let err = io::Error::last_os_error();
-            if err.kind() != io::ErrorKind::Interrupted {
-                return Err(ReadError::from_errno(self.path_buf(file), "open", err.raw_os_error().unwrap_or(libc::EIO)));
+            match err.raw_os_error() {
+                Some(libc::EINTR) => {}
+                // Another process holds a write lease on the file (Samba,
+                // an NFS server): a non-blocking open fails at once instead
+                // of waiting for the lease to be given up. A FIFO never
+                // fails this way, so wait like any open.
+                Some(libc::EAGAIN) if flags & libc::O_NONBLOCK != 0 => flags &= !libc::O_NONBLOCK,
+                errno => return Err(ReadError::from_errno(self.path_buf(file), "open", errno.unwrap_or(libc::EIO))),
             }
         };
         let errno = |what| ReadError::from_errno(self.path_buf(file), what, io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
@@ -263,26 +270,36 @@ impl FileTable {
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(errno("stat"));
         }
-        let kind = match st.st_mode & libc::S_IFMT {
-            libc::S_IFREG => None,
-            libc::S_IFDIR => Some("a directory"),
-            libc::S_IFIFO => Some("a FIFO"),
-            libc::S_IFCHR => Some("a character device"),
-            libc::S_IFBLK => Some("a block device"),
-            libc::S_IFSOCK => Some("a socket"),
-            _ => Some("not a regular file"),
-        };
-        if let Some(kind) = kind {
+        if let Some(kind) = not_regular(st.st_mode) {
             return Err(ReadError::NotRegular { path: self.path_buf(file), kind });
         }
         // Reads through io_uring honour O_NONBLOCK on a regular file too
         // (EAGAIN for bytes not in the page cache): clear it. O_NONBLOCK is
         // the only status flag the open set, so no F_GETFL is needed.
         // SAFETY: F_SETFL on an open descriptor.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, 0) } < 0 {
+        if flags & libc::O_NONBLOCK != 0 && unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, 0) } < 0 {
             return Err(errno("fcntl"));
         }
         Ok((fd, st))
+    }
+
+    /// Refuses file `file` if its path no longer names a regular file
+    /// (`NotRegular`), without opening it: a `stat` by path, which does not
+    /// wait for a FIFO's writer. For a read that has not returned for a
+    /// while, whose open may be the one waiting (io_uring opens inside the
+    /// ring, where O_NONBLOCK would also make cold reads fail with EAGAIN).
+    /// An error of the stat itself (the file vanished) is left to the read.
+    pub(crate) fn check_still_regular(&self, file: u32) -> Result<(), ReadError> {
+        // SAFETY: stat is plain old data; fstatat fills it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `c_path` is NUL-terminated and `st` a valid out-pointer.
+        if unsafe { libc::fstatat(self.dir_fd(), self.c_path(file).as_ptr(), &mut st, 0) } != 0 {
+            return Ok(());
+        }
+        match not_regular(st.st_mode) {
+            Some(kind) => Err(ReadError::NotRegular { path: self.path_buf(file), kind }),
+            None => Ok(()),
+        }
     }
 
     /// [`FileTable::open`], then checks that the file still has the size
@@ -402,5 +419,18 @@ impl KeptFiles {
             Some(fd) => Ok(ReadFd::Kept(fd)),
             None => files.open_checked(file).map(ReadFd::Owned),
         }
+    }
+}
+
+/// What a file of mode `mode` is, in words, unless it is a regular file.
+fn not_regular(mode: libc::mode_t) -> Option<&'static str> {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => None,
+        libc::S_IFDIR => Some("a directory"),
+        libc::S_IFIFO => Some("a FIFO"),
+        libc::S_IFCHR => Some("a character device"),
+        libc::S_IFBLK => Some("a block device"),
+        libc::S_IFSOCK => Some("a socket"),
+        _ => Some("not a regular file"),
     }
 }
