@@ -204,6 +204,17 @@ def test_shm_too_small_is_a_clear_error_with_the_bytes_and_the_fixes(dataset):
     assert "/dev/shm is too small" in text, text
     assert "--shm-size=" in text and "medium: Memory" in text, text
     assert "bytes) but only" in text, text
+    # Slots of the 64 largest samples (4.5 MB) do not fit at all.
+    assert "even 2 slots per rank take" in text and "lower --batch-size" in text, text
+
+
+def test_shm_too_small_for_the_slots_asked_names_the_most_that_fit(dataset):
+    # Slots of 2 samples (140 KB): 8 per rank do not fit in 1 MiB, 3 do.
+    p = serve_in_small_shm("1m", ["--source", str(dataset[0]), "--name", "e2e-fewer-slots", "--batch-size", "2", "--world-size", "2", "--slots-per-rank", "8"])
+    text = p.stderr.decode()
+    assert p.returncode == 1, text
+    assert "/dev/shm is too small" in text and "--shm-size=256m" in text, text
+    assert "or make the ring smaller: --slots-per-rank 3 fits" in text, text
 
 
 def test_shm_too_small_for_an_oversized_slot_bytes_names_the_flag_and_the_size_the_data_needs(dataset):

@@ -91,16 +91,14 @@ pub enum ServeError {
     /// The ring could not be made.
     #[error(transparent)]
     Ring(#[from] CreateError),
-    /// /dev/shm is too small for a ring whose slots `--slot-bytes` made
-    /// larger than the data needs.
-    #[error("{source}; or lower --slot-bytes {slot_bytes} to {derived} (the batch-size largest samples together), or leave it out to size slots from the data")]
-    RingTooLargeForSlotBytes {
+    /// /dev/shm is too small for the ring; `advice` names the flag and
+    /// value that would make one fit, where one would.
+    #[error("{source}{advice}")]
+    RingDoesNotFit {
         /// The ring's error, with its /dev/shm advice.
         source: CreateError,
-        /// The given slot size.
-        slot_bytes: u64,
-        /// What the data needs.
-        derived: u64,
+        /// "; or ..." naming a flag and a value, or empty.
+        advice: String,
     },
     /// A read failed: the sample is named, nothing is skipped.
     #[error(transparent)]
@@ -346,6 +344,43 @@ impl Plan {
         Ok(Plan { cfg, manifest, sampler, slot_bytes, derived_slot_bytes: derived, slots_per_rank, files, job })
     }
 
+    /// What would make the ring fit the room `e` (a `ShmTooSmall`) found:
+    /// "; or ..." with a flag and its value, or empty.
+    fn smaller_ring_advice(&self, e: &CreateError) -> String {
+        let CreateError::ShmTooSmall { room, .. } = e else {
+            return String::new();
+        };
+        if self.slot_bytes > self.derived_slot_bytes {
+            return format!(
+                "; lower --slot-bytes {} to {} (the batch-size largest samples together), or leave it out to size slots from the data",
+                self.slot_bytes, self.derived_slot_bytes
+            );
+        }
+        let left = room.left();
+        let geometry = RingGeometry {
+            world_size: self.cfg.world_size,
+            slots_per_rank: self.slots_per_rank,
+            max_samples_per_slot: self.cfg.batch_size,
+            slot_payload_bytes: self.slot_bytes,
+        };
+        let bytes = |k| Layout::compute(RingGeometry { slots_per_rank: k, ..geometry }).map_or(u64::MAX, |l| l.segment_bytes);
+        // Fewer than two slots would stall `for batch in feed` (one batch
+        // held while the next is asked for).
+        match (AUTO_SLOTS_FLOOR..self.slots_per_rank).rev().find(|&k| bytes(k) <= left) {
+            Some(k) => format!(
+                ": --slots-per-rank {k} fits ({}, less prefetch than {})",
+                human_bytes(bytes(k)),
+                self.slots_per_rank
+            ),
+            None => format!(
+                ": even {AUTO_SLOTS_FLOOR} slots per rank take {} (a slot holds a batch's {} largest samples, {}); lower --batch-size",
+                human_bytes(bytes(AUTO_SLOTS_FLOOR)),
+                self.cfg.batch_size,
+                human_bytes(self.slot_bytes)
+            ),
+        }
+    }
+
     /// The manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
@@ -430,9 +465,10 @@ impl Loader {
             tracing::warn!("{w}");
         }
         let producer = match Producer::create_in_job(&cfg.name, geometry, plan.job) {
-            Err(e @ CreateError::ShmTooSmall { .. }) if plan.slot_bytes > plan.derived_slot_bytes => {
-                // The ring layer's advice does not know the flag.
-                return Err(ServeError::RingTooLargeForSlotBytes { source: e, slot_bytes: plan.slot_bytes, derived: plan.derived_slot_bytes });
+            Err(e @ CreateError::ShmTooSmall { .. }) => {
+                // The ring layer does not know the flags.
+                let advice = plan.smaller_ring_advice(&e);
+                return Err(ServeError::RingDoesNotFit { source: e, advice });
             }
             other => other?,
         };

@@ -39,7 +39,7 @@ pub enum CreateError {
     #[error(
         "/dev/shm is too small for the ring {path}: it needs {} ({needed_bytes} bytes) but only {}{}. \
          Give shared memory more room: `docker run --shm-size={suggest}`, or in Kubernetes mount an `emptyDir` with `medium: Memory` \
-         (and a sizeLimit of at least {suggest}) at /dev/shm; or make the ring smaller (--slots-per-rank, --batch-size)",
+         (and a sizeLimit of at least {suggest}) at /dev/shm; or make the ring smaller",
         human_bytes(*needed_bytes), room_left(room), others_clause(room)
     )]
     ShmTooSmall {
@@ -50,7 +50,8 @@ pub enum CreateError {
         /// /dev/shm's free bytes, and the other live loaders' rings that
         /// will still take part of them as their slots are first claimed.
         room: segment::Room,
-        /// A size to suggest.
+        /// A size of /dev/shm to suggest ("768m", "6g"): what it holds
+        /// now, the rings promised and this one, and a quarter more.
         suggest: String,
     },
     /// /dev/shm filled up after the ring was created: a slot could not be
@@ -253,10 +254,23 @@ fn reserve_slots(fd: &OwnedFd, backing: &Backing, layout: &Layout) {
 
 /// `ShmTooSmall` for a ring of `needed_bytes` with only `room`.
 fn shm_too_small(path: &str, needed_bytes: u64, room: segment::Room) -> CreateError {
-    // Suggest the ring plus the room already in use, rounded up to a GiB.
-    let gib = 1u64 << 30;
-    let suggest_gib = needed_bytes.saturating_add(room.promised_bytes()).div_ceil(gib) + 1;
-    CreateError::ShmTooSmall { path: path.to_string(), needed_bytes, room, suggest: format!("{suggest_gib}g") }
+    let suggest = suggest_shm_size(needed_bytes, &room);
+    CreateError::ShmTooSmall { path: path.to_string(), needed_bytes, room, suggest }
+}
+
+/// A /dev/shm size for `docker run --shm-size`: what it holds now, the
+/// rings promised, this ring, and a quarter more (NCCL keeps buffers there
+/// too); in steps of 256 MiB below 4 GiB, of 1 GiB above.
+fn suggest_shm_size(needed_bytes: u64, room: &segment::Room) -> String {
+    let (mib, gib) = (1u64 << 20, 1u64 << 30);
+    let used = room.size_bytes.saturating_sub(room.free_bytes);
+    let want = used.saturating_add(room.promised_bytes()).saturating_add(needed_bytes);
+    let want = want.saturating_add(want / 4);
+    if want < 4 * gib {
+        format!("{}m", want.div_ceil(256 * mib).max(1) * 256)
+    } else {
+        format!("{}g", want.div_ceil(gib))
+    }
 }
 
 /// "R (r bytes) are free" (or "left", when other rings take part of the
@@ -284,7 +298,8 @@ fn others_clause(room: &segment::Room) -> String {
 /// The error for a failed allocation of part of the segment.
 fn alloc_error(path: &str, fd: &OwnedFd, needed_bytes: u64, e: io::Error) -> CreateError {
     if e.raw_os_error() == Some(libc::ENOSPC) {
-        shm_too_small(path, needed_bytes, segment::Room { free_bytes: segment::free_bytes(fd).unwrap_or(0), promised: Vec::new() })
+        let room = segment::room_of(fd).unwrap_or(segment::Room { size_bytes: 0, free_bytes: 0, promised: Vec::new() });
+        shm_too_small(path, needed_bytes, room)
     } else {
         CreateError::Io { what: "cannot allocate", path: path.to_string(), source: e }
     }
@@ -820,6 +835,23 @@ mod tests {
         // SAFETY: `fd` is open and `st` a valid out-pointer.
         assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
         st.st_blocks as u64 * 512
+    }
+
+    #[test]
+    fn the_suggested_shm_size_holds_what_is_there_the_promised_rings_and_this_one_with_room_to_spare() {
+        let mib = 1u64 << 20;
+        let room = |size_bytes, free_bytes, promised: &[u64]| segment::Room {
+            size_bytes,
+            free_bytes,
+            promised: promised.iter().map(|&bytes| segment::Promised { path: "/dev/shm/ringfeed-x".into(), bytes }).collect(),
+        };
+        // Docker's default 64 MiB, 60 of them used: an 8 MiB ring needs 68, and a quarter more.
+        assert_eq!(suggest_shm_size(8 * mib, &room(64 * mib, 4 * mib, &[])), "256m");
+        // A 700 MiB ring, 200 MiB promised: 900 x 1.25 = 1125 MiB, 1280 in steps of 256.
+        assert_eq!(suggest_shm_size(700 * mib, &room(64 * mib, 64 * mib, &[200 * mib])), "1280m");
+        assert_eq!(suggest_shm_size(3 << 30, &room(1 << 30, 0, &[])), "5g");
+        // Unknown room (a failed statvfs): the ring alone.
+        assert_eq!(suggest_shm_size(8 * mib, &room(0, 0, &[])), "256m");
     }
 
     #[test]

@@ -143,13 +143,21 @@ pub fn file_size(fd: &OwnedFd) -> io::Result<u64> {
 /// Free bytes in the filesystem holding `fd`; None when unknown or unlimited
 /// (a tmpfs mounted with `size=0` reports no blocks at all).
 pub fn free_bytes(fd: &OwnedFd) -> Option<u64> {
+    room_of(fd).map(|room| room.free_bytes)
+}
+
+/// The room of the filesystem holding `fd`, counting no other ring.
+pub fn room_of(fd: &OwnedFd) -> Option<Room> {
     // SAFETY: `fd` is open and `sv` is a valid out-pointer.
-    free_of(|sv| unsafe { libc::fstatvfs(fd.as_raw_fd(), sv) })
+    let (size_bytes, free_bytes) = space_of(|sv| unsafe { libc::fstatvfs(fd.as_raw_fd(), sv) })?;
+    Some(Room { size_bytes, free_bytes, promised: Vec::new() })
 }
 
 /// The room /dev/shm has for a new ring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Room {
+    /// Size of the file system.
+    pub size_bytes: u64,
     /// Free bytes of the file system.
     pub free_bytes: u64,
     /// Other live loaders' rings that will still take part of them.
@@ -177,18 +185,20 @@ pub fn shm_room_for(name: &str) -> Option<Room> {
     // after can only make the room smaller, never larger, than the truth.
     let promised = promised_to_other_rings(name);
     // SAFETY: `dir` is NUL-terminated and `sv` a valid out-pointer.
-    let free_bytes = free_of(|sv| unsafe { libc::statvfs(dir.as_ptr(), sv) })?;
-    Some(Room { free_bytes, promised })
+    let (size_bytes, free_bytes) = space_of(|sv| unsafe { libc::statvfs(dir.as_ptr(), sv) })?;
+    Some(Room { size_bytes, free_bytes, promised })
 }
 
-/// Free bytes from a statvfs call; None when it failed or reports no blocks.
-fn free_of(stat: impl FnOnce(&mut libc::statvfs) -> libc::c_int) -> Option<u64> {
+/// (size, free bytes) from a statvfs call; None when it failed or reports
+/// no blocks.
+fn space_of(stat: impl FnOnce(&mut libc::statvfs) -> libc::c_int) -> Option<(u64, u64)> {
     // SAFETY: statvfs is plain old data.
     let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
     if stat(&mut sv) != 0 || sv.f_blocks == 0 {
         return None;
     }
-    Some(sv.f_bavail as u64 * sv.f_frsize as u64)
+    let frsize = sv.f_frsize as u64;
+    Some((sv.f_blocks as u64 * frsize, sv.f_bavail as u64 * frsize))
 }
 
 /// Another live loader's ring that is not wholly allocated yet: the bytes
