@@ -32,6 +32,8 @@ use super::{DirStamp, FileList, LinkStamp, ManifestError, MAX_FILES};
 const PROGRESS_AFTER_MS: u64 = 1_000;
 /// Without a terminal, one `tracing::info` line this often.
 const PROGRESS_LOG_EVERY_MS: u64 = 5_000;
+/// Files a thread finds in one directory before adding them to the count.
+const COUNT_EVERY: u64 = 4096;
 /// How often the waiting thread wakes to update progress.
 const PROGRESS_POLL_MS: u64 = 100;
 /// Idle rounds a thread spins, then yields, before it sleeps between looks.
@@ -308,8 +310,21 @@ impl Walk<'_> {
             // Joined in place: no path is allocated per file.
             found.files.push_joined(rel_dir.as_os_str().as_bytes(), entry.file_name().as_bytes(), size_bytes);
             found_here += 1;
+            if found_here == COUNT_EVERY {
+                // A large flat directory shows progress (and meets the
+                // limit) while it is read, not only once it is done.
+                self.count_found(std::mem::take(&mut found_here))?;
+                if self.stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+            }
         }
-        let found = self.files_found.fetch_add(found_here, Ordering::Relaxed) + found_here;
+        self.count_found(found_here)
+    }
+
+    /// Adds `n` files to the count of files found; fails past `MAX_FILES`.
+    fn count_found(&self, n: u64) -> Result<(), ManifestError> {
+        let found = self.files_found.fetch_add(n, Ordering::Relaxed) + n;
         if found > MAX_FILES {
             return Err(ManifestError::TooManyFiles {
                 path: self.root.to_path_buf(),
