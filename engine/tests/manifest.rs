@@ -258,3 +258,32 @@ fn a_tree_of_20k_files_lists_the_same_with_1_thread_and_8_threads() {
         expected.iter().map(PathBuf::as_path).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn a_flat_directory_of_many_files_and_links_is_stat_ed_in_chunks_by_every_thread_with_the_same_result() {
+    // More names in one directory than one stat job holds (1024): the
+    // listing hands chunks of them to the other threads.
+    let dir = tempfile::tempdir().unwrap();
+    let flat = dir.path().join("flat");
+    fs::create_dir(&flat).unwrap();
+    let mut expected: Vec<(String, u64)> = Vec::new();
+    for i in 0..5000u64 {
+        let name = format!("f{i:05}");
+        fs::write(flat.join(&name), vec![7u8; (i % 13) as usize]).unwrap();
+        expected.push((format!("flat/{name}"), i % 13));
+    }
+    for i in (0..5000u64).step_by(97) {
+        // A link to a file is listed with the target's size; one to a
+        // directory is left out.
+        symlink(format!("f{i:05}"), flat.join(format!("l{i:05}"))).unwrap();
+        expected.push((format!("flat/l{i:05}"), i % 13));
+    }
+    symlink(".", flat.join("loop")).unwrap();
+    expected.sort();
+
+    let list = |threads| Manifest::build(dir.path(), &ManifestOptions { threads, ..whole_files() }).unwrap();
+    let (one, four) = (list(1), list(4));
+    assert_eq!(one.files(), four.files());
+    let listed: Vec<(String, u64)> = four.files().iter().map(|f| (f.rel_path.to_str().unwrap().to_owned(), f.size_bytes)).collect();
+    assert_eq!(listed, expected);
+}

@@ -1,24 +1,29 @@
 //! Parallel directory walk with work stealing.
 //!
-//! Every directory is a job on a crossbeam-deque. Each thread pops from its
+//! Every directory is a job on a crossbeam-deque, and so is every chunk of
+//! `STAT_CHUNK` names in one directory that still need a `stat` (their
+//! size; a link's target): a flat directory of a million files is listed by
+//! one thread but stat'ed by all (on a network filesystem, where each stat
+//! is a round trip, that is most of the time). Each thread pops from its
 //! own LIFO deque (depth first, so deques stay small), then steals a batch
-//! from the global injector, then from its peers. A counter of directories
-//! queued or being listed tells the threads when the walk is over: a
-//! directory's children are counted before the directory itself is
-//! uncounted, so the counter reaches zero only when no directory is left
-//! anywhere. The first error stops every thread.
+//! from the global injector, then from its peers. A counter of jobs queued
+//! or under way tells the threads when the walk is over: a job's children
+//! are counted before the job itself is uncounted, so the counter reaches
+//! zero only when no job is left anywhere. The first error stops every
+//! thread.
 //!
 //! The caller's thread only waits and reports progress; each thread's files
 //! are then sorted into one list in manifest order (`FileList::sorted_union`),
 //! with a stamp of every directory listed (taken before its entries are read)
 //! for the manifest cache.
 
+use std::ffi::OsString;
 use std::fs;
 use std::io::IsTerminal;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -32,8 +37,8 @@ use super::{DirStamp, FileList, LinkStamp, ManifestError, MAX_FILES};
 const PROGRESS_AFTER_MS: u64 = 1_000;
 /// Without a terminal, one `tracing::info` line this often.
 const PROGRESS_LOG_EVERY_MS: u64 = 5_000;
-/// Files a thread finds in one directory before adding them to the count.
-const COUNT_EVERY: u64 = 4096;
+/// Names of one directory stat'ed as one job (see the module's comment).
+const STAT_CHUNK: usize = 1024;
 /// How often the waiting thread wakes to update progress.
 const PROGRESS_POLL_MS: u64 = 100;
 /// Idle rounds a thread spins, then yields, before it sleeps between looks.
@@ -42,13 +47,21 @@ const IDLE_YIELD_ROUNDS: u32 = 64;
 /// Sleep of an idle thread waiting for peers to publish directories.
 const IDLE_SLEEP_US: u64 = 100;
 
+/// A listing thread's work.
+enum Job {
+    /// Read a directory (relative to the root).
+    Dir(PathBuf),
+    /// Stat these files and links (true: a link) of a directory.
+    Stat { rel_dir: Arc<Path>, names: Vec<(OsString, bool)> },
+}
+
 /// What every listing thread shares.
 struct Walk<'a> {
     root: &'a Path,
-    injector: Injector<PathBuf>,
-    stealers: Vec<Stealer<PathBuf>>,
-    /// Directories queued anywhere or being listed.
-    pending_dirs: AtomicUsize,
+    injector: Injector<Job>,
+    stealers: Vec<Stealer<Job>>,
+    /// Jobs queued anywhere or under way.
+    pending_jobs: AtomicUsize,
     /// Regular files found so far (progress and the MAX_FILES limit).
     files_found: AtomicU64,
     /// Set on the first error: every thread stops at its next job.
@@ -76,19 +89,19 @@ pub(super) fn list_files(
     progress: bool,
 ) -> Result<Listing, ManifestError> {
     debug_assert!(threads >= 1);
-    let workers: Vec<Worker<PathBuf>> = (0..threads).map(|_| Worker::new_lifo()).collect();
+    let workers: Vec<Worker<Job>> = (0..threads).map(|_| Worker::new_lifo()).collect();
     let walk = Walk {
         root,
         injector: Injector::new(),
         stealers: workers.iter().map(Worker::stealer).collect(),
-        pending_dirs: AtomicUsize::new(1),
+        pending_jobs: AtomicUsize::new(1),
         files_found: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         first_error: Mutex::new(None),
         skipped_special: AtomicU64::new(0),
         first_special: Mutex::new(None),
     };
-    walk.injector.push(PathBuf::new());
+    walk.injector.push(Job::Dir(PathBuf::new()));
 
     let started = Instant::now();
     let mut parts = Vec::with_capacity(threads);
@@ -215,15 +228,15 @@ fn report_progress(
 
 impl Walk<'_> {
     /// One listing thread: take directories until none is left anywhere.
-    fn run_thread(&self, local: &Worker<PathBuf>) -> Listing {
+    fn run_thread(&self, local: &Worker<Job>) -> Listing {
         let mut found = Listing { files: FileList::new(), dirs: Vec::new(), links: Vec::new() };
         let mut idle_rounds = 0u32;
         while !self.stop.load(Ordering::Relaxed) {
-            let Some(dir) = self.find_job(local) else {
+            let Some(job) = self.find_job(local) else {
                 // SYNC POINT: pairs with the AcqRel decrement below; seeing 0
                 // means every directory's children were already counted and
                 // listed, so no job can appear any more.
-                if self.pending_dirs.load(Ordering::Acquire) == 0 {
+                if self.pending_jobs.load(Ordering::Acquire) == 0 {
                     break;
                 }
                 idle_rounds = idle_rounds.saturating_add(1);
@@ -231,19 +244,23 @@ impl Walk<'_> {
                 continue;
             };
             idle_rounds = 0;
-            if let Err(err) = self.list_dir(local, dir, &mut found) {
+            let done = match job {
+                Job::Dir(dir) => self.list_dir(local, dir, &mut found),
+                Job::Stat { rel_dir, names } => self.stat_names(&rel_dir, names, &mut found),
+            };
+            if let Err(err) = done {
                 self.fail(err);
             }
-            // SYNC POINT: the children of `dir` were counted (and pushed)
+            // SYNC POINT: the children of this job were counted (and pushed)
             // before this decrement, so the counter cannot touch 0 while a
-            // directory is still queued.
-            self.pending_dirs.fetch_sub(1, Ordering::AcqRel);
+            // job is still queued.
+            self.pending_jobs.fetch_sub(1, Ordering::AcqRel);
         }
         found
     }
 
     /// Own deque first, then a batch from the injector, then a peer.
-    fn find_job(&self, local: &Worker<PathBuf>) -> Option<PathBuf> {
+    fn find_job(&self, local: &Worker<Job>) -> Option<Job> {
         local.pop().or_else(|| {
             std::iter::repeat_with(|| {
                 self.injector.steal_batch_and_pop(local).or_else(|| {
@@ -258,11 +275,11 @@ impl Walk<'_> {
         })
     }
 
-    /// Lists one directory: subdirectories become jobs; files, links and
-    /// the directory's own stamp go to `found`.
-    fn list_dir(&self, local: &Worker<PathBuf>, rel_dir: PathBuf, found: &mut Listing) -> Result<(), ManifestError> {
-        let rel_dir = rel_dir.as_path();
-        let abs_dir = self.root.join(rel_dir);
+    /// Lists one directory: subdirectories and chunks of names to stat
+    /// become jobs (the last chunk is stat'ed here); the directory's own
+    /// stamp goes to `found`.
+    fn list_dir(&self, local: &Worker<Job>, rel_dir: PathBuf, found: &mut Listing) -> Result<(), ManifestError> {
+        let abs_dir = self.root.join(&rel_dir);
         let read_dir_error = |source| ManifestError::ReadDir {
             path: abs_dir.clone(),
             source,
@@ -273,53 +290,62 @@ impl Walk<'_> {
         // followed (the parent saw a directory; one replaced by a link since
         // is ELOOP here). Read through a descriptor, as the cache's check does.
         let meta = super::cache::dir_metadata(&abs_dir, rel_dir.as_os_str().is_empty()).map_err(read_dir_error)?;
-        found.dirs.push(DirStamp::of(rel_dir.to_path_buf(), &meta));
-        let mut found_here = 0u64;
+        found.dirs.push(DirStamp::of(rel_dir.clone(), &meta));
+        let rel_dir: Arc<Path> = Arc::from(rel_dir);
+        let mut names = Vec::new();
         for entry in fs::read_dir(&abs_dir).map_err(read_dir_error)? {
             let entry = entry.map_err(read_dir_error)?;
-            let metadata_error = |source| ManifestError::Metadata {
-                path: entry.path(),
-                source,
-            };
-            // `file_type` does not follow links.
-            let file_type = entry.file_type().map_err(metadata_error)?;
+            // `file_type` does not follow links (and needs no stat where the
+            // filesystem reports types in the directory, as most do).
+            let file_type = entry.file_type().map_err(|source| ManifestError::Metadata { path: entry.path(), source })?;
             if file_type.is_dir() {
-                self.pending_dirs.fetch_add(1, Ordering::Relaxed);
-                local.push(rel_dir.join(entry.file_name()));
-                continue;
-            }
-            let size_bytes = if file_type.is_file() {
-                entry.metadata().map_err(metadata_error)?.len()
-            } else if file_type.is_symlink() {
-                // Follow a link once, to learn whether it names a file.
-                let target = fs::metadata(entry.path()).map_err(metadata_error)?;
-                let file_size = target.is_file().then_some(target.len());
-                found.links.push(LinkStamp { rel_path: rel_dir.join(entry.file_name()), file_size });
-                let Some(size) = file_size else {
-                    tracing::debug!(path = %entry.path().display(), "skipping a link that is not to a regular file");
-                    continue;
-                };
-                size
+                self.pending_jobs.fetch_add(1, Ordering::Relaxed);
+                local.push(Job::Dir(rel_dir.join(entry.file_name())));
+            } else if file_type.is_file() || file_type.is_symlink() {
+                names.push((entry.file_name(), file_type.is_symlink()));
+                if names.len() == STAT_CHUNK {
+                    // SYNC POINT: counted before pushed, as a directory is.
+                    self.pending_jobs.fetch_add(1, Ordering::Relaxed);
+                    local.push(Job::Stat { rel_dir: Arc::clone(&rel_dir), names: std::mem::take(&mut names) });
+                    if self.stop.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                }
             } else {
                 tracing::debug!(path = %entry.path().display(), "skipping a socket, FIFO or device");
                 if self.skipped_special.fetch_add(1, Ordering::Relaxed) == 0 {
                     *self.first_special.lock().unwrap_or_else(|p| p.into_inner()) = Some(entry.path());
                 }
-                continue;
-            };
-            // Joined in place: no path is allocated per file.
-            found.files.push_joined(rel_dir.as_os_str().as_bytes(), entry.file_name().as_bytes(), size_bytes);
-            found_here += 1;
-            if found_here == COUNT_EVERY {
-                // A large flat directory shows progress (and meets the
-                // limit) while it is read, not only once it is done.
-                self.count_found(std::mem::take(&mut found_here))?;
-                if self.stop.load(Ordering::Relaxed) {
-                    return Ok(());
-                }
             }
         }
-        self.count_found(found_here)
+        self.stat_names(&rel_dir, names, found)
+    }
+
+    /// Stats the files and links `names` of `rel_dir` into `found`: a file
+    /// with its size; a link followed once, to learn whether it names a file.
+    fn stat_names(&self, rel_dir: &Path, names: Vec<(OsString, bool)>, found: &mut Listing) -> Result<(), ManifestError> {
+        let abs_dir = self.root.join(rel_dir);
+        let mut files = 0u64;
+        for (name, is_link) in names {
+            let path = abs_dir.join(&name);
+            let metadata_error = |source| ManifestError::Metadata { path: path.clone(), source };
+            let size_bytes = if is_link {
+                let target = fs::metadata(&path).map_err(metadata_error)?;
+                let file_size = target.is_file().then_some(target.len());
+                found.links.push(LinkStamp { rel_path: rel_dir.join(&name), file_size });
+                let Some(size) = file_size else {
+                    tracing::debug!(path = %path.display(), "skipping a link that is not to a regular file");
+                    continue;
+                };
+                size
+            } else {
+                fs::symlink_metadata(&path).map_err(metadata_error)?.len()
+            };
+            // Joined in place: no path is allocated per file.
+            found.files.push_joined(rel_dir.as_os_str().as_bytes(), name.as_bytes(), size_bytes);
+            files += 1;
+        }
+        self.count_found(files)
     }
 
     /// Adds `n` files to the count of files found; fails past `MAX_FILES`.
