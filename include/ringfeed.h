@@ -13,7 +13,9 @@
  *   // rc == RF_END when all epochs are done; otherwise rf_last_error() says why
  *   rf_detach(feed);
  *
- * Link with -lringfeed. Ring layout: docs/ring-layout.md (ABI version 1).
+ * Link with -lringfeed and let the program find libringfeed.so when it runs
+ * (-Wl,-rpath,DIR or LD_LIBRARY_PATH), or link libringfeed.a -lpthread -ldl -lm.
+ * Ring layout: docs/ring-layout.md (ABI version 1).
  */
 
 #ifndef RINGFEED_H
@@ -40,7 +42,7 @@
 #define RF_TIMEOUT 2
 
 /**
- * A bad argument: NULL pointer, invalid name.
+ * A bad argument: NULL pointer, invalid name or UTF-8.
  */
 #define RF_E_INVALID -1
 

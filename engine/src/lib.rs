@@ -1,7 +1,7 @@
 //! ringfeed: one loader per machine feeds every training process through a
 //! lock-free shared-memory ring of fixed-size batch slots.
 //!
-//! The data path, top to bottom (see docs/ and DESIGN.md):
+//! The data path, top to bottom (see docs/ and the README's design section):
 //! `manifest` (which samples exist) → `sampler` (which samples form rank r's
 //! batch at step s) → `reader` (bytes land in slot memory) → `ring` (hand the
 //! slot to the trainer without a copy).

@@ -20,7 +20,7 @@ pub const RF_OK: i32 = 0;
 pub const RF_END: i32 = 1;
 /// Nothing happened within the timeout (rf_next), or no loader appeared (rf_attach).
 pub const RF_TIMEOUT: i32 = 2;
-/// A bad argument: NULL pointer, invalid name.
+/// A bad argument: NULL pointer, invalid name or UTF-8.
 pub const RF_E_INVALID: i32 = -1;
 /// The segment is corrupt, truncated, or not a ringfeed segment.
 pub const RF_E_CORRUPT: i32 = -2;

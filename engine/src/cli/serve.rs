@@ -56,8 +56,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub record_bytes: Option<u64>,
     /// Slots per rank: how many batches each rank may have ready ahead
-    /// (default: 2 x queue depth / batch size, 4 to 16, at most 4 once a
-    /// rank's slots pass 256 MiB).
+    /// (default: 2 x queue depth / batch size, 4 to 16; past 256 MiB of a
+    /// rank's slots, as many as fit in it, but at least 4).
     #[arg(long)]
     pub slots_per_rank: Option<u32>,
     /// Payload bytes per slot (default: the B largest samples).

@@ -244,8 +244,9 @@ pub const AUTO_RANK_BYTES_MAX: u64 = 256 << 20;
 
 /// The default slots per rank: enough that a full queue depth of reads can be
 /// in flight twice over while a rank's trainer holds a batch and another
-/// waits to be taken, i.e. 2·queue_depth/B, at least 4 and at most 16, and no
-/// more than 4 once a rank's slots would pass 256 MiB. A batch is published
+/// waits to be taken, i.e. 2·queue_depth/B, at least 4 and at most 16, and,
+/// where a rank's slots would pass 256 MiB, only as many as fit in it (but
+/// still at least 4). A batch is published
 /// only when its last read lands; with fewer slots the queue drains at every
 /// batch boundary. Measured on 2 cores, 100 KB files, B=64, queue depth 256:
 /// 4 slots 5.1 GB/s, 6 slots 5.9, 8 slots 6.2–6.6 (bench/RESULTS.md).
