@@ -1056,3 +1056,17 @@ def test_what_the_listing_leaves_out_is_said_once(tmp_path):
     assert "skipped 1 link(s) to a directory or other non-file, not followed (first: %s)" % (src / "train") in err, err
     assert "1 socket(s), FIFO(s) or device(s) (one: %s)" % (src / "pipe") in err, err
     assert err.count("skipped") == 1, err
+
+
+def test_a_link_the_listing_did_not_follow_is_said_again_when_the_manifest_comes_from_the_cache(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "x").write_bytes(b"1")
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", src / "train")
+    time.sleep(2.1)  # older than the cache's racy window, so the listing is stored
+    said = "skipped 1 link(s) to a directory or other non-file, not followed (first: %s)" % (src / "train")
+    for how in ("listed (cached in ", "from the cache "):
+        rc, err = serve_until_serving(["--source", str(src), "--name", "e2e-skipc-" + uuid.uuid4().hex[:8], "--batch-size", "1"])
+        assert how in err, err
+        assert said in err and err.count("skipped") == 1, err

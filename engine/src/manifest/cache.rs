@@ -101,6 +101,8 @@ pub(crate) enum Lookup {
     /// Valid: the files, in manifest order.
     Hit {
         files: FileList,
+        /// Every link met by the listing (to say again which were not followed).
+        links: Vec<LinkStamp>,
         dirs_checked: usize,
         files_checked: usize,
     },
@@ -175,6 +177,7 @@ impl ManifestCache {
             dirs_checked: decoded.dirs.len(),
             files_checked: if check_files { decoded.files.len() } else { 0 },
             files: decoded.files,
+            links: decoded.links,
         }
     }
 

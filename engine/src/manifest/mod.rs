@@ -283,8 +283,12 @@ impl Manifest {
             "asked to list again".to_owned()
         } else {
             match cache.lookup(&canonical, list_threads(opts.threads)) {
-                cache::Lookup::Hit { files, dirs_checked, files_checked } => match Self::from_sorted_files(root, files, opts.record_bytes) {
+                cache::Lookup::Hit { files, links, dirs_checked, files_checked } => match Self::from_sorted_files(root, files, opts.record_bytes) {
                     Ok(manifest) => {
+                        // The listing said it once; say it at every start.
+                        // (Sockets, FIFOs and devices are not kept in the
+                        // cache: only the listing names those.)
+                        walk::warn_left_out(root, walk::links_not_followed(root, &links).into_iter().collect());
                         return Ok((manifest, ManifestOrigin::Cached { path: entry, dirs_checked, files_checked }));
                     }
                     // Sizes the checks could not see may be stale: a

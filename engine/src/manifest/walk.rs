@@ -163,21 +163,31 @@ pub(super) fn list_files(
 /// directories, sockets, FIFOs, devices), so that data behind a link such as
 /// `train -> /mnt/disk2/train` is not lost in silence; debug logs name each.
 fn warn_skipped(walk: &Walk<'_>, links: &[LinkStamp]) {
-    let mut what = Vec::new();
-    let not_files: Vec<&LinkStamp> = links.iter().filter(|l| l.file_size.is_none()).collect();
-    if let Some(first) = not_files.iter().map(|l| &l.rel_path).min() {
-        what.push(format!("{} link(s) to a directory or other non-file, not followed (first: {})", not_files.len(), walk.root.join(first).display()));
-    }
+    let mut what: Vec<String> = links_not_followed(walk.root, links).into_iter().collect();
     let special = walk.skipped_special.load(Ordering::Relaxed);
     if special > 0 {
         let first = walk.first_special.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
         what.push(format!("{special} socket(s), FIFO(s) or device(s) (one: {})", first.display()));
     }
+    warn_left_out(walk.root, what);
+}
+
+/// "N link(s) to a directory or other non-file, not followed (first: P)",
+/// if `links` holds any.
+pub(super) fn links_not_followed(root: &Path, links: &[LinkStamp]) -> Option<String> {
+    let not_files: Vec<&LinkStamp> = links.iter().filter(|l| l.file_size.is_none()).collect();
+    let first = not_files.iter().map(|l| &l.rel_path).min()?;
+    Some(format!("{} link(s) to a directory or other non-file, not followed (first: {})", not_files.len(), root.join(first).display()))
+}
+
+/// The warning for what a manifest of `root` leaves out, `what` in words;
+/// none if it is empty.
+pub(super) fn warn_left_out(root: &Path, what: Vec<String>) {
     if !what.is_empty() {
         tracing::warn!(
             "{}: skipped {}; a manifest holds regular files and links to them only (RINGFEED_LOG=debug names each; \
              to serve files behind a directory link, give the link's target as --source or link the files)",
-            walk.root.display(),
+            root.display(),
             what.join(" and ")
         );
     }
