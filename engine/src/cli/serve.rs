@@ -277,20 +277,14 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         }
         None => (Manifest::build(&cfg.source, &opts)?, None),
     };
-    let manifest = Arc::new(manifest);
-    let plan = match (Plan::with_manifest(cfg.clone(), Arc::clone(&manifest)), &cache, &origin) {
+    let plan = match (Plan::with_manifest(cfg.clone(), Arc::new(manifest)), &cache, &origin) {
         (Ok(plan), _, _) => plan,
         // A size the cache's checks could not see (past 4,096 files) may be
-        // what failed: plan again over a fresh listing before reporting,
-        // unless the files whose sizes make the slot too small still have
-        // them (a stat each, instead of listing the whole dataset again).
+        // what failed: plan again over a fresh listing before reporting.
         // Sizes set the slot size, and with --record-bytes the number of
         // samples too.
         (Err(err), Some(cache), Some(ManifestOrigin::Cached { path, .. }))
-            if cfg.record_bytes.is_some()
-                || matches!(err, ServeError::Shape(_))
-                || matches!(err, ServeError::SlotTooSmall { .. } | ServeError::SlotSmallerThanBatch { .. })
-                    && !manifest.largest_files_unchanged(cfg.batch_size as usize) =>
+            if cfg.record_bytes.is_some() || matches!(err, ServeError::SlotTooSmall { .. } | ServeError::SlotSmallerThanBatch { .. } | ServeError::Shape(_)) =>
         {
             tracing::info!("the manifest from the cache {} cannot be planned ({err}); listing {} again", path.display(), cfg.source.display());
             let (manifest, listed) = Manifest::build_cached(&cfg.source, &opts, cache, true)?;

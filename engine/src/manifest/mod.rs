@@ -489,21 +489,6 @@ impl Manifest {
         self.total_bytes
     }
 
-    /// Whether the `count` largest files still have the sizes recorded
-    /// (by a `stat` of each). Then the `count` largest samples together are
-    /// at least `largest_samples_total_bytes(count)` on disk too, whatever
-    /// the other files did: a slot too small for them stays too small. For
-    /// a manifest from the cache, whose checks sample only some file sizes.
-    pub fn largest_files_unchanged(&self, count: usize) -> bool {
-        let sizes = self.files.sizes();
-        let mut order: Vec<u32> = (0..sizes.len() as u32).collect();
-        let count = count.min(order.len());
-        if count < order.len() {
-            order.select_nth_unstable_by_key(count, |&f| Reverse(sizes[f as usize]));
-        }
-        order[..count].iter().all(|&f| std::fs::metadata(self.abs_path(f)).is_ok_and(|m| m.is_file() && m.len() == sizes[f as usize]))
-    }
-
     /// Sum of the `count` largest sample sizes (all samples when `count >=
     /// len()`), to size a batch slot. In record mode `min(count, len) × N`.
     /// O(files × log count) in whole-file mode.
