@@ -214,6 +214,7 @@ def test_shm_too_small_for_the_slots_asked_names_the_most_that_fit(dataset):
     text = p.stderr.decode()
     assert p.returncode == 1, text
     assert "/dev/shm is too small" in text and "--shm-size=256m" in text, text
+    assert "sizeLimit of at least 256Mi" in text, text  # a Kubernetes quantity: "256m" would be 0.256 bytes
     assert "or make the ring smaller: --slots-per-rank 3 fits" in text, text
 
 

@@ -38,9 +38,9 @@ pub enum CreateError {
     /// /dev/shm has not enough room.
     #[error(
         "/dev/shm is too small for the ring {path}: it needs {} ({needed_bytes} bytes) but only {}{}. \
-         Give shared memory more room: `docker run --shm-size={suggest}`, or in Kubernetes mount an `emptyDir` with `medium: Memory` \
-         (and a sizeLimit of at least {suggest}) at /dev/shm; or make the ring smaller",
-        human_bytes(*needed_bytes), room_left(room), others_clause(room)
+         Give shared memory more room: `docker run --shm-size={}`, or in Kubernetes mount an `emptyDir` with `medium: Memory` \
+         (and a sizeLimit of at least {}) at /dev/shm; or make the ring smaller",
+        human_bytes(*needed_bytes), room_left(room), others_clause(room), docker_size(*suggest_mib), kubernetes_size(*suggest_mib)
     )]
     ShmTooSmall {
         /// The segment path.
@@ -50,9 +50,9 @@ pub enum CreateError {
         /// /dev/shm's free bytes, and the other live loaders' rings that
         /// will still take part of them as their slots are first claimed.
         room: segment::Room,
-        /// A size of /dev/shm to suggest ("768m", "6g"): what it holds
-        /// now, the rings promised and this one, and a quarter more.
-        suggest: String,
+        /// A size of /dev/shm to suggest, in MiB: what it holds now, the
+        /// rings promised and this one, and a quarter more.
+        suggest_mib: u64,
     },
     /// /dev/shm filled up after the ring was created: a slot could not be
     /// allocated.
@@ -254,23 +254,34 @@ fn reserve_slots(fd: &OwnedFd, backing: &Backing, layout: &Layout) {
 
 /// `ShmTooSmall` for a ring of `needed_bytes` with only `room`.
 fn shm_too_small(path: &str, needed_bytes: u64, room: segment::Room) -> CreateError {
-    let suggest = suggest_shm_size(needed_bytes, &room);
-    CreateError::ShmTooSmall { path: path.to_string(), needed_bytes, room, suggest }
+    let suggest_mib = suggest_shm_mib(needed_bytes, &room);
+    CreateError::ShmTooSmall { path: path.to_string(), needed_bytes, room, suggest_mib }
 }
 
-/// A /dev/shm size for `docker run --shm-size`: what it holds now, the
-/// rings promised, this ring, and a quarter more (NCCL keeps buffers there
-/// too); in steps of 256 MiB below 4 GiB, of 1 GiB above.
-fn suggest_shm_size(needed_bytes: u64, room: &segment::Room) -> String {
+/// A /dev/shm size in MiB: what it holds now, the rings promised, this
+/// ring, and a quarter more (NCCL keeps buffers there too); in steps of
+/// 256 MiB below 4 GiB, of 1 GiB above.
+fn suggest_shm_mib(needed_bytes: u64, room: &segment::Room) -> u64 {
     let (mib, gib) = (1u64 << 20, 1u64 << 30);
     let used = room.size_bytes.saturating_sub(room.free_bytes);
     let want = used.saturating_add(room.promised_bytes()).saturating_add(needed_bytes);
     let want = want.saturating_add(want / 4);
     if want < 4 * gib {
-        format!("{}m", want.div_ceil(256 * mib).max(1) * 256)
+        want.div_ceil(256 * mib).max(1) * 256
     } else {
-        format!("{}g", want.div_ceil(gib))
+        want.div_ceil(gib) * 1024
     }
+}
+
+/// `mib` as `docker run --shm-size` takes it ("768m", "6g").
+fn docker_size(mib: u64) -> String {
+    if mib % 1024 == 0 { format!("{}g", mib / 1024) } else { format!("{mib}m") }
+}
+
+/// `mib` as a Kubernetes quantity ("768Mi", "6Gi"): there "m" is a
+/// thousandth, and "768m" would be under one byte.
+fn kubernetes_size(mib: u64) -> String {
+    if mib % 1024 == 0 { format!("{}Gi", mib / 1024) } else { format!("{mib}Mi") }
 }
 
 /// "R (r bytes) are free" (or "left", when other rings take part of the
@@ -845,13 +856,19 @@ mod tests {
             free_bytes,
             promised: promised.iter().map(|&bytes| segment::Promised { path: "/dev/shm/ringfeed-x".into(), bytes }).collect(),
         };
+        let both = |needed, room| {
+            let mib = suggest_shm_mib(needed, &room);
+            (docker_size(mib), kubernetes_size(mib))
+        };
         // Docker's default 64 MiB, 60 of them used: an 8 MiB ring needs 68, and a quarter more.
-        assert_eq!(suggest_shm_size(8 * mib, &room(64 * mib, 4 * mib, &[])), "256m");
+        assert_eq!(both(8 * mib, room(64 * mib, 4 * mib, &[])), ("256m".into(), "256Mi".into()));
         // A 700 MiB ring, 200 MiB promised: 900 x 1.25 = 1125 MiB, 1280 in steps of 256.
-        assert_eq!(suggest_shm_size(700 * mib, &room(64 * mib, 64 * mib, &[200 * mib])), "1280m");
-        assert_eq!(suggest_shm_size(3 << 30, &room(1 << 30, 0, &[])), "5g");
+        assert_eq!(both(700 * mib, room(64 * mib, 64 * mib, &[200 * mib])), ("1280m".into(), "1280Mi".into()));
+        assert_eq!(both(3 << 30, room(1 << 30, 0, &[])), ("5g".into(), "5Gi".into()));
+        // 1 GiB exactly, in steps of 256 MiB: said in GiB.
+        assert_eq!(both(800 * mib, room(0, 0, &[])), ("1g".into(), "1Gi".into()));
         // Unknown room (a failed statvfs): the ring alone.
-        assert_eq!(suggest_shm_size(8 * mib, &room(0, 0, &[])), "256m");
+        assert_eq!(both(8 * mib, room(0, 0, &[])), ("256m".into(), "256Mi".into()));
     }
 
     #[test]
