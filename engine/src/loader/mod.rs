@@ -9,9 +9,10 @@
 mod pending;
 pub mod signals;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,8 @@ const READS_GRACE: Duration = Duration::from_secs(5);
 const READS_STALLED: Duration = Duration::from_secs(30);
 /// No read completed for this long: see `Loader::probe_stalled_files`.
 const STALL_PROBE: Duration = Duration::from_secs(1);
+/// Most files one stall probe looks at.
+const STALL_PROBE_FILES_MAX: usize = 4096;
 
 /// Everything `ringfeed serve` needs.
 #[derive(Clone, Debug)]
@@ -443,8 +446,10 @@ pub struct Loader {
     first_step_bytes: u64,
     /// When a read last completed, or reads were last idle (see `watch_stall`).
     reads_moved: Instant,
-    /// `reads_moved` when `probe_stalled_files` last ran.
+    /// `reads_moved` when `probe_stalled_files` last started a probe.
     stall_probed: Option<Instant>,
+    /// The probe under way, on its own thread: its outcome comes here.
+    stall_probe: Option<std::sync::mpsc::Receiver<Result<(), ReadError>>>,
     /// The last stall warning.
     stall_warned: Option<Instant>,
     /// The ring's name in /dev/shm was found removed (warned once).
@@ -500,6 +505,7 @@ impl Loader {
             first_step_bytes: 0,
             reads_moved: Instant::now(),
             stall_probed: None,
+            stall_probe: None,
             stall_warned: None,
             name_lost: false,
         })
@@ -876,24 +882,50 @@ impl Loader {
     }
 
     /// Once no read has completed for `STALL_PROBE`, checks that the files
-    /// of the batches still waiting are regular files: a FIFO put in place
-    /// of one (after the listing) blocks an io_uring open until a writer
-    /// comes, which may be never. Fails with `NotRegular` naming it, instead
-    /// of a loader that waits in silence. Once per stall.
+    /// of the reads in flight are regular files: a FIFO put in place of one
+    /// (after the listing) blocks an io_uring open until a writer comes,
+    /// which may be never. Fails with `NotRegular` naming it, instead of a
+    /// loader that waits in silence. Once per stall, on a thread of its own:
+    /// on a hung network filesystem the stats block too, and this thread
+    /// must go on acting on a stop.
     fn probe_stalled_files(&mut self) -> Result<(), ServeError> {
+        if let Some(outcome) = &self.stall_probe {
+            match outcome.try_recv() {
+                Ok(found) => {
+                    self.stall_probe = None;
+                    found?;
+                }
+                // Still at it (perhaps stuck itself): no second one.
+                Err(TryRecvError::Empty) => return Ok(()),
+                Err(TryRecvError::Disconnected) => self.stall_probe = None,
+            }
+        }
         if self.reads_moved.elapsed() < STALL_PROBE || self.stall_probed == Some(self.reads_moved) {
             return Ok(());
         }
         self.stall_probed = Some(self.reads_moved);
+        // The files of the waiting batches' reads, less those still queued
+        // (per file: a file may be read by several ops); some that already
+        // landed are counted in, which costs a stat each.
         let manifest = &self.plan.manifest;
-        let files = &self.plan.files;
-        let mut last = None;
+        let mut reads: HashMap<u32, i64> = HashMap::new();
         for sample in self.pending.samples_waiting() {
-            let file = manifest.sample(sample.index).file;
-            if last != Some(file) {
-                files.check_still_regular(file)?;
-                last = Some(file);
-            }
+            *reads.entry(manifest.sample(sample.index).file).or_default() += 1;
+        }
+        for op in &self.queued {
+            *reads.entry(op.file).or_default() -= 1;
+        }
+        let mut files: Vec<u32> = reads.into_iter().filter(|&(_, n)| n > 0).map(|(file, _)| file).collect();
+        files.sort_unstable();
+        files.truncate(STALL_PROBE_FILES_MAX);
+        let table = Arc::clone(&self.plan.files);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new().name("ringfeed-stall-probe".into()).spawn(move || {
+            let _ = tx.send(files.iter().try_for_each(|&file| table.check_still_regular(file)));
+        });
+        match spawned {
+            Ok(_) => self.stall_probe = Some(rx),
+            Err(e) => tracing::debug!("cannot start a thread to look at the files of stalled reads: {e}"),
         }
         Ok(())
     }

@@ -275,13 +275,13 @@ fn suggest_shm_mib(needed_bytes: u64, room: &segment::Room) -> u64 {
 
 /// `mib` as `docker run --shm-size` takes it ("768m", "6g").
 fn docker_size(mib: u64) -> String {
-    if mib % 1024 == 0 { format!("{}g", mib / 1024) } else { format!("{mib}m") }
+    if mib.is_multiple_of(1024) { format!("{}g", mib / 1024) } else { format!("{mib}m") }
 }
 
 /// `mib` as a Kubernetes quantity ("768Mi", "6Gi"): there "m" is a
 /// thousandth, and "768m" would be under one byte.
 fn kubernetes_size(mib: u64) -> String {
-    if mib % 1024 == 0 { format!("{}Gi", mib / 1024) } else { format!("{mib}Mi") }
+    if mib.is_multiple_of(1024) { format!("{}Gi", mib / 1024) } else { format!("{mib}Mi") }
 }
 
 /// "R (r bytes) are free" (or "left", when other rings take part of the
