@@ -62,6 +62,9 @@ struct Walk<'a> {
     stealers: Vec<Stealer<Job>>,
     /// Jobs queued anywhere or under way.
     pending_jobs: AtomicUsize,
+    /// Most jobs a thread keeps queued before it stats a chunk of names
+    /// itself: two per thread.
+    stat_backlog_max: usize,
     /// Regular files found so far (progress and the MAX_FILES limit).
     files_found: AtomicU64,
     /// Set on the first error: every thread stops at its next job.
@@ -95,6 +98,7 @@ pub(super) fn list_files(
         injector: Injector::new(),
         stealers: workers.iter().map(Worker::stealer).collect(),
         pending_jobs: AtomicUsize::new(1),
+        stat_backlog_max: 2 * threads,
         files_found: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         first_error: Mutex::new(None),
@@ -314,9 +318,17 @@ impl Walk<'_> {
             } else if file_type.is_file() || file_type.is_symlink() {
                 names.push((entry.file_name(), file_type.is_symlink()));
                 if names.len() == STAT_CHUNK {
-                    // SYNC POINT: counted before pushed, as a directory is.
-                    self.pending_jobs.fetch_add(1, Ordering::Relaxed);
-                    local.push(Job::Stat { rel_dir: Arc::clone(&rel_dir), names: std::mem::take(&mut names) });
+                    let chunk = std::mem::take(&mut names);
+                    if local.len() < self.stat_backlog_max {
+                        // SYNC POINT: counted before pushed, as a directory is.
+                        self.pending_jobs.fetch_add(1, Ordering::Relaxed);
+                        local.push(Job::Stat { rel_dir: Arc::clone(&rel_dir), names: chunk });
+                    } else {
+                        // The others do not keep up (stats are slower than
+                        // reading names): stat here rather than hold every
+                        // name of a huge directory in memory at once.
+                        self.stat_names(&rel_dir, chunk, found)?;
+                    }
                     if self.stop.load(Ordering::Relaxed) {
                         return Ok(());
                     }
