@@ -14,6 +14,16 @@ def test_the_demo_passes_its_exactly_once_check_and_prints_its_figures():
     assert "every rank's by" in out, out
 
 
+def test_the_demo_takes_the_slots_per_rank_its_shared_memory_advice_may_name():
+    # A too-small /dev/shm makes the loader advise "--slots-per-rank K fits";
+    # the demo takes that flag as serve does, down to 1 slot (no read-ahead).
+    p = subprocess.run([ringfeed_bin(), "demo", "--files", "256", "--slots-per-rank", "1"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "demo: exactly-once check passed" in p.stdout, p.stdout + p.stderr
+    assert "--slots-per-rank 1: the loader cannot read ahead" in p.stderr, p.stderr
+
+
 def test_a_consumer_that_dies_stops_the_demo_with_its_rank_instead_of_a_hang():
     import os
     import signal
@@ -77,4 +87,8 @@ def test_bad_demo_settings_are_refused_before_anything_is_written(tmp_path):
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(tmp_path)),
                        timeout=60)
     assert p.returncode == 1 and "at most 128 ranks" in p.stderr, p.stderr
+    assert list(tmp_path.iterdir()) == [], "it wrote a dataset first"
+    p = subprocess.run([ringfeed_bin(), "demo", "--files", "64", "--slots-per-rank", "0"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(tmp_path)), timeout=60)
+    assert p.returncode == 1 and "--slots-per-rank 0: each rank needs at least 1 slot" in p.stderr, p.stderr
     assert list(tmp_path.iterdir()) == [], "it wrote a dataset first"

@@ -45,6 +45,9 @@ pub struct DemoArgs {
     /// Epochs.
     #[arg(long, default_value_t = 2)]
     epochs: u64,
+    /// Batch slots per rank (default: as `serve` picks them).
+    #[arg(long)]
+    slots_per_rank: Option<u32>,
     /// Reader backend.
     #[arg(long, default_value = "auto")]
     io: IoChoice,
@@ -173,6 +176,13 @@ fn check(a: &DemoArgs) -> Result<()> {
             a.epochs
         );
     }
+    match a.slots_per_rank {
+        Some(0) => anyhow::bail!("--slots-per-rank 0: each rank needs at least 1 slot (2 or more lets the loader read ahead)"),
+        Some(k) if k > crate::ring::layout::MAX_SLOTS_PER_RANK => {
+            anyhow::bail!("--slots-per-rank {k}: a rank can have at most {} slots", crate::ring::layout::MAX_SLOTS_PER_RANK)
+        }
+        _ => {}
+    }
     let step = u64::from(a.world_size) * u64::from(a.batch_size);
     if a.files < step {
         anyhow::bail!("--files {} cannot fill one step of W×B = {step} samples; give at least {step} files", a.files);
@@ -197,7 +207,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         seed: 42,
         shuffle: true,
         record_bytes: None,
-        slots_per_rank: None,
+        slots_per_rank: a.slots_per_rank,
         slot_bytes: None,
         io: a.io,
         reader: ReaderConfig::default(),
