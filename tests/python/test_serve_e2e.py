@@ -1044,6 +1044,55 @@ def test_record_mode_under_a_small_descriptor_limit_reads_without_keeping_files_
         kill_survivors([loader])
 
 
+def test_pread_workers_under_a_small_descriptor_limit_wait_for_each_others_files_instead_of_failing(tmp_path):
+    # 16 pread workers each hold a file open while they read it; with
+    # `ulimit -n 10` the loader's own descriptors leave fewer than 16, so
+    # their opens meet EMFILE. That stopped the run ("Too many open files")
+    # though a descriptor would be free microseconds later.
+    import resource
+
+    for i in range(600):
+        (tmp_path / ("f%03d" % i)).write_bytes(bytes([i % 251]) * 4096)
+    name = "e2e-fewfds-p-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(tmp_path), "--name", name, "--batch-size", "32", "--io", "pread",
+         "--epochs", "20", "--manifest-cache", "off"],
+        stderr=subprocess.PIPE, text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (10, 10)),
+    )
+    try:
+        import ringfeed
+
+        seen = 0
+        with ringfeed.attach(name, 0, timeout=30) as feed:
+            for batch in feed:
+                with batch:
+                    a = batch.array(np.uint8, (len(batch), 4096))
+                    assert all((a[j] == batch.indices[j] % 251).all() for j in range(len(batch)))
+                    seen += len(batch)
+                    del a  # the view holds the slot
+        _, err = loader.communicate(timeout=30)
+        assert loader.returncode == 0, err
+        assert seen == 20 * 576
+        if "no file descriptors left" in err:
+            assert "ulimit -n 10" in err and err.count("no file descriptors left") == 1, err
+    finally:
+        kill_survivors([loader])
+
+
+def test_io_uring_without_a_descriptor_free_says_to_raise_the_limit_not_that_it_is_blocked(tmp_path):
+    import resource
+
+    (tmp_path / "f").write_bytes(b"x" * 4096)
+    p = subprocess.run(
+        [ringfeed_bin(), "serve", "--source", str(tmp_path), "--name", "e2e-nofd-" + uuid.uuid4().hex[:8], "--batch-size", "1",
+         "--io", "uring", "--manifest-cache", "off"],
+        stderr=subprocess.PIPE, text=True, timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (7, 7)),
+    )
+    assert p.returncode == 1, p.stderr
+    assert "raise `ulimit -n`" in p.stderr and "seccomp" not in p.stderr, p.stderr
+
+
 def test_what_the_listing_leaves_out_is_said_once(tmp_path):
     src = tmp_path / "src"
     (src / "a").mkdir(parents=True)

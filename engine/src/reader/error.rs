@@ -110,8 +110,8 @@ pub enum ReadError {
     },
     /// io_uring cannot be used here; only `IoChoice::Uring` returns this.
     #[error(
-        "io_uring is unavailable: {reason}. Use `--io pread` to read with a thread pool instead \
-         (Docker's default seccomp profile and gVisor block io_uring)"
+        "io_uring is unavailable: {reason}. Use `--io pread` to read with a thread pool instead{}",
+        blocked_hint(reason)
     )]
     UringUnavailable {
         /// What the probe found, in words.
@@ -154,7 +154,7 @@ pub enum ReadError {
     },
     /// The engine itself failed (io_uring_enter, spawning a thread). The
     /// engine should be dropped after this.
-    #[error("{backend} reader failed: {op}: {source}")]
+    #[error("{backend} reader failed: {op}: {source}{}", fd_limit_hint(source))]
     Engine {
         /// `"io_uring"` or `"pread"`.
         backend: &'static str,
@@ -163,6 +163,16 @@ pub enum ReadError {
         /// The OS error.
         source: io::Error,
     },
+}
+
+/// Where io_uring is commonly blocked, unless the probe found another reason
+/// (no descriptor free, a sysctl, memory) that says what to change itself.
+fn blocked_hint(reason: &str) -> &'static str {
+    if reason.contains("ulimit") || reason.contains("sysctl") {
+        ""
+    } else {
+        " (Docker's default seccomp profile and gVisor block io_uring)"
+    }
 }
 
 /// What to change when the process ran out of file descriptors.

@@ -40,6 +40,8 @@ struct Pool {
     kept: KeptFiles,
     /// Set by drop: workers skip the jobs still queued.
     shutdown: AtomicBool,
+    /// An open found the descriptor table full (warned once).
+    descriptors_ran_out: AtomicBool,
 }
 
 /// The pread thread pool behind `ReadEngine`.
@@ -65,6 +67,7 @@ impl PreadEngine {
             kept: KeptFiles::new(&files, cfg.keep_open_files_max),
             files,
             shutdown: AtomicBool::new(false),
+            descriptors_ran_out: AtomicBool::new(false),
         });
         let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<Job>(max_in_flight);
         let (done_tx, done_rx) = crossbeam_channel::bounded::<Completion>(max_in_flight);
@@ -312,13 +315,40 @@ fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
     }
 }
 
+/// How long a worker waits for a descriptor when the process has none left
+/// (EMFILE): the other workers close theirs within microseconds of their
+/// read, so only a table kept full by something else lasts this long.
+const DESCRIPTOR_PATIENCE: Duration = Duration::from_secs(2);
+
 /// The descriptor to read `file` through: in keep-open mode the kept one
 /// (checked against the recorded size when opened), else one opened for
-/// this read.
+/// this read. Under a small `ulimit -n` the workers' opens together can
+/// fill the table: an open that finds it full waits for another worker's
+/// descriptor to be closed (warning once), for up to `DESCRIPTOR_PATIENCE`.
 fn file_fd(pool: &Pool, file: u32) -> Result<ReadFd<'_>, ReadError> {
-    if pool.files.keep_open() {
-        pool.kept.fd(&pool.files, file)
-    } else {
-        pool.files.open(file).map(ReadFd::Owned)
+    let mut full_since: Option<Instant> = None;
+    loop {
+        let fd = if pool.files.keep_open() {
+            pool.kept.fd(&pool.files, file)
+        } else {
+            pool.files.open(file).map(ReadFd::Owned)
+        };
+        match fd {
+            Err(ReadError::Io { ref source, .. }) if source.raw_os_error() == Some(libc::EMFILE) => {
+                let since = *full_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= DESCRIPTOR_PATIENCE {
+                    return fd;
+                }
+                if !pool.descriptors_ran_out.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "the loader has no file descriptors left (ulimit -n {}): reads wait for each other's files \
+                         to be closed, which slows them; raise `ulimit -n`",
+                        super::nofile_limit()
+                    );
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            fd => return fd,
+        }
     }
 }

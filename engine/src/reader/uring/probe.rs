@@ -103,6 +103,10 @@ fn describe_setup_error(e: &io::Error) -> String {
             ),
             _ => format!("io_uring_setup(2) was denied ({e}), most likely by a seccomp filter such as Docker's default profile"),
         },
+        Some(libc::EMFILE | libc::ENFILE) => format!(
+            "io_uring_setup(2) found no file descriptor free for the ring ({e}; ulimit -n is {}): raise `ulimit -n`",
+            nofile_limit()
+        ),
         Some(libc::ENOMEM) => format!(
             "io_uring_setup(2) could not allocate the ring ({e}); before Linux 5.12 it counts against \
              RLIMIT_MEMLOCK (`ulimit -l`), or lower the queue depth"
