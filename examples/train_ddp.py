@@ -45,7 +45,9 @@ def main():
     feed = ringfeed.attach()  # RINGFEED_NAME, LOCAL_RANK
     if distributed:
         # Every rank's loader serves the same plan (same files, seed, batch
-        # size, ...): on several machines, each has its own loader.
+        # size, ...): on several machines, each has its own loader. After
+        # torchrun restarted every rank (--max-restarts), it also brings the
+        # ranks to the same step.
         ringfeed.check_same_plan(feed)
     for batch in feed:
         seq_len = len(batch.sample(0)) // 2

@@ -314,6 +314,22 @@ int32_t rf_get_start(const struct rf_feed *feed,
                      uint64_t *dataset_samples);
 
 /**
+ * Fills `*taken` with the batches this rank has taken in the run: by this
+ * process, and by the processes attached to the rank before it (a trainer
+ * that crashed and was restarted continues with batch number `*taken`,
+ * counted from 0). After a restart of every rank (torchrun
+ * `--max-restarts`), the ranks may differ by a batch: one had taken the
+ * batch of the next step when another died. Data-parallel ranks must train
+ * on the same step, so compare `*taken` across the job (an all-reduce MAX)
+ * and have each rank behind take and release the batches it lacks before
+ * training; the Python binding's `check_same_plan` does this.
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `taken` is writable.
+ */
+int32_t rf_get_taken(const struct rf_feed *feed, uint64_t *taken);
+
+/**
  * Fills `*epoch` and `*samples` with the resume state after `batch`: once
  * every rank of the job has trained on its batch of this step, a loader
  * restarted with `ringfeed serve ... --resume EPOCH:SAMPLES` (same dataset,

@@ -384,6 +384,31 @@ pub unsafe extern "C" fn rf_get_start(feed: *const rf_feed, epoch: *mut u64, sam
     })
 }
 
+/// Fills `*taken` with the batches this rank has taken in the run: by this
+/// process, and by the processes attached to the rank before it (a trainer
+/// that crashed and was restarted continues with batch number `*taken`,
+/// counted from 0). After a restart of every rank (torchrun
+/// `--max-restarts`), the ranks may differ by a batch: one had taken the
+/// batch of the next step when another died. Data-parallel ranks must train
+/// on the same step, so compare `*taken` across the job (an all-reduce MAX)
+/// and have each rank behind take and release the batches it lacks before
+/// training; the Python binding's `check_same_plan` does this.
+///
+/// # Safety
+/// `feed` comes from rf_attach and was not detached; `taken` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rf_get_taken(feed: *const rf_feed, taken: *mut u64) -> i32 {
+    guard(|| {
+        if feed.is_null() || taken.is_null() {
+            return fail(RF_E_INVALID, "rf_get_taken: feed and taken must not be NULL");
+        }
+        // SAFETY: a live feed from rf_attach; `taken` is non-NULL and
+        // writable by contract.
+        unsafe { *taken = (*feed).consumer.taken() };
+        RF_OK
+    })
+}
+
 fn not_recorded(name: &str) -> String {
     format!("the loader of {name:?} does not record the state it started at (an older ringfeed serve); restart it with this version, or count samples yourself from its --resume")
 }

@@ -110,9 +110,15 @@ int main(int argc, char **argv) {
     rc = rf_get_job(feed, NULL);
     if (rc != RF_E_INVALID) return fail("rf_get_job with NULL (expected RF_E_INVALID)", rc);
 
-    uint64_t n = 0;
+    uint64_t n = 0, taken = UINT64_MAX;
     rf_batch b;
+    rc = rf_get_taken(feed, NULL);
+    if (rc != RF_E_INVALID) return fail("rf_get_taken with NULL (expected RF_E_INVALID)", rc);
     while ((rc = rf_next(feed, &b, NEXT_TIMEOUT_MS)) == RF_OK) {
+        /* The batches this rank has taken, this one included. */
+        rc = rf_get_taken(feed, &taken);
+        if (rc != RF_OK) return fail("rf_get_taken", rc);
+        if (taken != n + 1) return failf("rf_get_taken after a batch", taken, n + 1);
         if (check_batch(&info, &b, n, rank, world, bsize, len)) {
             fprintf(stderr, "consumer: in batch %" PRIu64 " of rank %" PRIu64 "\n", n, rank);
             return 1;

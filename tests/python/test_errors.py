@@ -285,3 +285,22 @@ def test_next_with_a_bad_timeout_raises_invalid_argument(producer):
     with ringfeed.attach(p.name, 0, timeout=5) as feed:
         with pytest.raises(ringfeed.InvalidArgumentError):
             feed.next(timeout=-0.5)
+
+
+def test_attaching_by_default_outside_torchrun_to_a_loader_of_several_ranks_warns(producer, monkeypatch, caplog):
+    # `python train.py` instead of torchrun: the process trains on rank 0's
+    # share alone and the loader waits for the others; nothing else says so.
+    for var in ("LOCAL_RANK", "RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    p = producer(world_size=2)
+    with caplog.at_level("WARNING", logger="ringfeed"):
+        ringfeed.attach(p.name, timeout=10).close()
+    notes = [r.getMessage() for r in caplog.records if r.name == "ringfeed"]
+    assert len(notes) == 1 and "serves 2 ranks, with no torchrun environment" in notes[0], notes
+    assert "torchrun --nproc-per-node 2, or the loader with --world-size 1" in notes[0], notes[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ringfeed"):
+        ringfeed.attach(p.name, 0, timeout=10).close()  # rank 0 of the caller's own choosing
+        monkeypatch.setenv("LOCAL_RANK", "1")
+        ringfeed.attach(p.name, timeout=10).close()
+    assert [r.getMessage() for r in caplog.records if r.name == "ringfeed"] == []

@@ -123,3 +123,77 @@ def test_torchrun_on_two_machines_each_with_its_own_loader(tmp_path, node1_seed)
                     p.wait()
         for node in range(2):
             assert not os.path.exists("/dev/shm/ringfeed-tr2-%d-%s" % (node, tag)), "a loader left its segment"
+
+
+_LINE_UP_RANK = r"""
+import json, sys
+import torch.distributed as dist
+import ringfeed
+name, rank, store = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+feed = ringfeed.attach(name, rank, timeout=30)
+before = feed.taken
+ringfeed.check_same_plan(feed)
+after = feed.taken
+steps = []
+for batch in feed:
+    steps.append(batch.step)
+    dist.all_reduce(__import__("torch").zeros(1))  # a DDP step: both ranks must be at the same one
+    batch.release()
+feed.close()
+dist.destroy_process_group()
+print(json.dumps({"before": before, "after": after, "steps": steps}))
+"""
+
+
+def test_check_same_plan_lines_the_ranks_up_when_every_rank_restarts_after_a_crash(tmp_path):
+    """torchrun --max-restarts restarts every rank while the loader runs on;
+    each rank goes on after the batches its rank had taken, and one rank may
+    have taken the next step's batch before another died. Without lining up,
+    rank 0 trained step k+1 beside rank 1's step k for the rest of the run,
+    and the rank with one batch more waited for a partner at its end."""
+    pytest.importorskip("torch")
+    record_bytes = 64
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "shard.bin").write_bytes(os.urandom(record_bytes * 80))
+    name = "lineup-%s" % uuid.uuid4().hex[:8]
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(tmp_path / "data"), "--name", name, "--batch-size", "4",
+         "--record-bytes", str(record_bytes), "--world-size", "2", "--epochs", "1", "--no-shuffle"],
+        stderr=subprocess.PIPE,
+    )
+    ranks = []
+    try:
+        import ringfeed
+
+        # The first attempt: rank 0 took steps 0-2, rank 1 steps 0-1, then
+        # both went away (a crash, and torchrun stopping the other).
+        for rank, steps in ((0, 3), (1, 2)):
+            with ringfeed.attach(name, rank, timeout=30) as feed:
+                for _ in range(steps):
+                    feed.next(timeout=30).release()
+        store = tmp_path / "store"
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        ranks = [subprocess.Popen([sys.executable, "-c", _LINE_UP_RANK, name, str(r), str(store)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=env) for r in range(2)]
+        outs = [p.communicate(timeout=120) for p in ranks]
+        import json
+
+        for r, (p, (out, err)) in enumerate(zip(ranks, outs)):
+            assert p.returncode == 0, "rank %d: %s" % (r, err.decode())
+        got = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outs]
+        assert (got[0]["before"], got[1]["before"]) == (3, 2), got
+        assert (got[0]["after"], got[1]["after"]) == (3, 3), got
+        # 80 records, 8 a step: steps 0-9; both go on with step 3.
+        assert got[0]["steps"] == got[1]["steps"] == list(range(3, 10)), got
+        err1 = outs[1][1].decode()
+        assert "rank 1 of loader %r had taken 2 batch(es) and another rank of the job 3" % name in err1, err1
+        assert "gave back epoch 0 step 2 untrained" in err1, err1
+        assert "gave back" not in outs[0][1].decode(), outs[0][1].decode()
+        _, err = loader.communicate(timeout=30)
+        assert loader.returncode == 0, err.decode()
+    finally:
+        for p in ranks + [loader]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

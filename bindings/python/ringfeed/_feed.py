@@ -577,6 +577,25 @@ class Feed:
         handle = self._handle
         return handle.held if handle is not None else 0
 
+    @property
+    def taken(self):
+        """Batches this rank has taken in the run, by this process and by the
+        processes attached to it before (a trainer restarted after a crash
+        goes on with batch number ``taken``, counted from 0). None with a
+        library too old to say."""
+        handle = self._handle
+        if handle is None:
+            raise ValueError("the feed of %r rank %d is closed" % (self._name, self._rank))
+        if not hasattr(_LIB, "rf_get_taken"):
+            return None
+        taken = ctypes.c_uint64()
+        with handle.call_lock:
+            rc = _LIB.rf_get_taken(handle.ptr, ctypes.byref(taken))
+            if rc != _lib.RF_OK:
+                raise errors.error_for(rc, _lib.last_error(_LIB))
+            # A batch an interrupted next() took is this process's next one.
+            return taken.value - (handle.undelivered is not None)
+
     def close(self):
         """Stops using the feed. The ring is detached now if no batch or view
         is alive, else when the last one dies. A second call does nothing."""
@@ -879,6 +898,16 @@ def _check_job(info, name, rank_from_env):
     detaches when dropped.)"""
     local_world_size = _env_count("LOCAL_WORLD_SIZE")
     world_size = _env_count("WORLD_SIZE")
+    if (rank_from_env and info.world_size > 1 and local_world_size is None and world_size is None
+            and _env_count("LOCAL_RANK") is None and _env_count("RANK") is None):
+        _LOG.warning(
+            "ringfeed: attached to rank 0 of loader %r, which serves %d ranks, with no torchrun environment (LOCAL_RANK, "
+            "LOCAL_WORLD_SIZE and WORLD_SIZE are not set): this process gets rank 0's batches only, %d of every "
+            "%d samples, and the loader waits for the other ranks. Start the trainers with torchrun "
+            "--nproc-per-node %d, or the loader with --world-size 1",
+            name, info.world_size, info.max_samples_per_slot, info.world_size * info.max_samples_per_slot,
+            info.world_size,
+        )
     if local_world_size is not None and local_world_size != info.world_size:
         if info.job_world_size == info.world_size:
             other = "start the loader with --world-size %d (one loader per machine serves that machine's ranks)"
@@ -941,19 +970,32 @@ def check_same_plan(feed, group=None):
     ``torch.cuda.set_device``). Raises ``RankError`` on every rank, naming
     the job ranks of each plan. Returns quietly when torch.distributed is not
     initialized (a single process).
+
+    It also lines the ranks up after a restart. When torchrun restarts every
+    rank after a crash (``--max-restarts``) while the loader runs on, each
+    rank goes on after the batches its rank had taken, and those can differ
+    by a step: one rank had taken the batch of the next step when another
+    died. Data-parallel ranks would then pair different steps, and the rank
+    with one batch more would wait for a partner at the end of the run. So a
+    rank behind takes and gives back, untrained, the batches it lacks, and
+    says so on the ``ringfeed`` logger: like the batches the crashed
+    trainers had taken, they are not trained this epoch (at most once across
+    a crash; for exactly once, restart from a checkpoint with
+    ``serve --resume``).
     """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return
     info = feed.info
-    mine = (info.plan_digest, dist.get_rank(), info.job_world_size)
+    mine = (info.plan_digest, dist.get_rank(), info.job_world_size, feed.taken)
     every = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, mine, group=group)
     plans = {}
-    for digest, job_rank, job_world_size in every:
+    for digest, job_rank, job_world_size, _ in every:
         plans.setdefault((digest, job_world_size), []).append(job_rank)
     if len(plans) <= 1:
+        _line_up(feed, mine[3], [taken for *_, taken in every if taken is not None])
         return
     parts = []
     for (digest, job_world_size), ranks in sorted(plans.items(), key=lambda kv: min(kv[1])):
@@ -964,6 +1006,29 @@ def check_same_plan(feed, group=None):
         "--world-size, --batch-size, --seed, --epochs, --resume, --record-bytes and --no-shuffle, over copies of "
         "the dataset that hold the same files (compare the sample count and bytes in each loader's banner)"
         % "; ".join(parts)
+    )
+
+
+def _line_up(feed, taken, every_taken):
+    """Takes and gives back the batches this rank lacks to be at the step of
+    the rank furthest on (see check_same_plan)."""
+    if taken is None or not every_taken or taken >= max(every_taken):
+        return
+    behind = max(every_taken) - taken
+    skipped = []
+    for _ in range(behind):
+        batch = feed.next()
+        if batch is None:
+            break
+        skipped.append("epoch %d step %d" % (batch.epoch, batch.step))
+        batch.release()
+    _LOG.warning(
+        "ringfeed: rank %d of loader %r had taken %d batch(es) and another rank of the job %d (every rank restarted after "
+        "a crash, when one had already taken the batch of the next step): gave back %s untrained, so that every "
+        "rank goes on with the same step. Its samples are not trained this epoch, like the batches the crashed "
+        "trainers had taken (at most once across a crash; for exactly once, restart from a checkpoint with "
+        "`ringfeed serve --resume`)",
+        feed.rank, feed.name, taken, taken + behind, ", ".join(skipped) or "nothing (the run is over)",
     )
 
 

@@ -129,6 +129,9 @@ def _declare(lib):
         u64_p = ctypes.POINTER(ctypes.c_uint64)
         lib.rf_resume_state.argtypes = [_feed_p, ctypes.POINTER(rf_batch), u64_p, u64_p]
         lib.rf_resume_state.restype = ctypes.c_int
+    if hasattr(lib, "rf_get_taken"):
+        lib.rf_get_taken.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint64)]
+        lib.rf_get_taken.restype = ctypes.c_int
     if hasattr(lib, "rf_get_start"):
         lib.rf_get_start.argtypes = [_feed_p] + [ctypes.POINTER(ctypes.c_uint64)] * 3
         lib.rf_get_start.restype = ctypes.c_int

@@ -104,7 +104,7 @@ pub enum AttachError {
     #[error(transparent)]
     Name(#[from] NameError),
     /// No loader of that name appeared in time.
-    #[error("no loader named {name:?} appeared within {waited_ms} ms (looked for {path}); start one with `ringfeed serve --name {name} ...`, or check RINGFEED_NAME")]
+    #[error("no loader named {name:?} appeared within {waited_ms} ms (looked for {path}); start one with `ringfeed serve --name {name} ...` (a loader that has served its whole run exits and removes it), or check RINGFEED_NAME")]
     Timeout {
         /// The name.
         name: String,
@@ -592,6 +592,13 @@ impl Consumer {
     /// rank `job().first_rank + rank()` of `job().job_world_size`.
     pub fn job(&self) -> Job {
         self.job
+    }
+
+    /// Batches this rank has taken in the run, by this process and by the
+    /// ones attached to it before (a trainer that crashed): the number of
+    /// the batch the next `next` returns, counted from 0.
+    pub fn taken(&self) -> u64 {
+        self.consumed
     }
 
     /// The loader's name.
