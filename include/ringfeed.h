@@ -10,7 +10,7 @@
  *       }
  *       rf_release(feed, &b);
  *   }
- *   // rc == RF_END when all epochs are done; otherwise rf_last_error() says why
+ *   // rc == RF_END when all epochs are done; rc < 0: rf_last_error() says why
  *   rf_detach(feed);
  *
  * Link with -lringfeed and let the program find libringfeed.so when it runs
@@ -240,7 +240,8 @@ extern "C" {
 
 /**
  * Attaches to rank `rank` of the loader `name`, waiting up to `timeout_ms`
- * for it to appear (-1: forever, 0: no wait). On RF_OK, `*out` is the feed.
+ * for it to appear (-1, or any negative value: forever; 0: no wait). On
+ * RF_OK, `*out` is the feed.
  * Returns RF_TIMEOUT if no loader appeared, or a negative RF_E_* code. A rank
  * held by another process and a dead loader's segment (which a restarted
  * loader replaces) are waited on until the timeout, then RF_E_BUSY and
@@ -253,9 +254,10 @@ int32_t rf_attach(const char *name, int32_t rank, int64_t timeout_ms, struct rf_
 
 /**
  * Takes the next batch of this rank into `*batch`, waiting up to
- * `timeout_ms` (-1: forever, 0: no wait). A batch that is ready is taken
- * without a system call. Returns RF_OK, RF_END (run over), RF_TIMEOUT, or a
- * negative RF_E_* code (rf_last_error says why): RF_E_HELD at once, whatever
+ * `timeout_ms` (-1, or any negative value: forever; 0: no wait). A batch
+ * that is ready is taken without a system call. Returns RF_OK, RF_END (run
+ * over), RF_TIMEOUT (no batch in time; no message is set), or a negative
+ * RF_E_* code (rf_last_error says why): RF_E_HELD at once, whatever
  * the timeout, when the next batch's slot still holds a batch this feed has
  * not released (a rank's batches take its K slots in turn). A dead loader is
  * reported within about 100 ms, also to a caller polling with timeout 0.

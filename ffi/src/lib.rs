@@ -7,7 +7,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(non_camel_case_types)]
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
@@ -125,12 +125,24 @@ pub struct rf_feed {
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// The message of a call failed after LAST_ERROR was destroyed: from an
+    /// `atexit` handler, or a thread-local destructor of the caller's, which
+    /// run after Rust's thread-locals. Leaked (the thread is ending); no
+    /// destructor, so it is there to the end.
+    static LATE_ERROR: Cell<*const c_char> = const { Cell::new(std::ptr::null()) };
 }
+
+/// What `rf_last_error` gives once this thread's storage is gone and no call
+/// failed since.
+const GONE: &CStr = c"the message of the last failed call was freed with this thread's storage (the thread or the process is exiting)";
 
 fn set_error(message: impl std::fmt::Display) {
     let text = message.to_string().replace('\0', " ");
-    let c = CString::new(text).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    let mut c = Some(CString::new(text).unwrap_or_default());
+    if LAST_ERROR.try_with(|e| *e.borrow_mut() = c.take().unwrap_or_default()).is_err() {
+        let late = c.take().unwrap_or_default().into_raw().cast_const();
+        let _ = LATE_ERROR.try_with(|l| l.set(late));
+    }
 }
 
 fn fail(code: i32, message: impl std::fmt::Display) -> i32 {
@@ -177,7 +189,8 @@ fn next_code(e: &NextError) -> i32 {
 }
 
 /// Attaches to rank `rank` of the loader `name`, waiting up to `timeout_ms`
-/// for it to appear (-1: forever, 0: no wait). On RF_OK, `*out` is the feed.
+/// for it to appear (-1, or any negative value: forever; 0: no wait). On
+/// RF_OK, `*out` is the feed.
 /// Returns RF_TIMEOUT if no loader appeared, or a negative RF_E_* code. A rank
 /// held by another process and a dead loader's segment (which a restarted
 /// loader replaces) are waited on until the timeout, then RF_E_BUSY and
@@ -212,9 +225,10 @@ pub unsafe extern "C" fn rf_attach(name: *const c_char, rank: i32, timeout_ms: i
 }
 
 /// Takes the next batch of this rank into `*batch`, waiting up to
-/// `timeout_ms` (-1: forever, 0: no wait). A batch that is ready is taken
-/// without a system call. Returns RF_OK, RF_END (run over), RF_TIMEOUT, or a
-/// negative RF_E_* code (rf_last_error says why): RF_E_HELD at once, whatever
+/// `timeout_ms` (-1, or any negative value: forever; 0: no wait). A batch
+/// that is ready is taken without a system call. Returns RF_OK, RF_END (run
+/// over), RF_TIMEOUT (no batch in time; no message is set), or a negative
+/// RF_E_* code (rf_last_error says why): RF_E_HELD at once, whatever
 /// the timeout, when the next batch's slot still holds a batch this feed has
 /// not released (a rank's batches take its K slots in turn). A dead loader is
 /// reported within about 100 ms, also to a caller polling with timeout 0.
@@ -472,7 +486,10 @@ pub unsafe extern "C" fn rf_detach(feed: *mut rf_feed) {
 /// call on this thread.
 #[no_mangle]
 pub extern "C" fn rf_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR.try_with(|e| e.borrow().as_ptr()).unwrap_or_else(|_| {
+        let late = LATE_ERROR.try_with(Cell::get).unwrap_or(std::ptr::null());
+        if late.is_null() { GONE.as_ptr() } else { late }
+    })
 }
 
 /// Version of the ring ABI this library speaks.

@@ -6,7 +6,9 @@
 //!   C++ and that its `_Static_assert`s hold;
 //! - `attach_errors.c` checks RF_TIMEOUT, RF_E_RANK and RF_E_INVALID;
 //! - `held_and_fork.c` checks RF_E_HELD and RF_E_FORKED, and that neither
-//!   loses or repeats a batch.
+//!   loses or repeats a batch;
+//! - `exit_handlers.c` calls the library from an `atexit` handler and a
+//!   thread-local destructor, after an earlier failure on the same thread.
 //!
 //! Needs a C compiler (`cc`, or `$CC`) and the `ringfeed` binary built in the
 //! same target directory as this test (`cargo build -p ringfeed`, with
@@ -198,6 +200,15 @@ fn attach_errors_from_c_say_what_went_wrong() {
     let child = Command::new(&exe).arg(&name).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn attach_errors");
     let out = finish(child, "attach_errors");
     assert_printed(&out, "attach_errors", "ok");
+}
+
+#[test]
+fn calls_from_exit_handlers_after_an_earlier_failure_return_their_code_instead_of_aborting() {
+    let exe = build_c_program("exit_handlers");
+    let child = Command::new(&exe).arg(unique_name("exit")).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn exit_handlers");
+    let out = finish(child, "exit_handlers");
+    assert_printed(&out, "exit_handlers", "thread-local destructor ok");
+    assert_printed(&out, "exit_handlers", "atexit ok");
 }
 
 #[test]
