@@ -340,6 +340,97 @@ def test_a_batch_taken_as_ctrl_c_strikes_is_what_the_next_call_returns(producer,
     assert p.wait() == 0
 
 
+def test_a_batch_is_not_lost_to_ctrl_c_striking_as_next_leaves_the_call_lock(producer):
+    # The window after _call_next let go of call_lock and before it returned:
+    # the Batch died with the frame and its slot was given back, unseen.
+    p = producer(world_size=1, batches=6, batch_size=2, sample_bytes=32, slots_per_rank=2)
+
+    class StrikingLock:
+        def __init__(self, lock):
+            self.lock, self.strike = lock, False
+
+        def acquire(self, *a, **k):
+            return self.lock.acquire(*a, **k)
+
+        def release(self):
+            self.lock.release()
+
+        def __enter__(self):
+            self.lock.acquire()
+            return self
+
+        def __exit__(self, *exc):
+            self.lock.release()
+            if self.strike and exc[0] is None:
+                self.strike = False
+                raise KeyboardInterrupt
+
+    steps = []
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        handle = feed._handle
+        handle.call_lock = StrikingLock(handle.call_lock)
+        handle.call_lock.strike = True
+        with pytest.raises(KeyboardInterrupt):
+            feed.next(timeout=5)
+        gc.collect()
+        assert feed.held == 1  # taken, not lost, not given back
+        for b in feed:
+            p.check_batch(b, b.step, 0)
+            steps.append(b.step)
+            b.release()
+    assert steps == [0, 1, 2, 3, 4, 5]
+    assert p.wait() == 0
+
+
+def test_ctrl_c_inside_the_give_back_of_a_slot_neither_loses_the_slot_nor_is_swallowed(producer, monkeypatch):
+    # A KeyboardInterrupt in a weakref finalizer is printed and dropped by
+    # Python; striking before rf_release it also kept the slot taken for good
+    # (AllSlotsHeldError K batches later, naming a batch given back).
+    p = producer(world_size=1, batches=6, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        handle = feed._handle
+        real_release_now = type(handle).release_now
+        strikes = []
+
+        def striking_release_now(self, raw):
+            if not strikes:
+                strikes.append(1)
+                raise KeyboardInterrupt  # before rf_release
+            return real_release_now(self, raw)
+
+        monkeypatch.setattr(type(handle), "release_now", striking_release_now)
+        b = feed.next(timeout=5)
+        with pytest.raises(KeyboardInterrupt):
+            b.release()  # the finalizer runs here, and the Ctrl-C is raised again after it
+            for _ in range(1000):  # where the main thread runs next
+                time.sleep(0.001)
+        assert strikes == [1]
+        steps = [b.step]
+        del b
+        for b in feed:  # the queued slot is given back by the next call
+            p.check_batch(b, b.step, 0)
+            steps.append(b.step)
+            b.release()
+        assert feed.held == 0
+    assert steps == [0, 1, 2, 3, 4, 5]
+    assert p.wait() == 0
+
+
+def test_dropping_the_loop_variable_frees_its_slot_before_the_next_batch_is_asked_for(producer):
+    # The iterator's own frame kept the batch until next() returned: with one
+    # slot per rank, `del batch` in the loop body then met AllSlotsHeldError.
+    p = producer(world_size=1, batches=5, batch_size=2, sample_bytes=32, slots_per_rank=1)
+    steps = []
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        for batch in feed:
+            steps.append(batch.step)
+            data = batch.array().copy()
+            del batch
+        assert data.nbytes == 64
+    assert steps == [0, 1, 2, 3, 4]
+    assert p.wait() == 0
+
+
 def test_a_forked_child_cannot_take_or_give_back_the_parents_batches(producer):
     p = producer(world_size=1, batches=4, batch_size=2, sample_bytes=64, slots_per_rank=2)
     with ringfeed.attach(p.name, 0, timeout=5) as feed:

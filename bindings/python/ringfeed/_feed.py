@@ -18,6 +18,7 @@ Ownership, from the bottom up:
 import collections
 import ctypes
 import functools
+import _thread
 import gc
 import logging
 import math
@@ -208,7 +209,8 @@ class _Handle:
     a call is queued in ``pending`` and given back by the next call.
     """
 
-    __slots__ = ("ptr", "pid", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "feeds", "resume", "__weakref__")
+    __slots__ = ("ptr", "pid", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "in_transit", "feeds",
+                 "resume", "__weakref__")
 
     def __init__(self, cell, name, rank):
         self.ptr = cell[0]
@@ -226,6 +228,10 @@ class _Handle:
         # A batch rf_next took that never reached the caller (an exception,
         # such as Ctrl-C, struck first): the next next() returns it.
         self.undelivered = None
+        # The Batch _call_next made, until next() has it in hand: an
+        # exception that strikes in between (leaving call_lock, returning)
+        # puts it back as `undelivered` instead of dropping it.
+        self.in_transit = None
         # The open Feeds on this handle (for the message of a second attach).
         self.feeds = weakref.WeakSet()
         # ((start epoch, start samples), dataset samples, samples per step)
@@ -247,14 +253,27 @@ class _Handle:
         return rc, (_lib.last_error(_LIB) if rc != _lib.RF_OK else "")
 
     def drain_pending(self):
-        """Gives back queued slots; the caller holds call_lock."""
-        while True:
-            try:
-                raw = self.pending.popleft()
-            except IndexError:
-                return
-            rc, message = self.release_now(raw)
+        """Gives back queued slots; the caller holds call_lock. An entry
+        leaves the queue only once given back: a Ctrl-C in between leaves it
+        for the next call (which finds it given back, RF_E_STALE, at worst),
+        never loses it. Finalizers only append, so the head is ours."""
+        while self.pending:
+            rc, message = self.release_now(self.pending[0])
+            self.pending.popleft()
             _warn_if_failed(rc, message)
+
+
+def _undeliver(handle):
+    """Puts the batch in transit back (see ``_Handle.in_transit``): the next
+    next() returns it."""
+    batch, handle.in_transit = handle.in_transit, None
+    if batch is None:
+        return
+    gone = batch._finalizer.detach()  # (base, _give_back, (handle, raw, claim), {}), or None
+    if gone is not None:
+        _, _, (_, raw, claim), _ = gone
+        if claim.take_back(handle):
+            handle.undelivered = raw
 
 
 def _unqueue(queue, raw):
@@ -277,10 +296,12 @@ class _Claim:
     its base, or by next() itself when an exception (Ctrl-C) struck between
     rf_next and the Batch reaching the caller."""
 
-    __slots__ = ("given_back",)
+    __slots__ = ("given_back", "settled")
 
     def __init__(self):
         self.given_back = False
+        # Set by the finalizer once the slot is given back or queued.
+        self.settled = False
 
     def take_back(self, handle):
         """True once: the caller is the one to give the slot back."""
@@ -301,22 +322,45 @@ def _give_back(handle, raw, claim):
     if sys.is_finalizing() or _deferred_by_gc(_give_back, handle, raw, claim):
         return
     try:
-        if not claim.take_back(handle):
-            return
-        if handle.call_lock.acquire(blocking=False):
-            try:
-                handle.drain_pending()
-                rc, message = handle.release_now(raw)
-            finally:
-                handle.call_lock.release()
-            # A next() of another thread may be waiting for this slot.
-            handle.queued.set()
-            _warn_if_failed(rc, message)
-        else:
-            handle.pending.append(raw)
-            handle.queued.set()
-    except Exception:  # noqa: BLE001 - a finalizer must not raise
-        pass
+        _give_back_now(handle, raw, claim)
+    except BaseException as e:  # noqa: BLE001 - a finalizer must not raise
+        # A Ctrl-C (an asynchronous exception) struck in here: Python would
+        # print and drop it, and the slot could stay taken for good. Queue
+        # the slot for the next call unless it is back already, then raise
+        # the KeyboardInterrupt again where the main thread runs.
+        try:
+            if not claim.settled:
+                claim.take_back(handle)
+                claim.settled = True
+                handle.pending.append(raw)
+                handle.queued.set()
+        finally:
+            if isinstance(e, KeyboardInterrupt):
+                # From another thread, a little later: raised from here, it
+                # would strike again before this finalizer returns.
+                timer = threading.Timer(0.01, _thread.interrupt_main)
+                timer.daemon = True
+                timer.start()
+
+
+def _give_back_now(handle, raw, claim):
+    if not claim.take_back(handle):
+        claim.settled = True
+        return
+    if handle.call_lock.acquire(blocking=False):
+        try:
+            handle.drain_pending()
+            rc, message = handle.release_now(raw)
+            claim.settled = True
+        finally:
+            handle.call_lock.release()
+        # A next() of another thread may be waiting for this slot.
+        handle.queued.set()
+        _warn_if_failed(rc, message)
+    else:
+        handle.pending.append(raw)
+        claim.settled = True
+        handle.queued.set()
 
 
 @functools.lru_cache(maxsize=256)
@@ -613,10 +657,13 @@ class Feed:
     def __iter__(self):
         """Every batch of this rank, waiting as long as needed, until the run ends."""
         while True:
-            batch = self.next()
-            if batch is None:
+            box = [self.next()]
+            if box[0] is None:
                 return
-            yield batch
+            # Yielded from a list, not a local: this frame keeps no reference
+            # while the caller uses the batch nor during the next next(), so
+            # a batch the caller dropped has its slot back by then.
+            yield box.pop()
 
     def __repr__(self):
         state = "closed" if self.closed else "held=%d" % self.held
@@ -649,7 +696,12 @@ class Feed:
         while True:
             slice_s = _slice_s(deadline)
             handle.queued.clear()
-            rc, batch, message = self._call_next(handle, _ms(slice_s))
+            try:
+                rc, batch, message = self._call_next(handle, _ms(slice_s))
+            except BaseException:
+                _undeliver(handle)
+                raise
+            handle.in_transit = None
             if batch is not None:
                 return batch  # first thing: a Ctrl-C from here on would drop it unseen
             out_of_time = deadline is not None and time.monotonic() >= deadline
@@ -682,6 +734,7 @@ class Feed:
                     message = _lib.last_error(_LIB) if rc < 0 else ""
                 if rc == _lib.RF_OK:
                     batch = Batch(handle, raw, claim)
+                    handle.in_transit = batch
             except BaseException:
                 # Either no Batch was armed (take_back wins), or one was and
                 # died while the exception unwound, its finalizer queueing the
