@@ -365,7 +365,10 @@ void rf_detach(struct rf_feed *feed);
 /**
  * The message of the last failed call on this thread ("" if none failed
  * yet); a successful call does not clear it. Valid until the next ringfeed
- * call on this thread.
+ * call on this thread. Called while the thread or the process exits (an
+ * `atexit` handler, a thread-local destructor), after ringfeed's own
+ * thread storage is gone, it gives the message of a call failed since, or
+ * one saying the earlier message was freed.
  */
 const char *rf_last_error(void);
 

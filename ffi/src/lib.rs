@@ -127,8 +127,8 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
     /// The message of a call failed after LAST_ERROR was destroyed: from an
     /// `atexit` handler, or a thread-local destructor of the caller's, which
-    /// run after Rust's thread-locals. Leaked (the thread is ending); no
-    /// destructor, so it is there to the end.
+    /// run after Rust's thread-locals. No destructor, so it is there to the
+    /// end; the last one is leaked when the thread ends.
     static LATE_ERROR: Cell<*const c_char> = const { Cell::new(std::ptr::null()) };
 }
 
@@ -141,7 +141,13 @@ fn set_error(message: impl std::fmt::Display) {
     let mut c = Some(CString::new(text).unwrap_or_default());
     if LAST_ERROR.try_with(|e| *e.borrow_mut() = c.take().unwrap_or_default()).is_err() {
         let late = c.take().unwrap_or_default().into_raw().cast_const();
-        let _ = LATE_ERROR.try_with(|l| l.set(late));
+        if let Ok(old) = LATE_ERROR.try_with(|l| l.replace(late)) {
+            if !old.is_null() {
+                // SAFETY: `old` came from CString::into_raw above; the pointer
+                // rf_last_error gave for it is valid only until this call.
+                drop(unsafe { CString::from_raw(old.cast_mut()) });
+            }
+        }
     }
 }
 
@@ -483,7 +489,10 @@ pub unsafe extern "C" fn rf_detach(feed: *mut rf_feed) {
 
 /// The message of the last failed call on this thread ("" if none failed
 /// yet); a successful call does not clear it. Valid until the next ringfeed
-/// call on this thread.
+/// call on this thread. Called while the thread or the process exits (an
+/// `atexit` handler, a thread-local destructor), after ringfeed's own
+/// thread storage is gone, it gives the message of a call failed since, or
+/// one saying the earlier message was freed.
 #[no_mangle]
 pub extern "C" fn rf_last_error() -> *const c_char {
     LAST_ERROR.try_with(|e| e.borrow().as_ptr()).unwrap_or_else(|_| {

@@ -416,6 +416,40 @@ def test_ctrl_c_inside_the_give_back_of_a_slot_neither_loses_the_slot_nor_is_swa
     assert p.wait() == 0
 
 
+@pytest.mark.parametrize("taken_back_by_next", [False, True], ids=["the finalizer's own", "taken back by next()"])
+def test_a_ctrl_c_in_a_give_back_queues_only_a_slot_that_finalizer_took(producer, monkeypatch, taken_back_by_next):
+    # next() takes a claim back when Ctrl-C struck before its batch reached
+    # the caller, and hands that slot out again itself; a finalizer
+    # interrupted then must not queue it too (the next call would give back
+    # a slot whose batch is about to be returned).
+    import ringfeed._feed as feed_module
+
+    p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    with ringfeed.attach(p.name, 0, timeout=5) as feed:
+        handle = feed._handle
+        claim = feed_module._Claim()
+        if taken_back_by_next:
+            claim.take_back(handle)
+
+        def strike(handle, raw, claim):
+            if not taken_back_by_next:
+                claim.take_back(handle, feed_module._BY_FINALIZER)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(feed_module, "_give_back_now", strike)
+        raw = object()
+        with pytest.raises(KeyboardInterrupt):
+            feed_module._give_back(handle, raw, claim)  # returns: a finalizer does not raise
+            for _ in range(1000):  # the Ctrl-C, raised again where the main thread runs
+                time.sleep(0.001)
+        assert list(handle.pending) == ([] if taken_back_by_next else [raw])
+        handle.pending.clear()
+        monkeypatch.undo()
+        for b in feed:
+            b.release()
+    assert p.wait() == 0
+
+
 def test_dropping_the_loop_variable_frees_its_slot_before_the_next_batch_is_asked_for(producer):
     # The iterator's own frame kept the batch until next() returned: with one
     # slot per rank, `del batch` in the loop body then met AllSlotsHeldError.

@@ -299,17 +299,22 @@ class _Claim:
     __slots__ = ("given_back", "settled")
 
     def __init__(self):
+        # False, or who took it back: True (next()) or _BY_FINALIZER.
         self.given_back = False
         # Set by the finalizer once the slot is given back or queued.
         self.settled = False
 
-    def take_back(self, handle):
+    def take_back(self, handle, by=True):
         """True once: the caller is the one to give the slot back."""
         if self.given_back:
             return False
-        self.given_back = True
+        self.given_back = by
         handle.claims.discard(self)
         return True
+
+
+# Marks a claim its batch's finalizer took back (see _Claim.given_back).
+_BY_FINALIZER = object()
 
 
 def _give_back(handle, raw, claim):
@@ -328,25 +333,31 @@ def _give_back(handle, raw, claim):
         # print and drop it, and the slot could stay taken for good. Queue
         # the slot for the next call unless it is back already, then raise
         # the KeyboardInterrupt again where the main thread runs.
+        # Only a slot this finalizer took is its to queue: next() may have
+        # taken the claim back, and then hands the slot out again itself.
         try:
-            if not claim.settled:
-                claim.take_back(handle)
+            if not claim.given_back:
+                claim.take_back(handle, _BY_FINALIZER)
+            if claim.given_back is _BY_FINALIZER and not claim.settled:
                 claim.settled = True
+                handle.claims.discard(claim)
                 handle.pending.append(raw)
                 handle.queued.set()
         finally:
             if isinstance(e, KeyboardInterrupt):
                 # From another thread, a little later: raised from here, it
                 # would strike again before this finalizer returns.
-                timer = threading.Timer(0.01, _thread.interrupt_main)
-                timer.daemon = True
-                timer.start()
+                try:
+                    timer = threading.Timer(0.01, _thread.interrupt_main)
+                    timer.daemon = True
+                    timer.start()
+                except RuntimeError:
+                    pass  # the interpreter is shutting down
 
 
 def _give_back_now(handle, raw, claim):
-    if not claim.take_back(handle):
-        claim.settled = True
-        return
+    if not claim.take_back(handle, _BY_FINALIZER):
+        return  # next() took it back (undelivered): not ours
     if handle.call_lock.acquire(blocking=False):
         try:
             handle.drain_pending()
@@ -358,8 +369,11 @@ def _give_back_now(handle, raw, claim):
         handle.queued.set()
         _warn_if_failed(rc, message)
     else:
-        handle.pending.append(raw)
+        # Settled before the append, not after: an interrupt can strike
+        # only once the append's call has returned, and must not queue the
+        # slot a second time.
         claim.settled = True
+        handle.pending.append(raw)
         handle.queued.set()
 
 
@@ -630,6 +644,8 @@ class Feed:
         handle = self._handle
         if handle is None:
             raise ValueError("the feed of %r rank %d is closed" % (self._name, self._rank))
+        if handle.pid != os.getpid():
+            raise errors.error_for(_lib.RF_E_FORKED, "this feed was attached by the parent of this forked process; attach in the child")
         if not hasattr(_LIB, "rf_get_taken"):
             return None
         taken = ctypes.c_uint64()
@@ -1045,10 +1061,10 @@ def check_same_plan(feed, group=None):
     every = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, mine, group=group)
     plans = {}
-    for digest, job_rank, job_world_size, _ in every:
+    for digest, job_rank, job_world_size, *_ in every:  # a rank of an older binding sends 3 fields
         plans.setdefault((digest, job_world_size), []).append(job_rank)
     if len(plans) <= 1:
-        _line_up(feed, mine[3], [taken for *_, taken in every if taken is not None])
+        _line_up(feed, mine[3], [entry[3] for entry in every if len(entry) > 3 and entry[3] is not None])
         return
     parts = []
     for (digest, job_world_size), ranks in sorted(plans.items(), key=lambda kv: min(kv[1])):
@@ -1075,6 +1091,8 @@ def _line_up(feed, taken, every_taken):
             break
         skipped.append("epoch %d step %d" % (batch.epoch, batch.step))
         batch.release()
+    if len(skipped) > 4:
+        skipped[2:-1] = ["... (%d more) ..." % (len(skipped) - 3)]
     _LOG.warning(
         "ringfeed: rank %d of loader %r had taken %d batch(es) and another rank of the job %d (every rank restarted after "
         "a crash, when one had already taken the batch of the next step): gave back %s untrained, so that every "

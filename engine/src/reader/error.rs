@@ -168,7 +168,7 @@ pub enum ReadError {
 /// Where io_uring is commonly blocked, unless the probe found another reason
 /// (no descriptor free, a sysctl, memory) that says what to change itself.
 fn blocked_hint(reason: &str) -> &'static str {
-    if reason.contains("ulimit") || reason.contains("sysctl") {
+    if reason.contains("ulimit") || reason.contains("sysctl") || reason.contains("fs.file-max") {
         ""
     } else {
         " (Docker's default seccomp profile and gVisor block io_uring)"
@@ -178,7 +178,8 @@ fn blocked_hint(reason: &str) -> &'static str {
 /// What to change when the process ran out of file descriptors.
 fn fd_limit_hint(e: &io::Error) -> &'static str {
     match e.raw_os_error() {
-        Some(libc::EMFILE | libc::ENFILE) => " (the loader ran out of file descriptors: raise `ulimit -n`, or lower --queue-depth, the reads in flight)",
+        Some(libc::EMFILE) => " (the loader ran out of file descriptors: raise `ulimit -n`, or lower --queue-depth, the reads in flight)",
+        Some(libc::ENFILE) => " (the system's table of open files is full: see `sysctl fs.file-nr` and fs.file-max)",
         _ => "",
     }
 }

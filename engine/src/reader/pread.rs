@@ -336,7 +336,7 @@ fn file_fd(pool: &Pool, file: u32) -> Result<ReadFd<'_>, ReadError> {
         match fd {
             Err(ReadError::Io { ref source, .. }) if source.raw_os_error() == Some(libc::EMFILE) => {
                 let since = *full_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= DESCRIPTOR_PATIENCE {
+                if since.elapsed() >= DESCRIPTOR_PATIENCE || pool.shutdown.load(Ordering::Relaxed) {
                     return fd;
                 }
                 if !pool.descriptors_ran_out.swap(true, Ordering::Relaxed) {

@@ -103,7 +103,10 @@ fn describe_setup_error(e: &io::Error) -> String {
             ),
             _ => format!("io_uring_setup(2) was denied ({e}), most likely by a seccomp filter such as Docker's default profile"),
         },
-        Some(libc::EMFILE | libc::ENFILE) => format!(
+        Some(libc::ENFILE) => format!(
+            "io_uring_setup(2) found the system's table of open files full ({e}): see `sysctl fs.file-nr` and fs.file-max"
+        ),
+        Some(libc::EMFILE) => format!(
             "io_uring_setup(2) found no file descriptor free for the ring ({e}; ulimit -n is {}): raise `ulimit -n`",
             nofile_limit()
         ),
