@@ -328,16 +328,22 @@ def test_a_batch_taken_as_ctrl_c_strikes_is_what_the_next_call_returns(producer,
         with feed.next(timeout=5) as b:
             steps.append(b.step)
         monkeypatch.setattr(feed_module.Batch, "__init__", interrupted_init)
-        with pytest.raises(KeyboardInterrupt):
-            feed.next(timeout=5)
-        gc.collect()  # the half-made Batch, if any, dies here
-        assert feed.held == 1  # taken, not lost, not given back
-        for b in feed:
-            p.check_batch(b, b.step, 0)
-            steps.append(b.step)
-            b.release()
+        _interrupted_next_then_the_rest(p, feed, steps)
     assert steps == [0, 1, 2, 3, 4, 5]
     assert p.wait() == 0
+
+
+def _interrupted_next_then_the_rest(p, feed, steps):
+    """A next() that Ctrl-C interrupts keeps the batch it took for the next
+    call; then every batch left, checked, steps appended to ``steps``."""
+    with pytest.raises(KeyboardInterrupt):
+        feed.next(timeout=5)
+    gc.collect()  # a half-made Batch, if any, dies here
+    assert feed.held == 1  # taken, not lost, not given back
+    for b in feed:
+        p.check_batch(b, b.step, 0)
+        steps.append(b.step)
+        b.release()
 
 
 def test_a_batch_is_not_lost_to_ctrl_c_striking_as_next_leaves_the_call_lock(producer):
@@ -370,14 +376,7 @@ def test_a_batch_is_not_lost_to_ctrl_c_striking_as_next_leaves_the_call_lock(pro
         handle = feed._handle
         handle.call_lock = StrikingLock(handle.call_lock)
         handle.call_lock.strike = True
-        with pytest.raises(KeyboardInterrupt):
-            feed.next(timeout=5)
-        gc.collect()
-        assert feed.held == 1  # taken, not lost, not given back
-        for b in feed:
-            p.check_batch(b, b.step, 0)
-            steps.append(b.step)
-            b.release()
+        _interrupted_next_then_the_rest(p, feed, steps)
     assert steps == [0, 1, 2, 3, 4, 5]
     assert p.wait() == 0
 
