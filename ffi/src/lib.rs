@@ -138,15 +138,19 @@ const GONE: &CStr = c"the message of the last failed call was freed with this th
 
 fn set_error(message: impl std::fmt::Display) {
     let text = message.to_string().replace('\0', " ");
-    let mut c = Some(CString::new(text).unwrap_or_default());
-    if LAST_ERROR.try_with(|e| *e.borrow_mut() = c.take().unwrap_or_default()).is_err() {
-        let late = c.take().unwrap_or_default().into_raw().cast_const();
-        if let Ok(old) = LATE_ERROR.try_with(|l| l.replace(late)) {
-            if !old.is_null() {
-                // SAFETY: `old` came from CString::into_raw above; the pointer
-                // rf_last_error gave for it is valid only until this call.
-                drop(unsafe { CString::from_raw(old.cast_mut()) });
-            }
+    let c = CString::new(text).unwrap_or_default();
+    if LAST_ERROR.try_with(|_| ()).is_ok() {
+        LAST_ERROR.with(|e| *e.borrow_mut() = c);
+        return;
+    }
+    // This thread's storage is gone (an atexit handler, a thread-local
+    // destructor): LATE_ERROR, which has no destructor, keeps it.
+    let late = c.into_raw().cast_const();
+    if let Ok(old) = LATE_ERROR.try_with(|l| l.replace(late)) {
+        if !old.is_null() {
+            // SAFETY: `old` came from CString::into_raw above; the pointer
+            // rf_last_error gave for it is valid only until this call.
+            drop(unsafe { CString::from_raw(old.cast_mut()) });
         }
     }
 }

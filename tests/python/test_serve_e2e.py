@@ -1018,17 +1018,24 @@ def test_a_file_replaced_by_a_fifo_stops_the_loader_naming_it_instead_of_a_hang(
         kill_survivors([loader] + ([consumer] if consumer else []))
 
 
-def test_record_mode_under_a_small_descriptor_limit_reads_without_keeping_files_open(tmp_path):
+def _nofile(n):
+    """A preexec_fn giving the child a descriptor limit (`ulimit -n n`)."""
     import resource
 
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
+def _serve_under_nofile(n, *args):
+    """`ringfeed serve ARGS` under `ulimit -n n`, its stderr piped."""
+    return subprocess.Popen([ringfeed_bin(), "serve", *args], stderr=subprocess.PIPE, text=True, preexec_fn=_nofile(n))
+
+
+def test_record_mode_under_a_small_descriptor_limit_reads_without_keeping_files_open(tmp_path):
     for i in range(40):
         (tmp_path / ("f%02d" % i)).write_bytes(bytes([i]) * (50 * 4096))
     name = "e2e-fewfds-%s" % uuid.uuid4().hex[:8]
-    loader = subprocess.Popen(
-        [ringfeed_bin(), "serve", "--source", str(tmp_path), "--name", name, "--batch-size", "64", "--record-bytes", "4096",
-         "--io", "uring", "--queue-depth", "1"],
-        stderr=subprocess.PIPE, text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (24, 24)),
-    )
+    loader = _serve_under_nofile(24, "--source", str(tmp_path), "--name", name, "--batch-size", "64", "--record-bytes", "4096",
+                                 "--io", "uring", "--queue-depth", "1")
     try:
         import ringfeed
 
@@ -1049,16 +1056,11 @@ def test_pread_workers_under_a_small_descriptor_limit_wait_for_each_others_files
     # `ulimit -n 10` the loader's own descriptors leave fewer than 16, so
     # their opens meet EMFILE. That stopped the run ("Too many open files")
     # though a descriptor would be free microseconds later.
-    import resource
-
     for i in range(600):
         (tmp_path / ("f%03d" % i)).write_bytes(bytes([i % 251]) * 4096)
     name = "e2e-fewfds-p-%s" % uuid.uuid4().hex[:8]
-    loader = subprocess.Popen(
-        [ringfeed_bin(), "serve", "--source", str(tmp_path), "--name", name, "--batch-size", "32", "--io", "pread",
-         "--epochs", "20", "--manifest-cache", "off"],
-        stderr=subprocess.PIPE, text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (10, 10)),
-    )
+    loader = _serve_under_nofile(10, "--source", str(tmp_path), "--name", name, "--batch-size", "32", "--io", "pread",
+                                 "--epochs", "20", "--manifest-cache", "off")
     try:
         import ringfeed
 
@@ -1080,14 +1082,12 @@ def test_pread_workers_under_a_small_descriptor_limit_wait_for_each_others_files
 
 
 def test_io_uring_without_a_descriptor_free_says_to_raise_the_limit_not_that_it_is_blocked(tmp_path):
-    import resource
-
     (tmp_path / "f").write_bytes(b"x" * 4096)
     p = subprocess.run(
         [ringfeed_bin(), "serve", "--source", str(tmp_path), "--name", "e2e-nofd-" + uuid.uuid4().hex[:8], "--batch-size", "1",
          "--io", "uring", "--manifest-cache", "off"],
         stderr=subprocess.PIPE, text=True, timeout=60,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (7, 7)),
+        preexec_fn=_nofile(7),
     )
     assert p.returncode == 1, p.stderr
     assert "raise `ulimit -n`" in p.stderr and "seccomp" not in p.stderr, p.stderr

@@ -176,13 +176,6 @@ fn check(a: &DemoArgs) -> Result<()> {
             a.epochs
         );
     }
-    match a.slots_per_rank {
-        Some(0) => anyhow::bail!("--slots-per-rank 0: each rank needs at least 1 slot (2 or more lets the loader read ahead)"),
-        Some(k) if k > crate::ring::layout::MAX_SLOTS_PER_RANK => {
-            anyhow::bail!("--slots-per-rank {k}: a rank can have at most {} slots", crate::ring::layout::MAX_SLOTS_PER_RANK)
-        }
-        _ => {}
-    }
     let step = u64::from(a.world_size) * u64::from(a.batch_size);
     if a.files < step {
         anyhow::bail!("--files {} cannot fill one step of W×B = {step} samples; give at least {step} files", a.files);
@@ -193,9 +186,6 @@ fn check(a: &DemoArgs) -> Result<()> {
 fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     check(a)?;
     let data_dir = dir.join("data");
-    let t = Instant::now();
-    let total = make_dataset(&data_dir, a.files, a.max_sample_bytes)?;
-    say_out!("demo: wrote {} files ({}) to {} in {:.2} s", a.files, human_bytes(total), data_dir.display(), t.elapsed().as_secs_f64());
     let name = format!("demo-{}", std::process::id());
     let cfg = ServeConfig {
         source: data_dir.clone(),
@@ -214,6 +204,11 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         start: ResumeState::default(),
         progress: false,
     };
+    // `serve`'s own check of its ring flags, before anything is written.
+    cfg.check_ring_flags()?;
+    let t = Instant::now();
+    let total = make_dataset(&data_dir, a.files, a.max_sample_bytes)?;
+    say_out!("demo: wrote {} files ({}) to {} in {:.2} s", a.files, human_bytes(total), data_dir.display(), t.elapsed().as_secs_f64());
     let plan = Plan::new(cfg)?;
     let sampler = plan.sampler().clone();
     // The consumers start first and wait in attach, as trainers started
