@@ -164,18 +164,29 @@ def test_a_ring_too_large_for_its_flags_or_data_names_what_to_lower(tmp_path):
     many.mkdir()
     for i in range(130):
         (many / ("f%03d" % i)).write_bytes(b"x")
+    sized = tmp_path / "sized"
+    sized.mkdir()
+    for i in range(129):
+        (sized / ("f%03d" % i)).write_bytes(b"x")
+    with open(sized / "z-sparse", "wb") as f:
+        f.truncate(60 << 30)
     cases = [
-        (["--source", str(big), "--batch-size", "2"], ["2 largest samples together, 80.0 GiB", "lower --batch-size"]),
-        (["--source", str(huge), "--batch-size", "1"], ["a sample of 70.0 GiB", "split such files", "--record-bytes"]),
+        (["--source", str(big), "--batch-size", "2"], ["2 largest samples together, 80.0 GiB", "lower --batch-size"], []),
+        (["--source", str(huge), "--batch-size", "1"], ["a sample of 70.0 GiB", "split such files", "--record-bytes"], []),
         (["--source", str(many), "--batch-size", "1", "--world-size", "128", "--slots-per-rank", "1024", "--slot-bytes", str(60 << 30)],
-         ["128 rank(s) x 1024 slots of 60.0 GiB", "16.0 TiB", "lower --slots-per-rank"]),
+         ["128 rank(s) x 1024 slots of 60.0 GiB", "16.0 TiB", "lower --slots-per-rank, --batch-size or --slot-bytes"], []),
+        # Slots sized from the data: --slot-bytes cannot make them smaller, so it is not offered.
+        (["--source", str(sized), "--batch-size", "1", "--world-size", "128", "--slots-per-rank", "1024"],
+         ["128 rank(s) x 1024 slots of 60.0 GiB", "lower --slots-per-rank or --batch-size"], ["--slot-bytes"]),
     ]
-    for flags, words in cases:
+    for flags, words, absent in cases:
         name = "clierr-%s" % uuid.uuid4().hex[:8]
         rc, _, err = run(["serve", "--name", name, "--manifest-cache", "off"] + flags)
         assert rc == 1, err
         for w in words:
             assert w in err, (w, err)
+        for w in absent:
+            assert w not in err, (w, err)
         assert not os.path.exists("/dev/shm/ringfeed-" + name)
 
 

@@ -1013,12 +1013,15 @@ fn shape_problem(cfg: &ServeConfig, g: RingGeometry, largest_sample: u64, e: &Ge
             human_bytes(*value),
             human_bytes(MAX_SLOT_PAYLOAD_BYTES)
         ),
+        // --slot-bytes is named only when it was given: a slot sized from
+        // the data cannot be made smaller with it (and demo has no such flag).
         GeometryError::TooLarge { .. } => format!(
-            "{} rank(s) x {} slots of {} would be more than {} of shared memory; lower --slots-per-rank, --batch-size or --slot-bytes",
+            "{} rank(s) x {} slots of {} would be more than {} of shared memory; lower --slots-per-rank{}",
             g.world_size,
             g.slots_per_rank,
             human_bytes(g.slot_payload_bytes),
-            human_bytes(MAX_SEGMENT_BYTES)
+            human_bytes(MAX_SEGMENT_BYTES),
+            if cfg.slot_bytes.is_some() { ", --batch-size or --slot-bytes" } else { " or --batch-size" }
         ),
         other => format!("{other} ({} rank(s) on this machine, --batch-size {})", g.world_size, g.max_samples_per_slot),
     }
