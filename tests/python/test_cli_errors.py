@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from e2e_util import ringfeed_bin
+from e2e_util import ringfeed_bin, serve_until_serving
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +29,9 @@ CASES = [
     # (extra serve flags, environment, words the message must hold)
     (["--epochs", str(2**64 - 1)], {}, ["epochs", "lower --epochs"]),
     (["--epochs", "0"], {}, ["--epochs 0"]),
-    (["--epochs", "1", "--resume", "1:0"], {}, ["nothing to serve", "raise --epochs"]),
+    (["--epochs", "1", "--resume", "1:0"], {}, ["nothing to serve", "the run is complete", "raise --epochs and keep this --resume"]),
     # 40 samples, B=4, W=1: 38 consumed leaves 2, fewer than a step of 4.
-    (["--epochs", "2", "--resume", "1:38"], {}, ["nothing to serve", "the 2 samples left of that epoch", "fewer than one step", "= 4)", "Raise --epochs"]),
+    (["--epochs", "2", "--resume", "1:38"], {}, ["nothing to serve", "the 2 samples left of that epoch", "fewer than one step", "= 4)", "the run is complete", "raise --epochs and keep this --resume"]),
     (["--slots-per-rank", "0"], {}, ["--slots-per-rank 0"]),
     (["--slot-bytes", "0"], {}, ["--slot-bytes 0"]),
     (["--queue-depth", "0"], {}, ["--queue-depth 0"]),
@@ -201,3 +201,26 @@ def test_serve_warns_when_its_environment_shows_a_job_on_several_machines():
     rc, _, err = run(["serve", "--source", "/nonexistent-ringfeed-source", "--name", "x", "--batch-size", "4",
                       "--nnodes", "2", "--node-rank", "1"], {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"})
     assert "describe a job" not in err, err
+
+
+@pytest.mark.parametrize("flags, words", [
+    # 40 samples: a step of 3 leaves sample 39 out of every epoch, one of 6 leaves 36 to 39.
+    (["--batch-size", "3", "--no-shuffle"], ["drops the same last 1 of the 40 samples (sample 39, from ", "f39 on)", "step divide 40"]),
+    (["--batch-size", "3", "--world-size", "2", "--no-shuffle"], ["last 4 of the 40 samples (samples 36 to 39, from ", "f36 on)", "= 6 samples"]),
+    (["--batch-size", "3", "--no-shuffle", "--record-bytes", "500"], ["last 2 of the 80 samples (samples 78 to 79, from record 78 on, byte 0 of ", "f39)"]),
+    # A shuffle drops other samples every epoch; a step that divides the dataset drops none.
+    (["--batch-size", "3"], None),
+    (["--batch-size", "4", "--no-shuffle"], None),
+    # A run that is only the rest of a resumed epoch drops that epoch's own tail, said nowhere else.
+    (["--batch-size", "3", "--no-shuffle", "--resume", "0:3", "--epochs", "1"], None),
+])
+def test_a_tail_that_no_epoch_serves_is_warned_about(small_dataset, flags, words):
+    name = "clierr-%s" % uuid.uuid4().hex[:8]
+    rc, err = serve_until_serving(["--source", str(small_dataset), "--name", name, "--manifest-cache", "off"] + flags)
+    assert rc == 130, err
+    if words is None:
+        assert "never served" not in err, err
+    else:
+        for w in words:
+            assert w in err, (w, err)
+        assert "never served" in err

@@ -101,6 +101,31 @@ fn parse_resume(s: &str) -> Result<ResumeState, String> {
     Ok(ResumeState { epoch, samples_consumed })
 }
 
+/// Without a shuffle every epoch drops the same tail, the last samples of
+/// the manifest's order: they are never served in any whole epoch. Say so,
+/// naming the first of them, so that it is a choice and not a surprise.
+fn warn_of_a_fixed_tail(plan: &Plan, cfg: &ServeConfig) {
+    let (n, step) = (plan.manifest().len() as u64, plan.sampler().step_samples());
+    let tail = n % step;
+    // Only a run with a whole epoch after its start: a resumed epoch drops
+    // its own tail, which is this one anyway, and says nothing more.
+    if cfg.shuffle || tail == 0 || cfg.start.epoch.saturating_add(u64::from(cfg.start.samples_consumed > 0)) >= cfg.epochs {
+        return;
+    }
+    let first = n - tail;
+    let loc = plan.manifest().sample(first);
+    let at = match plan.manifest().record_bytes() {
+        Some(_) => format!("from record {first} on, byte {} of {}", loc.offset_bytes, plan.manifest().abs_path(loc.file).display()),
+        None => format!("from {} on", plan.manifest().abs_path(loc.file).display()),
+    };
+    let which = if tail == 1 { format!("sample {first}") } else { format!("samples {first} to {}", n - 1) };
+    say_err!(
+        "ringfeed: warning: with --no-shuffle every epoch drops the same last {tail} of the {n} samples ({which}, {at}), \
+         so they are never served: a step takes world size × batch size = {step} samples and {n} is not a multiple of it. \
+         Shuffle, or pick a batch size that makes the step divide {n}, if they should be trained on"
+    );
+}
+
 /// A world size from the environment variable `var`, if it is set.
 fn world_size_env(var: &str) -> Result<Option<u32>> {
     let Ok(v) = std::env::var(var) else {
@@ -325,7 +350,8 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             bail!(
                 "nothing to serve: the run starts at epoch {}, {} samples consumed, and the {} samples left of that epoch \
                  are fewer than one step (world size × batch size = {step}), the tail every epoch drops; that is the end \
-                 of a run of --epochs {}. Raise --epochs to train further (or leave out --resume)",
+                 of a run of --epochs {}, so the run is complete and there is nothing to restart. To train on, raise \
+                 --epochs and keep this --resume",
                 start.epoch,
                 start.samples_consumed,
                 n.saturating_sub(start.samples_consumed),
@@ -333,13 +359,14 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             );
         }
         bail!(
-            "nothing to serve: the run starts at epoch {}, {} samples consumed, which is the end of a run of --epochs {}; \
-             raise --epochs to train further (or leave out --resume)",
+            "nothing to serve: the run starts at epoch {}, {} samples consumed, which is the end of a run of --epochs {}, \
+             so the run is complete and there is nothing to restart. To train on, raise --epochs and keep this --resume",
             start.epoch,
             start.samples_consumed,
             cfg.epochs
         );
     }
+    warn_of_a_fixed_tail(&plan, &cfg);
     // From here on SIGINT/SIGTERM/SIGHUP only set a flag that the loader acts on,
     // so that it removes its segment and tells the trainers. Before, during
     // a listing that may take minutes, they end the process at once: there

@@ -64,7 +64,7 @@ pub struct ServeConfig {
     pub epochs: u64,
     /// Seed of the shuffle.
     pub seed: u64,
-    /// Manifest order instead of a shuffle.
+    /// Shuffle every epoch (false: manifest order, `--no-shuffle`).
     pub shuffle: bool,
     /// Fixed-size records instead of whole files.
     pub record_bytes: Option<u64>,
