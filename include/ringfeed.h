@@ -270,7 +270,10 @@ int32_t rf_next(struct rf_feed *feed, struct rf_batch *batch, int64_t timeout_ms
 /**
  * Gives a batch back to the loader. Batches may be released in any order.
  * A second release of the same batch, or a release of a batch that another
- * feed returned, returns RF_E_STALE.
+ * feed still attached returned, returns RF_E_STALE. A batch of a feed
+ * already detached must not be released through another feed: once its
+ * mapping is gone, a new feed's ring of the same shape may be mapped at the
+ * same address, and the handle can then name one of that feed's batches.
  *
  * # Safety
  * `feed` comes from rf_attach and was not detached; `batch` is readable.

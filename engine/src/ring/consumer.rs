@@ -850,7 +850,12 @@ impl Consumer {
         // (Dekker): either it sees us sleeping and wakes us, or we see its
         // batch in the re-check below and do not sleep.
         crate::sync::fence(Ordering::SeqCst);
-        let ready = protocol::published_for(block) > self.consumed || protocol::finished(block);
+        // An abort bumps `publish_futex` after storing ABORTED: if that bump
+        // came before our load of `seen`, no wake is coming, and the futex
+        // value would not stop the wait either; its state stops it here.
+        let ready = protocol::published_for(block) > self.consumed
+            || protocol::finished(block)
+            || self.view.header().state.load(Ordering::Acquire) == state::ABORTED;
         if !ready {
             futex::wait(&block.publish_futex, seen, slice);
         }

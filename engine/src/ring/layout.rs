@@ -283,10 +283,11 @@ pub struct SampleEntryCell {
     pub index: AtomicU64,
 }
 
-/// Blocks built on the heap for the loom model (tests/loom_handoff.rs). In
+/// Blocks built on the heap for the loom model (tests/loom_handoff.rs) and
+/// the unit tests of `protocol.rs`. In
 /// the product they only ever exist inside a mapping; under loom the atomics
 /// are model objects, not plain integers, so the model needs real values.
-#[cfg(loom)]
+#[cfg(any(loom, test))]
 mod model {
     use super::{RankBlock, SlotMeta};
     use crate::sync::{AtomicU32, AtomicU64};

@@ -22,7 +22,10 @@ pub fn slot_is_free(slot: &SlotMeta, generation: u64) -> bool {
     // the previous generation reads as released, every read the consumer made
     // of this slot's payload and sample table happened before, so the loader
     // may overwrite them.
-    slot.released.load(Ordering::Acquire) + 1 >= generation
+    // Saturating: `released` is written by another process, and an
+    // overflow would panic a debug build (a release build would wrap and
+    // stall the rank for good).
+    slot.released.load(Ordering::Acquire).saturating_add(1) >= generation
 }
 
 /// Publishes a filled slot as the rank's `seq`-th batch. The caller has
@@ -111,7 +114,10 @@ fn bump_release_futex(rank: &RankBlock, producer_sleeping: &AtomicU32) -> bool {
 /// were reclaimed and whether the loader must be woken.
 pub fn reclaim(rank: &RankBlock, slots: &[&SlotMeta], producer_sleeping: &AtomicU32) -> (u64, bool) {
     let k = slots.len() as u64;
-    let consumed = rank.consumed.load(Ordering::Acquire);
+    // A consumer can only have taken what was published: a larger `consumed`
+    // (a process that wrote over the segment) must not release batches
+    // nobody took, which the loader would then overwrite unread.
+    let consumed = rank.consumed.load(Ordering::Acquire).min(rank.published.load(Ordering::Acquire));
     let mut reclaimed = 0;
     for seq in consumed.saturating_sub(k)..consumed {
         let slot = slots[(seq % k) as usize];
@@ -126,4 +132,35 @@ pub fn reclaim(rank: &RankBlock, slots: &[&SlotMeta], producer_sleeping: &Atomic
         return (0, false);
     }
     (reclaimed, bump_release_futex(rank, producer_sleeping))
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::ring::layout::{RankBlock, SlotMeta};
+
+    /// `consumed` and `released` are written by another process: values no
+    /// correct consumer writes must not make the loader overwrite batches
+    /// nobody took, nor read as free a slot that is not.
+    #[test]
+    fn fields_a_consumer_could_not_have_written_release_nothing_unpublished() {
+        let rank = RankBlock::new_for_model();
+        let slots: Vec<SlotMeta> = (0..2).map(|_| SlotMeta::new_for_model()).collect();
+        let slots: Vec<&SlotMeta> = slots.iter().collect();
+        let sleeping = AtomicU32::new(0);
+        // Batches 0 and 1 published (generation 1 in both slots), none taken,
+        // but `consumed` says a million.
+        for seq in 0..2 {
+            assert!(!publish(&rank, slots[seq as usize], seq, 1));
+        }
+        rank.consumed.store(1_000_000, Ordering::Relaxed);
+        let (reclaimed, _) = reclaim(&rank, &slots, &sleeping);
+        assert_eq!(reclaimed, 2, "only the two published batches can have been taken");
+        assert!(slots.iter().all(|s| s.released.load(Ordering::Relaxed) == 1));
+        // A `released` of all ones neither overflows nor wraps to "not free".
+        slots[0].released.store(u64::MAX, Ordering::Relaxed);
+        assert!(slot_is_free(slots[0], u64::MAX));
+        slots[1].released.store(0, Ordering::Relaxed);
+        assert!(!slot_is_free(slots[1], 2));
+    }
 }
