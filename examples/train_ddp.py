@@ -16,6 +16,12 @@ batches as zero-copy numpy views of shared memory; torch.from_numpy wraps
 them without a copy. Every rank gets the same number of batches per epoch,
 so DDP never hangs on a short rank. Each record is a sequence of uint16
 tokens (record bytes / 2 of them); the toy model's vocabulary is small.
+
+Checkpoints: with CHECKPOINT=PATH, rank 0 saves the model, the optimizer and
+the data state (batch.resume_state, feed.order) there every 20 steps, and a
+later run goes on from it. Restart the loader with the `--resume E:S` the
+last "checkpoint" line printed; check_resume() stops every rank, naming the
+flag, if the loader does not start there or serves another sample order.
 """
 import os
 
@@ -41,6 +47,13 @@ def main():
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    checkpoint = os.environ.get("CHECKPOINT")
+    data_state = data_order = None
+    if checkpoint and os.path.exists(checkpoint):
+        saved = torch.load(checkpoint, map_location=device)
+        (model.module if distributed else model).load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        data_state, data_order = saved["data_state"], saved["data_order"]
 
     feed = ringfeed.attach()  # RINGFEED_NAME, LOCAL_RANK
     if distributed:
@@ -49,6 +62,10 @@ def main():
         # torchrun restarted every rank (--max-restarts), it also brings the
         # ranks to the same step.
         ringfeed.check_same_plan(feed)
+    # The loader goes on where the checkpoint does, under the same sample
+    # order (from the beginning, with no checkpoint): else some samples would
+    # be trained twice and others never.
+    ringfeed.check_resume(feed, data_state, data_order)
     for batch in feed:
         seq_len = len(batch.sample(0)) // 2
         tokens = torch.from_numpy(batch.array(np.uint16, (len(batch), seq_len)))  # no copy
@@ -63,11 +80,22 @@ def main():
         loss.backward()
         opt.step()
         if batch.step % 20 == 0 and int(os.environ.get("RANK", 0)) == 0:
-            # Checkpoint here with batch.resume_state: every rank has trained
-            # on this step, and `ringfeed serve ... --resume E:N` goes on after it.
+            # Every rank has trained on this step (DDP's all-reduce), so
+            # `ringfeed serve ... --resume E:N` with batch.resume_state goes on
+            # after it.
             epoch, samples = batch.resume_state
             print("epoch %d step %d loss %.3f (resume: --resume %d:%d)" % (batch.epoch, batch.step, loss.item(), epoch, samples),
                   flush=True)
+            if checkpoint:
+                state = {
+                    "model": (model.module if distributed else model).state_dict(),
+                    "opt": opt.state_dict(),
+                    "data_state": batch.resume_state,
+                    "data_order": feed.order,
+                }
+                torch.save(state, checkpoint + ".tmp")
+                os.replace(checkpoint + ".tmp", checkpoint)
+                print("checkpoint %s: restart the loader with --resume %d:%d" % (checkpoint, epoch, samples), flush=True)
     feed.close()
     if distributed:
         dist.destroy_process_group()

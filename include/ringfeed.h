@@ -335,6 +335,22 @@ int32_t rf_get_start(const struct rf_feed *feed,
 int32_t rf_get_taken(const struct rf_feed *feed, uint64_t *taken);
 
 /**
+ * Fills `*seed` with the loader's `--seed` and `*shuffled` with 1, or 0
+ * under `--no-shuffle`: with the dataset's sample count (`rf_get_start`),
+ * what decides the order of every epoch (docs/sampler.md), whatever the
+ * world size and batch size. A resume state holds only under the order it
+ * was saved under: save these with it, and before training from a
+ * checkpoint compare them, and the loader's start with the saved state
+ * (the Python binding's `check_resume` does). RF_E_VERSION if the loader
+ * does not record them (an older loader).
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `seed` and `shuffled`
+ * are writable.
+ */
+int32_t rf_get_order(const struct rf_feed *feed, uint64_t *seed, uint32_t *shuffled);
+
+/**
  * Fills `*epoch` and `*samples` with the resume state after `batch`: once
  * every rank of the job has trained on its batch of this step, a loader
  * restarted with `ringfeed serve ... --resume EPOCH:SAMPLES` (same dataset,

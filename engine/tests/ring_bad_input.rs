@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 use ringfeed::ring::consumer::{validate_header, Next};
-use ringfeed::ring::layout::{Job, RunStart, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES};
+use ringfeed::ring::layout::{Job, RunOrder, RunStart, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES};
 use ringfeed::ring::segment::{self, LOADER_LOCK_BYTE};
 use ringfeed::ring::{AttachError, AttachOptions, Consumer, CreateError, Layout, NextError, Producer, ReleaseError, RingGeometry, SampleEntry};
 
@@ -216,7 +216,9 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
     let name = unique("job");
     // Its loader started at --resume 3:40 over 1000 samples.
     let start = Some(RunStart { epoch: 3, samples_consumed: 40, dataset_samples: 1000 });
-    let job = Job { first_rank: 6, job_world_size: 8, plan_digest: 0x1234_5678_9abc_def0, start };
+    // Its order: --seed 2^64-1, --no-shuffle.
+    let order = Some(RunOrder { seed: u64::MAX, shuffled: false });
+    let job = Job { first_rank: 6, job_world_size: 8, plan_digest: 0x1234_5678_9abc_def0, start, order };
     let _producer = Producer::create_in_job(&name, GEOMETRY, job).unwrap();
     let consumer = Consumer::attach(&name, 1, SHORT).unwrap();
     assert_eq!(consumer.job(), job);
@@ -226,7 +228,7 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
     assert_eq!(consumer.resume_state_after(4, 1), Some((4, 16 * b)));
     drop(consumer);
     // A job that leaves no room for the ring's ranks is refused when made.
-    let err = Producer::create_in_job(&unique("job-bad"), GEOMETRY, Job { first_rank: 7, job_world_size: 8, plan_digest: 0, start: None }).err().expect("ranks 7..9 of 8");
+    let err = Producer::create_in_job(&unique("job-bad"), GEOMETRY, Job { first_rank: 7, job_world_size: 8, plan_digest: 0, start: None, order: None }).err().expect("ranks 7..9 of 8");
     assert!(matches!(err, CreateError::Job(_)) && err.to_string().contains("job ranks 7 to 8 of a job of 8 ranks"), "{err}");
     // Zeros, from a loader that predates the fields: the ring is the job.
     let plain = unique("job-zero");

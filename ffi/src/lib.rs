@@ -436,6 +436,41 @@ pub unsafe extern "C" fn rf_get_taken(feed: *const rf_feed, taken: *mut u64) -> 
     })
 }
 
+/// Fills `*seed` with the loader's `--seed` and `*shuffled` with 1, or 0
+/// under `--no-shuffle`: with the dataset's sample count (`rf_get_start`),
+/// what decides the order of every epoch (docs/sampler.md), whatever the
+/// world size and batch size. A resume state holds only under the order it
+/// was saved under: save these with it, and before training from a
+/// checkpoint compare them, and the loader's start with the saved state
+/// (the Python binding's `check_resume` does). RF_E_VERSION if the loader
+/// does not record them (an older loader).
+///
+/// # Safety
+/// `feed` comes from rf_attach and was not detached; `seed` and `shuffled`
+/// are writable.
+#[no_mangle]
+pub unsafe extern "C" fn rf_get_order(feed: *const rf_feed, seed: *mut u64, shuffled: *mut u32) -> i32 {
+    guard(|| {
+        if feed.is_null() || seed.is_null() || shuffled.is_null() {
+            return fail(RF_E_INVALID, "rf_get_order: feed, seed and shuffled must not be NULL");
+        }
+        // SAFETY: a live feed from rf_attach.
+        let consumer = unsafe { &(*feed).consumer };
+        let Some(order) = consumer.job().order else {
+            return fail(
+                RF_E_VERSION,
+                format!("the loader of {:?} does not record its --seed and shuffle (an older ringfeed serve); restart it with this version", consumer.name()),
+            );
+        };
+        // SAFETY: both non-NULL and writable by contract.
+        unsafe {
+            *seed = order.seed;
+            *shuffled = u32::from(order.shuffled);
+        }
+        RF_OK
+    })
+}
+
 fn not_recorded(name: &str) -> String {
     format!("the loader of {name:?} does not record the state it started at (an older ringfeed serve); restart it with this version, or count samples yourself from its --resume")
 }

@@ -110,6 +110,15 @@ int main(int argc, char **argv) {
     rc = rf_get_job(feed, NULL);
     if (rc != RF_E_INVALID) return fail("rf_get_job with NULL (expected RF_E_INVALID)", rc);
 
+    /* The test producer records no order: refused as an older loader's would be. */
+    uint64_t seed = 0;
+    uint32_t shuffled = 0;
+    rc = rf_get_order(feed, &seed, NULL);
+    if (rc != RF_E_INVALID) return fail("rf_get_order with NULL (expected RF_E_INVALID)", rc);
+    rc = rf_get_order(feed, &seed, &shuffled);
+    if (rc != RF_E_VERSION) return fail("rf_get_order of a test producer (expected RF_E_VERSION)", rc);
+    if (strstr(rf_last_error(), "--seed") == NULL) return fail("rf_get_order's message names --seed", rc);
+
     uint64_t n = 0, taken = UINT64_MAX;
     rf_batch b;
     rc = rf_get_taken(feed, NULL);

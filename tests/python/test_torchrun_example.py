@@ -54,6 +54,54 @@ def test_torchrun_trains_ddp_from_the_ring_on_a_record_dataset(tmp_path):
             loader.wait()
 
 
+def test_the_example_goes_on_from_its_checkpoint_only_with_a_loader_resumed_there(tmp_path):
+    """examples/train_ddp.py with CHECKPOINT: a first run saves the model and
+    the data state; a second run against a loader started without --resume
+    stops on every rank, naming the --resume to add, instead of training the
+    first samples again; with the loader resumed there it trains to the end."""
+    pytest.importorskip("torch")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    record_bytes = SEQ_TOKENS * 2
+    data = tmp_path / "data"
+    data.mkdir()
+    for shard in range(3):
+        (data / ("shard-%d.bin" % shard)).write_bytes(os.urandom(record_bytes * 100))
+    checkpoint = tmp_path / "ckpt.pt"
+
+    def run(*flags):
+        name = "torchrun-ckpt-%s" % uuid.uuid4().hex[:8]
+        loader = subprocess.Popen(
+            [ringfeed_bin(), "serve", "--source", str(data), "--name", name, "--batch-size", "4",
+             "--record-bytes", str(record_bytes), "--world-size", "2", *flags],
+            stderr=subprocess.PIPE)
+        env = dict(os.environ, RINGFEED_NAME=name, OMP_NUM_THREADS="1", CHECKPOINT=str(checkpoint))
+        try:
+            job = subprocess.run(
+                [torchrun, "--standalone", "--nproc-per-node", "2", str(ROOT / "examples" / "train_ddp.py")],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=240)
+            if loader.poll() is None and job.returncode != 0:
+                loader.terminate()
+            _, err = loader.communicate(timeout=30)
+            return job.returncode, job.stdout.decode(), loader.returncode, err.decode()
+        finally:
+            if loader.poll() is None:
+                loader.kill()
+                loader.wait()
+
+    # 300 records, 8 a step: 37 steps an epoch; checkpoints at steps 0 and 20.
+    rc, out, loader_rc, err = run("--epochs", "1")
+    assert rc == 0 and loader_rc == 0, out + err
+    assert "checkpoint %s: restart the loader with --resume 0:168" % checkpoint in out, out
+    rc, out, loader_rc, err = run("--epochs", "2")
+    assert rc != 0, out
+    assert "ResumeMismatchError" in out and "was started with no --resume" in out, out
+    assert "--resume 0:168" in out, out
+    rc, out, loader_rc, err = run("--epochs", "2", "--resume", "0:168")
+    assert rc == 0 and loader_rc == 0, out + err
+    # The rest of epoch 0 (16 steps) and epoch 1 (37), 2 ranks.
+    assert "106 batches" in err, err
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

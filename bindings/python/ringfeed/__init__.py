@@ -62,14 +62,15 @@ Errors are ``ringfeed.Error`` (a RuntimeError), one subclass per cause:
 ``StaleBatchError``, ``InvalidArgumentError`` (also ValueError),
 ``IOFailureError``, ``InternalError``, ``AllSlotsHeldError``, ``ForkedError``
 and ``TimeoutError`` (also the builtin TimeoutError). The message is the
-library's, and says what to do.
+library's, and says what to do. ``check_resume`` raises
+``ResumeMismatchError`` (also ValueError).
 
 ``RINGFEED_LIB`` overrides the path of ``libringfeed.so`` (the package ships
 its own).
 """
 
 from . import _lib
-from ._feed import Batch, Feed, FeedInfo, abi_version, attach, check_same_plan
+from ._feed import Batch, Feed, FeedInfo, abi_version, attach, check_resume, check_same_plan
 from .errors import (
     AbortedError,
     AllSlotsHeldError,
@@ -82,6 +83,7 @@ from .errors import (
     LoaderGoneError,
     RankBusyError,
     RankError,
+    ResumeMismatchError,
     StaleBatchError,
     TimeoutError,
     VersionMismatchError,
@@ -107,11 +109,13 @@ __all__ = [
     "LoaderGoneError",
     "RankBusyError",
     "RankError",
+    "ResumeMismatchError",
     "StaleBatchError",
     "TimeoutError",
     "VersionMismatchError",
     "abi_version",
     "attach",
+    "check_resume",
     "check_same_plan",
     "library_path",
 ]

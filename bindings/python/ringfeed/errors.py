@@ -105,6 +105,13 @@ class ForkedError(Error):
     code = _lib.RF_E_FORKED
 
 
+class ResumeMismatchError(Error, ValueError):
+    """A checkpoint's resume state does not fit the loader it is to go on
+    with: the loader starts elsewhere, or serves another sample order (other
+    dataset size, seed or shuffle). Raised by ``check_resume``, not by the C
+    library; the message names the loader flag to fix."""
+
+
 _BY_CODE = {
     cls.code: cls
     for cls in (

@@ -200,7 +200,7 @@ pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Resul
         }
         bail!("world size {job_world_size} over --nnodes {nnodes} is {local} ranks per machine, more than the {MAX_RANKS} one loader serves");
     }
-    Ok((local, Job { first_rank: node_rank * local, job_world_size, plan_digest: 0, start: None }))
+    Ok((local, Job { first_rank: node_rank * local, job_world_size, plan_digest: 0, start: None, order: None }))
 }
 
 /// The local directory behind `--source`.

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crate::manifest::{Manifest, ManifestError, ManifestOptions};
 use crate::reader::{open_engine, Completion, FileTable, IoChoice, ReadEngine, ReadError, ReadOp, ReaderConfig};
 use crate::ring::segment::{self, human_bytes};
-use crate::ring::layout::{GeometryError, Job, RunStart};
+use crate::ring::layout::{GeometryError, Job, RunOrder, RunStart};
 use crate::ring::{CreateError, Layout, Producer, PublishError, RingGeometry};
 use crate::sampler::{ResumeState, Sampler, SamplerConfig, SamplerError};
 
@@ -344,7 +344,8 @@ impl Plan {
         }
         let files = Arc::new(FileTable::over(manifest.root(), Arc::clone(manifest.files()), cfg.record_bytes.is_some())?);
         let start = Some(RunStart { epoch: cfg.start.epoch, samples_consumed: cfg.start.samples_consumed, dataset_samples: sampler.config().n_samples });
-        let job = Job { plan_digest: plan_digest(&cfg, &manifest), start, ..cfg.job };
+        let order = Some(RunOrder { seed: cfg.seed, shuffled: cfg.shuffle });
+        let job = Job { plan_digest: plan_digest(&cfg, &manifest), start, order, ..cfg.job };
         Ok(Plan { cfg, manifest, sampler, slot_bytes, derived_slot_bytes: derived, slots_per_rank, files, job })
     }
 

@@ -423,7 +423,10 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
     }
     let start = (u32_at(84) & crate::ring::layout::flags::START_KNOWN != 0)
         .then(|| crate::ring::layout::RunStart { epoch: u64_at(112), samples_consumed: u64_at(120), dataset_samples: u64_at(176) });
+    let order = (u32_at(84) & crate::ring::layout::flags::ORDER_KNOWN != 0)
+        .then(|| crate::ring::layout::RunOrder { seed: u64_at(184), shuffled: u64_at(192) != 0 });
     let job = Job::from_header(u32_at(100), u32_at(96), geometry.world_size, u64_at(104), start).map_err(|e| corrupt(path, e))?;
+    let job = Job { order, ..job };
     Ok((layout, job))
 }
 

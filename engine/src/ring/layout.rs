@@ -58,6 +58,9 @@ pub mod flags {
     /// `start_epoch`, `start_samples` and `dataset_samples` hold the
     /// loader's [`RunStart`](super::RunStart).
     pub const START_KNOWN: u32 = 1;
+    /// `order_seed` and `order_shuffled` hold the loader's
+    /// [`RunOrder`](super::RunOrder).
+    pub const ORDER_KNOWN: u32 = 2;
 }
 
 /// Where a ring's ranks sit in the training job. A job spread over several
@@ -79,6 +82,20 @@ pub struct Job {
     /// Where the loader started (its `--resume`). None: not known (a loader
     /// that predates the fields, or a test producer).
     pub start: Option<RunStart>,
+    /// What, besides the dataset's sample count, decides the order of every
+    /// epoch. None: not known (as for `start`).
+    pub order: Option<RunOrder>,
+}
+
+/// The flags that decide the sample order of an epoch, with the sample count
+/// ([`RunStart::dataset_samples`]; docs/sampler.md): a resume state holds only
+/// under the order it was saved under, and a trainer can compare them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunOrder {
+    /// `--seed`.
+    pub seed: u64,
+    /// False with `--no-shuffle`.
+    pub shuffled: bool,
 }
 
 /// The state a loader started at, and what it needs to say the state after
@@ -96,7 +113,7 @@ pub struct RunStart {
 impl Job {
     /// A job that is all on this machine: ring ranks are job ranks.
     pub fn single(world_size: u32) -> Job {
-        Job { first_rank: 0, job_world_size: world_size, plan_digest: 0, start: None }
+        Job { first_rank: 0, job_world_size: world_size, plan_digest: 0, start: None, order: None }
     }
 
     /// The resume state once every rank of the job has taken its batch of
@@ -138,7 +155,7 @@ impl Job {
         if end > u64::from(job_world_size) {
             return Err(format!("it serves job ranks {first_rank} to {} of a job of {job_world_size} ranks", end - 1));
         }
-        Ok(Job { first_rank, job_world_size, plan_digest, start })
+        Ok(Job { first_rank, job_world_size, plan_digest, start, order: None })
     }
 }
 
@@ -208,7 +225,13 @@ pub struct Header {
     /// [`RunStart::dataset_samples`] (valid with [`flags::START_KNOWN`]):
     /// written once before READY, like the fields before offset 128.
     pub dataset_samples: AtomicU64,
-    _reserved1: [AtomicU64; 9],
+    /// [`RunOrder::seed`] (valid with [`flags::ORDER_KNOWN`]): written once
+    /// before READY.
+    pub order_seed: AtomicU64,
+    /// [`RunOrder::shuffled`], 1 or 0 (valid with [`flags::ORDER_KNOWN`]):
+    /// written once before READY.
+    pub order_shuffled: AtomicU64,
+    _reserved1: [AtomicU64; 7],
     // --- offset 256 to 4096: reserved ---
     _reserved2: [AtomicU64; 480],
 }
@@ -367,6 +390,8 @@ const _: () = {
     assert!(offset_of!(Header, bytes_published) == 152);
     assert!(offset_of!(Header, reader_backend) == 160);
     assert!(offset_of!(Header, dataset_samples) == 176);
+    assert!(offset_of!(Header, order_seed) == 184);
+    assert!(offset_of!(Header, order_shuffled) == 192);
     assert!(size_of::<RankBlock>() as u64 == RANK_BLOCK_BYTES);
     assert!(offset_of!(RankBlock, publish_futex) == 8);
     assert!(offset_of!(RankBlock, finished) == 12);
@@ -535,7 +560,7 @@ mod tests {
         // Two machines of 4 ranks, B = 8: a step is 64 samples of the job;
         // 1000 samples: epoch 2 from 100 has 14 steps, later ones 15.
         let start = RunStart { epoch: 2, samples_consumed: 100, dataset_samples: 1000 };
-        let job = Job { first_rank: 4, job_world_size: 8, plan_digest: 0, start: Some(start) };
+        let job = Job { first_rank: 4, job_world_size: 8, plan_digest: 0, start: Some(start), order: None };
         assert_eq!(job.resume_state_after(8, 2, 0), Some((2, 164)));
         assert_eq!(job.resume_state_after(8, 2, 3), Some((2, 356)));
         assert_eq!(job.resume_state_after(8, 2, 12), Some((2, 932)));

@@ -491,7 +491,12 @@ impl Producer {
             h.start_epoch.store(start.epoch, r);
             h.start_samples.store(start.samples_consumed, r);
             h.dataset_samples.store(start.dataset_samples, r);
-            h.flags.store(crate::ring::layout::flags::START_KNOWN, r);
+            h.flags.fetch_or(crate::ring::layout::flags::START_KNOWN, r);
+        }
+        if let Some(order) = job.order {
+            h.order_seed.store(order.seed, r);
+            h.order_shuffled.store(u64::from(order.shuffled), r);
+            h.flags.fetch_or(crate::ring::layout::flags::ORDER_KNOWN, r);
         }
         for rank in 0..g.world_size {
             view.rank(rank).batches_expected.store(u64::MAX, r);
