@@ -197,3 +197,22 @@ proptest! {
         run(w, k, ops)?;
     }
 }
+
+/// `ringfeed stat`'s wait time of a rank grows while its consumer waits, not
+/// only once the wait ends: a trainer starved for minutes (a C trainer's
+/// `rf_next` with no timeout is one wait) must show it while it lasts.
+#[test]
+fn a_long_wait_is_counted_while_it_lasts() {
+    let name = format!("model-wait-{}-{}", std::process::id(), rand_suffix());
+    let g = RingGeometry { world_size: 1, slots_per_rank: 2, max_samples_per_slot: 1, slot_payload_bytes: 4096 };
+    let producer = Producer::create(&name, g).expect("create");
+    let mut consumer = attach(&name, 0);
+    let waiter = std::thread::spawn(move || matches!(consumer.next(Some(Duration::from_millis(1500))), Ok(Next::Timeout)));
+    std::thread::sleep(Duration::from_millis(800));
+    let observed = Observer::open(&name).expect("observe").snapshot().ranks[0].wait;
+    assert!(waiter.join().expect("waiter"), "nothing was published: the wait times out");
+    assert!(observed >= Duration::from_millis(400), "after 800 ms of a 1.5 s wait, stat saw only {observed:?}");
+    let total = Observer::open(&name).expect("observe").snapshot().ranks[0].wait;
+    assert!(total >= Duration::from_millis(1400) && total < Duration::from_secs(3), "{total:?} for a 1.5 s wait");
+    drop(producer);
+}

@@ -224,3 +224,41 @@ def test_a_tail_that_no_epoch_serves_is_warned_about(small_dataset, flags, words
         for w in words:
             assert w in err, (w, err)
         assert "never served" in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "junk", "directory"])
+def test_an_object_ringfeed_did_not_make_under_a_ring_name_is_named_and_left_alone(small_dataset, kind):
+    """stat, serve, gc and attach on /dev/shm/ringfeed-NAME when NAME is a
+    FIFO, a directory or a file of other bytes: each says what it is at once
+    (stat used to wait forever on a FIFO; serve and gc removed the file as a
+    dead loader's), and nothing removes it."""
+    import ringfeed
+
+    name = "clierr-%s-%s" % (kind, uuid.uuid4().hex[:8])
+    path = "/dev/shm/ringfeed-" + name
+    if kind == "fifo":
+        os.mkfifo(path)
+        what = "it is a FIFO"
+    elif kind == "directory":
+        os.mkdir(path)
+        what = "it is a directory"
+    else:
+        with open(path, "wb") as f:
+            f.write(b"not a ring" * 1000)
+        what = "ringfeed did not write"
+    try:
+        rc, _, err = run(["stat", name, "--once"], timeout=10)
+        assert rc == 1 and what in err, err
+        rc, _, err = run(["serve", "--source", str(small_dataset), "--name", name, "--batch-size", "2"], timeout=10)
+        assert rc == 1 and "not a ringfeed segment: ringfeed leaves it alone" in err, err
+        rc, out, err = run(["gc"], timeout=10)
+        assert rc == 0 and "skipped %s" % path in out, out + err
+        with pytest.raises(ringfeed.CorruptSegmentError) as e:
+            ringfeed.attach(name, rank=0, timeout=10)
+        assert path in str(e.value), str(e.value)
+        assert os.path.lexists(path)
+    finally:
+        if os.path.isdir(path):
+            os.rmdir(path)
+        elif os.path.lexists(path):
+            os.unlink(path)

@@ -105,7 +105,7 @@ fn parse_resume(s: &str) -> Result<ResumeState, String> {
 /// the manifest's order: they are never served in any whole epoch. Say so,
 /// naming the first of them, so that it is a choice and not a surprise.
 fn warn_of_a_fixed_tail(plan: &Plan, cfg: &ServeConfig) {
-    let (n, step) = (plan.manifest().len() as u64, plan.sampler().step_samples());
+    let (n, step) = (plan.manifest().len(), plan.sampler().step_samples());
     let tail = n % step;
     // Only a run with a whole epoch after its start: a resumed epoch drops
     // its own tail, which is this one anyway, and says nothing more.

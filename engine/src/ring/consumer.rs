@@ -461,8 +461,13 @@ impl Consumer {
                     }
                     continue;
                 }
+                Err(_) if segment::is_a_directory(name) => return Err(corrupt(&path, "it is a directory")),
                 Err(e) => return Err(AttachError::Io { what: "cannot open", path, source: e }),
             };
+            if let Some(kind) = segment::not_regular(&fd) {
+                // Not a file at all: no loader will ever make this one ready.
+                return Err(corrupt(&path, format!("it is {kind}")));
+            }
             match Self::attach_fd(fd, name, rank) {
                 // A loader still building its segment, or a rank whose previous
                 // consumer is still detaching: wait and retry within the timeout.
@@ -752,13 +757,24 @@ impl Consumer {
             return Ok(Next::Batch(b));
         }
         let start = Instant::now();
-        let result = self.wait_next(start, timeout);
-        let waited = start.elapsed().as_nanos() as u64;
-        self.view.rank(self.rank).wait_ns_total.fetch_add(waited, Ordering::Relaxed);
+        let mut counted = start;
+        let result = self.wait_next(start, timeout, &mut counted);
+        self.count_wait(&mut counted);
         result
     }
 
-    fn wait_next(&mut self, start: Instant, timeout: Option<Duration>) -> Result<Next, NextError> {
+    /// Adds the time since `counted` to the rank's wait total (`ringfeed
+    /// stat`) and moves `counted` to now: after every wait slice, so that a
+    /// trainer starved for minutes shows it while it waits, not once its
+    /// batch comes.
+    fn count_wait(&self, counted: &mut Instant) {
+        let now = Instant::now();
+        let waited = now.duration_since(*counted).as_nanos() as u64;
+        self.view.rank(self.rank).wait_ns_total.fetch_add(waited, Ordering::Relaxed);
+        *counted = now;
+    }
+
+    fn wait_next(&mut self, start: Instant, timeout: Option<Duration>, counted: &mut Instant) -> Result<Next, NextError> {
         let deadline = timeout.map(|t| start + t);
         let spin_until = start + SPIN_BEFORE_SLEEP;
         if let Some(r) = self.end_or_abort() {
@@ -812,6 +828,7 @@ impl Consumer {
             }
             let slice = deadline.map_or(WAIT_SLICE, |d| d.saturating_duration_since(now).min(WAIT_SLICE));
             self.sleep(slice);
+            self.count_wait(counted);
         }
     }
 

@@ -28,12 +28,12 @@ pub enum GcOutcome {
         uid: u32,
     },
     /// Left alone: a directory, link or other file that only has the name
-    /// of a segment.
+    /// of a segment, or a file ringfeed did not write.
     NotASegment {
         /// The entry's name after the prefix.
         name: String,
         /// What it is.
-        kind: &'static str,
+        kind: String,
     },
     /// Could not be inspected or removed.
     Failed {
@@ -73,7 +73,7 @@ fn inspect(name: &str) -> GcOutcome {
             } else {
                 "not a regular file"
             };
-            return GcOutcome::NotASegment { name: name.to_string(), kind };
+            return GcOutcome::NotASegment { name: name.to_string(), kind: kind.to_string() };
         }
         // SAFETY: geteuid has no preconditions.
         Ok(meta) if meta.uid() != unsafe { libc::geteuid() } && !is_root() => {
@@ -86,6 +86,9 @@ fn inspect(name: &str) -> GcOutcome {
         Ok(fd) => fd,
         Err(error) => return GcOutcome::Failed { name: name.to_string(), error },
     };
+    if let Some(kind) = segment::not_a_segment(&fd) {
+        return GcOutcome::NotASegment { name: name.to_string(), kind };
+    }
     match segment::byte_is_locked(&fd, LOADER_LOCK_BYTE) {
         Ok(true) => GcOutcome::Alive { name: name.to_string() },
         // An empty, unlocked segment younger than a few seconds is a loader

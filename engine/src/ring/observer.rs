@@ -88,13 +88,18 @@ impl Observer {
     pub fn open(name: &str) -> Result<Observer, AttachError> {
         segment::validate_name(name)?;
         let path = segment::shm_path(name).display().to_string();
-        let fd = segment::shm_open(name, libc::O_RDONLY, 0).map_err(|e| {
+        // O_NONBLOCK: an open of a FIFO put there for reading would wait for
+        // a writer forever.
+        let fd = segment::shm_open(name, libc::O_RDONLY | libc::O_NONBLOCK, 0).map_err(|e| {
             if e.raw_os_error() == Some(libc::ENOENT) {
                 AttachError::Timeout { name: name.to_string(), path: path.clone(), waited_ms: 0 }
             } else {
                 AttachError::Io { what: "cannot open", path: path.clone(), source: e }
             }
         })?;
+        if let Some(what) = segment::not_a_segment(&fd) {
+            return Err(AttachError::Corrupt { path, what: format!("it is {what}") });
+        }
         let size = segment::file_size(&fd).map_err(|e| AttachError::Io { what: "cannot stat", path: path.clone(), source: e })?;
         let file = std::fs::File::from(fd.try_clone().map_err(|e| AttachError::Io { what: "cannot dup", path: path.clone(), source: e })?);
         let map = MmapOptions::new()

@@ -74,6 +74,14 @@ pub enum CreateError {
         /// Human-readable free.
         free: String,
     },
+    /// The name is taken by something ringfeed did not make.
+    #[error("{path} is {what}, not a ringfeed segment: ringfeed leaves it alone, since something else made it; remove it if nothing uses it, or choose another --name")]
+    NotASegment {
+        /// The segment path.
+        path: String,
+        /// What it is.
+        what: String,
+    },
     /// An OS call failed.
     #[error("{what} {path}: {source}")]
     Io {
@@ -441,8 +449,12 @@ impl Producer {
         let fd = match segment::shm_open(name, libc::O_RDWR, 0) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+            Err(_) if segment::is_a_directory(name) => return Err(CreateError::NotASegment { path, what: "a directory".into() }),
             Err(e) => return Err(open_existing_error(&path, e)),
         };
+        if let Some(what) = segment::not_a_segment(&fd) {
+            return Err(CreateError::NotASegment { path, what });
+        }
         if segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|source| CreateError::Io { what: "cannot check", path, source })? {
             let pid = read_loader_pid(&fd).unwrap_or(0);
             return Err(CreateError::AlreadyRunning { name: name.to_string(), pid });

@@ -348,6 +348,46 @@ pub fn is_fresh_and_empty(fd: &OwnedFd) -> bool {
     st.st_size == 0 && age.is_some_and(|a| a < CREATION_GRACE)
 }
 
+/// True when `/dev/shm/ringfeed-NAME` is a directory: shm_open of one fails
+/// with EINVAL or EISDIR, which alone would not say so.
+pub fn is_a_directory(name: &str) -> bool {
+    std::fs::symlink_metadata(shm_path(name)).is_ok_and(|m| m.is_dir())
+}
+
+/// What the object open on `fd` is, unless it is a regular file (or cannot
+/// be told).
+pub fn not_regular(fd: &OwnedFd) -> Option<&'static str> {
+    match fstat(fd).ok()?.st_mode & libc::S_IFMT {
+        libc::S_IFREG => None,
+        libc::S_IFDIR => Some("a directory"),
+        libc::S_IFIFO => Some("a FIFO"),
+        libc::S_IFSOCK => Some("a socket"),
+        libc::S_IFCHR | libc::S_IFBLK => Some("a device"),
+        _ => Some("not a regular file"),
+    }
+}
+
+/// Why the object open on `fd` is not a ringfeed segment, if it cannot be
+/// one: not a regular file (a FIFO, a directory), or a file whose first 8
+/// bytes are neither ringfeed's magic nor zeros. Zeros and an empty file may
+/// be a loader's segment before its header (one in creation, or one that
+/// died there), so they pass. Such a foreign object under a ringfeed name is
+/// never removed: something else made it, and may still use it.
+pub fn not_a_segment(fd: &OwnedFd) -> Option<String> {
+    if let Some(kind) = not_regular(fd) {
+        return Some(kind.into());
+    }
+    let st = fstat(fd).ok()?;
+    let mut magic = [0u8; 8];
+    // SAFETY: `fd` is open; `magic` is 8 writable bytes.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), magic.as_mut_ptr().cast(), magic.len(), 0) };
+    if n != 8 {
+        return None; // shorter than a magic: a segment being sized, or empty
+    }
+    let found = u64::from_le_bytes(magic);
+    (found != 0 && found != crate::ring::layout::MAGIC).then(|| format!("a file of {} bytes that ringfeed did not write (its first bytes are not a ringfeed header)", st.st_size))
+}
+
 /// `fstat` of `fd`, without a second descriptor: with the descriptor table
 /// full (EMFILE, the very failure a stopping loader may be reporting), a
 /// `dup` for `File::metadata` would fail, and the segment's name be left.
