@@ -471,10 +471,8 @@ class Batch:
         if self.epoch < start_epoch:
             return None  # not a batch of this loader
         done = (start_samples if self.epoch == start_epoch else 0) + (self.step + 1) * per_step
-        if done + per_step > dataset_samples:
-            # The epoch's last step: its dropped tail is not carried over.
-            return (self.epoch + 1, 0)
-        return (self.epoch, done)
+        # After the epoch's last step: its dropped tail is not carried over.
+        return _normal((self.epoch, done), dataset_samples, per_step)
 
     @property
     def indices(self):
@@ -1144,11 +1142,11 @@ def check_resume(feed, state, order=None):
     start = info.start
     taken = feed.taken or 0
     at = _advance(start, taken, n, per_step)
-    if _normal(want, n, per_step) == at:
+    wanted = _normal(want, n, per_step)
+    if wanted == at:
         return
-    first = _normal(start, n, per_step)
-    if taken and first <= _normal(want, n, per_step) < at:
-        steps = _steps_between(_normal(want, n, per_step), at, n, per_step)
+    if taken and _normal(start, n, per_step) <= wanted < at:
+        steps = _steps_between(wanted, at, n, per_step)
         _LOG.warning(
             "ringfeed: rank %d of loader %r goes on at epoch %d, %d samples consumed, %d step(s) after the checkpoint's "
             "epoch %d, %d samples: the loader served them to the trainers before their restart, and they are not "

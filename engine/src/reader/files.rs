@@ -423,7 +423,7 @@ impl KeptFiles {
 }
 
 /// What a file of mode `mode` is, in words, unless it is a regular file.
-fn not_regular(mode: libc::mode_t) -> Option<&'static str> {
+pub(crate) fn not_regular(mode: libc::mode_t) -> Option<&'static str> {
     match mode & libc::S_IFMT {
         libc::S_IFREG => None,
         libc::S_IFDIR => Some("a directory"),

@@ -49,7 +49,7 @@
 //!   doing, so no byte is written into `dest` after the drop returns.
 
 mod error;
-mod files;
+pub(crate) mod files;
 mod pread;
 
 mod uring;

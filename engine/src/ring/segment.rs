@@ -357,14 +357,7 @@ pub fn is_a_directory(name: &str) -> bool {
 /// What the object open on `fd` is, unless it is a regular file (or cannot
 /// be told).
 pub fn not_regular(fd: &OwnedFd) -> Option<&'static str> {
-    match fstat(fd).ok()?.st_mode & libc::S_IFMT {
-        libc::S_IFREG => None,
-        libc::S_IFDIR => Some("a directory"),
-        libc::S_IFIFO => Some("a FIFO"),
-        libc::S_IFSOCK => Some("a socket"),
-        libc::S_IFCHR | libc::S_IFBLK => Some("a device"),
-        _ => Some("not a regular file"),
-    }
+    crate::reader::files::not_regular(fstat(fd).ok()?.st_mode)
 }
 
 /// Why the object open on `fd` is not a ringfeed segment, if it cannot be
@@ -374,10 +367,10 @@ pub fn not_regular(fd: &OwnedFd) -> Option<&'static str> {
 /// died there), so they pass. Such a foreign object under a ringfeed name is
 /// never removed: something else made it, and may still use it.
 pub fn not_a_segment(fd: &OwnedFd) -> Option<String> {
-    if let Some(kind) = not_regular(fd) {
+    let st = fstat(fd).ok()?;
+    if let Some(kind) = crate::reader::files::not_regular(st.st_mode) {
         return Some(kind.into());
     }
-    let st = fstat(fd).ok()?;
     let mut magic = [0u8; 8];
     // SAFETY: `fd` is open; `magic` is 8 writable bytes.
     let n = unsafe { libc::pread(fd.as_raw_fd(), magic.as_mut_ptr().cast(), magic.len(), 0) };
