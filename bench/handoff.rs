@@ -40,7 +40,10 @@ const WARMUP: usize = 20;
 
 /// CLOCK_MONOTONIC in nanoseconds: the same clock in every process.
 fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid out-pointer for clock_gettime.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -132,7 +135,14 @@ impl Mode {
 /// for Ready how many batches were not yet published when first asked for.
 fn consume(name: &str, mode: Mode, cpu: Option<usize>) -> (Vec<u64>, u64) {
     pin(cpu);
-    let mut c = Consumer::attach(name, 0, AttachOptions { timeout: Some(Duration::from_secs(10)) }).expect("attach");
+    let mut c = Consumer::attach(
+        name,
+        0,
+        AttachOptions {
+            timeout: Some(Duration::from_secs(10)),
+        },
+    )
+    .expect("attach");
     let mut samples = Vec::with_capacity(READY_PAIRS as usize);
     let mut not_ready = 0u64;
     let mut first_ask = true;
@@ -220,35 +230,80 @@ fn produce(p: &mut Producer, n: u64, pace: Pace, cpu: Option<usize>) {
         let seq = claim.seq();
         let payload = claim.payload_mut();
         payload[..8].copy_from_slice(&now_ns().to_le_bytes());
-        p.publish(claim, 0, seq, &[SampleEntry { offset: 0, len: 8, index: seq }]).expect("publish");
+        p.publish(
+            claim,
+            0,
+            seq,
+            &[SampleEntry {
+                offset: 0,
+                len: 8,
+                index: seq,
+            }],
+        )
+        .expect("publish");
     }
     p.finish();
 }
 
 /// Runs one scenario with the consumer on a thread or in a child process.
 /// The producer runs on a thread of its own, so that pinning it ends with it.
-fn run(mode: Mode, pace: Pace, slots: u32, n: u64, in_child: bool, place: Placement) -> (Vec<u64>, u64) {
+fn run(
+    mode: Mode,
+    pace: Pace,
+    slots: u32,
+    n: u64,
+    in_child: bool,
+    place: Placement,
+) -> (Vec<u64>, u64) {
     static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let name = format!("bench-handoff-{}-{}", std::process::id(), RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    let g = RingGeometry { world_size: 1, slots_per_rank: slots, max_samples_per_slot: 1, slot_payload_bytes: 4096 };
+    let name = format!(
+        "bench-handoff-{}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let g = RingGeometry {
+        world_size: 1,
+        slots_per_rank: slots,
+        max_samples_per_slot: 1,
+        slot_payload_bytes: 4096,
+    };
     let mut p = Producer::create(&name, g).expect("create the ring");
     let result = if in_child {
         let exe = std::env::current_exe().expect("current_exe");
-        let cpu = place.consumer_cpu().map_or("-".to_string(), |c| c.to_string());
-        let mut child =
-            Command::new(exe).env(CHILD_ENV, format!("{}:{cpu}:{name}", mode.name())).stdout(Stdio::piped()).spawn().expect("spawn the consumer process");
+        let cpu = place
+            .consumer_cpu()
+            .map_or("-".to_string(), |c| c.to_string());
+        let mut child = Command::new(exe)
+            .env(CHILD_ENV, format!("{}:{cpu}:{name}", mode.name()))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the consumer process");
         wait_attached(&p);
-        std::thread::scope(|s| s.spawn(|| produce(&mut p, n, pace, place.producer_cpu())).join().expect("producer thread"));
-        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines().map_while(Result::ok);
-        let not_ready = lines.next().and_then(|l| l.parse().ok()).expect("the child's first line");
+        std::thread::scope(|s| {
+            s.spawn(|| produce(&mut p, n, pace, place.producer_cpu()))
+                .join()
+                .expect("producer thread")
+        });
+        let mut lines = BufReader::new(child.stdout.take().expect("piped"))
+            .lines()
+            .map_while(Result::ok);
+        let not_ready = lines
+            .next()
+            .and_then(|l| l.parse().ok())
+            .expect("the child's first line");
         let samples = lines.filter_map(|l| l.parse().ok()).collect();
-        assert!(child.wait().expect("reap").success(), "the consumer process failed");
+        assert!(
+            child.wait().expect("reap").success(),
+            "the consumer process failed"
+        );
         (samples, not_ready)
     } else {
         std::thread::scope(|s| {
             let consumer = s.spawn(|| consume(&name, mode, place.consumer_cpu()));
             wait_attached(&p);
-            s.spawn(|| produce(&mut p, n, pace, place.producer_cpu())).join().expect("producer thread");
+            s.spawn(|| produce(&mut p, n, pace, place.producer_cpu()))
+                .join()
+                .expect("producer thread");
             consumer.join().expect("consumer thread")
         })
     };
@@ -267,7 +322,11 @@ fn wait_attached(p: &Producer) {
 /// Child mode: consume, then print the not-ready count and one sample per line.
 fn child_main(spec: &str) {
     let mut parts = spec.splitn(3, ':');
-    let (mode, cpu, name) = (parts.next().unwrap_or(""), parts.next().unwrap_or("-"), parts.next().expect("MODE:CPU:NAME"));
+    let (mode, cpu, name) = (
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or("-"),
+        parts.next().expect("MODE:CPU:NAME"),
+    );
     let (samples, not_ready) = consume(name, Mode::parse(mode), cpu.parse().ok());
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     writeln!(out, "{not_ready}").expect("stdout");
@@ -293,7 +352,14 @@ fn stats(mut v: Vec<u64>) -> Stats {
         v
     };
     let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    Stats { n: v.len(), median: at(0.5), p99: at(0.99), p999: at(0.999), max: v[v.len() - 1], mean: v.iter().sum::<u64>() as f64 / v.len() as f64 }
+    Stats {
+        n: v.len(),
+        median: at(0.5),
+        p99: at(0.99),
+        p999: at(0.999),
+        max: v[v.len() - 1],
+        mean: v.iter().sum::<u64>() as f64 / v.len() as f64,
+    }
 }
 
 fn us(ns: u64) -> String {
@@ -315,14 +381,23 @@ fn where_(in_child: bool) -> &'static str {
 }
 
 fn machine() -> String {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_string()))
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".to_string());
-    format!("{cpus} CPUs ({model}), Linux {} {}", kernel.trim(), std::env::consts::ARCH)
+    format!(
+        "{cpus} CPUs ({model}), Linux {} {}",
+        kernel.trim(),
+        std::env::consts::ARCH
+    )
 }
 
 fn timer_overhead_ns() -> u64 {
@@ -362,7 +437,10 @@ fn main() {
         "(i) ready path: next()+release() of an already published batch, K = 4, producer thread refilling, consumer working {} µs between batches ({READY_PAIRS} batches)",
         CONSUMER_WORK.as_micros()
     );
-    println!("  {:<7} {:<8} {:<9} {:>8} {:>10} {:>10} {:>10} {:>10}", "place", "consumer", "producer", "ahead%", "median", "p99", "p99.9", "mean");
+    println!(
+        "  {:<7} {:<8} {:<9} {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "place", "consumer", "producer", "ahead%", "median", "p99", "p99.9", "mean"
+    );
     for &place in &placements {
         for (pace, producer) in [(Pace::Flat, "spins"), (Pace::FlatSleeping, "sleeps")] {
             for in_child in [false, true] {
@@ -389,11 +467,23 @@ fn main() {
     println!("  (ahead% = batches already published when first asked for; only next() calls that returned a batch are timed)");
     println!();
     println!("(ii) wake-up of a sleeping consumer: publish at random 0.5–2 ms intervals, publish → next() returns ({WAKE_SAMPLES} batches)");
-    println!("  {:<7} {:<8} {:>6} {:>10} {:>10} {:>10} {:>10}", "place", "consumer", "n", "median", "p99", "p99.9", "max");
+    println!(
+        "  {:<7} {:<8} {:>6} {:>10} {:>10} {:>10} {:>10}",
+        "place", "consumer", "n", "median", "p99", "p99.9", "max"
+    );
     for &place in &placements {
         for in_child in [false, true] {
             let s = stats(run(Mode::Wake, Pace::Random, 4, WAKE_SAMPLES, in_child, place).0);
-            println!("  {:<7} {:<8} {:>6} {:>10} {:>10} {:>10} {:>10}", place.name(), where_(in_child), s.n, us(s.median), us(s.p99), us(s.p999), us(s.max));
+            println!(
+                "  {:<7} {:<8} {:>6} {:>10} {:>10} {:>10} {:>10}",
+                place.name(),
+                where_(in_child),
+                s.n,
+                us(s.median),
+                us(s.p99),
+                us(s.p999),
+                us(s.max)
+            );
         }
     }
     println!();
@@ -401,7 +491,10 @@ fn main() {
     print!("  {:>6}", "d");
     for &place in &placements {
         for in_child in [false, true] {
-            print!("   {:>18}", format!("{} {}", place.name(), where_(in_child)));
+            print!(
+                "   {:>18}",
+                format!("{} {}", place.name(), where_(in_child))
+            );
         }
     }
     println!();
@@ -414,7 +507,17 @@ fn main() {
         print!("  {:>3} µs", d);
         for &place in &placements {
             for in_child in [false, true] {
-                let s = stats(run(Mode::Wake, Pace::After(Duration::from_micros(d)), 1, SPIN_SAMPLES, in_child, place).0);
+                let s = stats(
+                    run(
+                        Mode::Wake,
+                        Pace::After(Duration::from_micros(d)),
+                        1,
+                        SPIN_SAMPLES,
+                        in_child,
+                        place,
+                    )
+                    .0,
+                );
                 print!("   {:>8} {:>9}", us(s.median), us(s.p99));
             }
         }

@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 use ringfeed::cli;
 
 #[derive(Parser)]
-#[command(name = "ringfeed", version, about = "One loader per machine feeding every training process through a zero-copy shared-memory ring")]
+#[command(
+    name = "ringfeed",
+    version,
+    about = "One loader per machine feeding every training process through a zero-copy shared-memory ring"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -57,7 +61,11 @@ fn main() -> ExitCode {
         Ok(v) => match tracing_subscriber::EnvFilter::try_new(&v) {
             Ok(filter) => {
                 if filter_silences_ringfeed(&v) {
-                    let spaces = if v.trim() != v { " (spaces around a word make it part of a module name)" } else { "" };
+                    let spaces = if v.trim() != v {
+                        " (spaces around a word make it part of a module name)"
+                    } else {
+                        ""
+                    };
                     cli::say::err(format_args!(
                         "ringfeed: warning: RINGFEED_LOG={v:?} leaves ringfeed's own log silent, errors included: a word \
                          that is not a level names a module{spaces}; try debug, info, warn or error (or ringfeed=debug)"
@@ -100,7 +108,11 @@ fn main() -> ExitCode {
             result
         }
         Command::DemoConsumer(a) => cli::demo::run_consumer(&a),
-        Command::Stat { name, interval, once } => {
+        Command::Stat {
+            name,
+            interval,
+            once,
+        } => {
             restore_sigpipe();
             stat_interval(interval).and_then(|interval| cli::stat::run(&name, interval, once))
         }
@@ -183,7 +195,9 @@ fn restore_sigpipe() {
 /// `stat --interval` in seconds, from 0.05 to 3600.
 fn stat_interval(seconds: f64) -> anyhow::Result<Duration> {
     if !(0.05..=3600.0).contains(&seconds) {
-        anyhow::bail!("--interval {seconds}: give the seconds between refreshes, from 0.05 to 3600");
+        anyhow::bail!(
+            "--interval {seconds}: give the seconds between refreshes, from 0.05 to 3600"
+        );
     }
     Ok(Duration::from_secs_f64(seconds))
 }
@@ -194,10 +208,36 @@ mod tests {
 
     #[test]
     fn a_log_filter_that_leaves_ringfeed_silent_is_named() {
-        for silent in ["bogus", "verbose,tokio=debug", " debug", "debug ", "7", "tokio=debug", "ringfeedx=debug", "Ringfeed=debug", "tokio=off"] {
-            assert!(filter_silences_ringfeed(silent), "{silent:?} should be named");
+        for silent in [
+            "bogus",
+            "verbose,tokio=debug",
+            " debug",
+            "debug ",
+            "7",
+            "tokio=debug",
+            "ringfeedx=debug",
+            "Ringfeed=debug",
+            "tokio=off",
+        ] {
+            assert!(
+                filter_silences_ringfeed(silent),
+                "{silent:?} should be named"
+            );
         }
-        for fine in ["debug", "INFO", "error", "3", "warn,hyper=off", "ringfeed=debug", "ringfeed::loader=trace", "info,ringfeed::loader=trace", "ringfeed=debug,warn", "off", "ringfeed=off", "info,bogus"] {
+        for fine in [
+            "debug",
+            "INFO",
+            "error",
+            "3",
+            "warn,hyper=off",
+            "ringfeed=debug",
+            "ringfeed::loader=trace",
+            "info,ringfeed::loader=trace",
+            "ringfeed=debug,warn",
+            "off",
+            "ringfeed=off",
+            "info,bogus",
+        ] {
             assert!(!filter_silences_ringfeed(fine), "{fine:?} should pass");
         }
     }

@@ -202,7 +202,9 @@ pub enum SamplerError {
         max: u32,
     },
     /// More steps over the run than a u64 counts (an absurd `--epochs`).
-    #[error("{epochs} epochs of {steps_per_epoch} steps each is more than 2^64 steps; lower --epochs")]
+    #[error(
+        "{epochs} epochs of {steps_per_epoch} steps each is more than 2^64 steps; lower --epochs"
+    )]
     TooManySteps {
         /// The requested epochs.
         epochs: u64,
@@ -210,7 +212,9 @@ pub enum SamplerError {
         steps_per_epoch: u64,
     },
     /// `world_size == 0`.
-    #[error("world size is 0; pass --world-size of at least 1 (or fix LOCAL_WORLD_SIZE or WORLD_SIZE)")]
+    #[error(
+        "world size is 0; pass --world-size of at least 1 (or fix LOCAL_WORLD_SIZE or WORLD_SIZE)"
+    )]
     ZeroWorldSize,
     /// `world_size > MAX_WORLD_SIZE`.
     #[error("world size {world_size} is above the limit of {max} ranks; lower --world-size")]
@@ -344,7 +348,10 @@ impl Sampler {
         }
         let sampler = Sampler { cfg, step_samples };
         if sampler.total_steps().is_none() {
-            return Err(SamplerError::TooManySteps { epochs, steps_per_epoch: n_samples / step_samples });
+            return Err(SamplerError::TooManySteps {
+                epochs,
+                steps_per_epoch: n_samples / step_samples,
+            });
         }
         Ok(sampler)
     }

@@ -69,7 +69,11 @@ impl Rank {
             thread::yield_now();
         }
         let slot = self.slot(seq);
-        assert_eq!(slot.generation.load(Ordering::Relaxed), generation_of(seq), "batch {seq} visible with a stale generation");
+        assert_eq!(
+            slot.generation.load(Ordering::Relaxed),
+            generation_of(seq),
+            "batch {seq} visible with a stale generation"
+        );
         // SAFETY (model): loom checks that this read is ordered after the write.
         let value = self.payload(seq).with(|p| unsafe { *p });
         assert_eq!(value, seq, "batch {seq} read with another batch's payload");
@@ -77,8 +81,16 @@ impl Rank {
     }
 
     fn give_back(&self, seq: u64) {
-        let released = protocol::release(&self.block, self.slot(seq), generation_of(seq), &self.producer_sleeping);
-        assert!(released.is_ok(), "release of batch {seq} refused: {released:?}");
+        let released = protocol::release(
+            &self.block,
+            self.slot(seq),
+            generation_of(seq),
+            &self.producer_sleeping,
+        );
+        assert!(
+            released.is_ok(),
+            "release of batch {seq} refused: {released:?}"
+        );
     }
 }
 
@@ -102,7 +114,11 @@ fn check(name: &str, f: impl Fn() + Sync + Send + 'static) {
         counter.fetch_add(1, StdOrdering::Relaxed);
         f();
     });
-    eprintln!("{name}: {} interleavings in {:.1?}", iterations.load(StdOrdering::Relaxed), start.elapsed());
+    eprintln!(
+        "{name}: {} interleavings in {:.1?}",
+        iterations.load(StdOrdering::Relaxed),
+        start.elapsed()
+    );
 }
 
 #[test]
@@ -148,9 +164,15 @@ fn consumer_that_dies_holding_a_slot_gets_it_reclaimed_and_reused_without_a_race
         trainer.join().unwrap();
         let slots: Vec<&SlotMeta> = rank.slots.iter().collect();
         let (reclaimed, _wake) = protocol::reclaim(&rank.block, &slots, &rank.producer_sleeping);
-        assert_eq!(reclaimed, 1, "exactly the batch the dead trainer held is reclaimed");
+        assert_eq!(
+            reclaimed, 1,
+            "exactly the batch the dead trainer held is reclaimed"
+        );
         // A second reclaim (the next trainer's attach) finds nothing left.
-        assert_eq!(protocol::reclaim(&rank.block, &slots, &rank.producer_sleeping).0, 0);
+        assert_eq!(
+            protocol::reclaim(&rank.block, &slots, &rank.producer_sleeping).0,
+            0
+        );
         loader.join().unwrap();
         assert_eq!(protocol::published_for(&rank.block), 4);
     });
@@ -170,9 +192,13 @@ fn consumer_going_to_sleep_never_misses_a_publish() {
         // The trainer's sleep path (Consumer::sleep): announce, fence, re-check.
         rank.block.consumer_sleeping.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        let will_sleep = protocol::published_for(&rank.block) == 0 && !protocol::finished(&rank.block);
+        let will_sleep =
+            protocol::published_for(&rank.block) == 0 && !protocol::finished(&rank.block);
         let loader_saw_sleeping = loader.join().unwrap();
-        assert!(!will_sleep || loader_saw_sleeping, "lost wake-up: the trainer sleeps and the loader does not wake it");
+        assert!(
+            !will_sleep || loader_saw_sleeping,
+            "lost wake-up: the trainer sleeps and the loader does not wake it"
+        );
     });
 }
 
@@ -185,7 +211,9 @@ fn loader_going_to_sleep_never_misses_a_release() {
         rank.slot(0).generation.store(1, Ordering::Relaxed);
         let trainer = {
             let rank = rank.clone();
-            thread::spawn(move || protocol::release(&rank.block, rank.slot(0), 1, &rank.producer_sleeping).unwrap())
+            thread::spawn(move || {
+                protocol::release(&rank.block, rank.slot(0), 1, &rank.producer_sleeping).unwrap()
+            })
         };
         // The loader's sleep path (Producer::wait_for_release): announce,
         // fence, re-check that the slot is still not free.
@@ -193,6 +221,9 @@ fn loader_going_to_sleep_never_misses_a_release() {
         fence(Ordering::SeqCst);
         let will_sleep = !protocol::slot_is_free(rank.slot(0), 2);
         let trainer_saw_sleeping = trainer.join().unwrap();
-        assert!(!will_sleep || trainer_saw_sleeping, "lost wake-up: the loader sleeps and the trainer does not wake it");
+        assert!(
+            !will_sleep || trainer_saw_sleeping,
+            "lost wake-up: the loader sleeps and the trainer does not wake it"
+        );
     });
 }

@@ -260,7 +260,8 @@ fn a_tree_of_20k_files_lists_the_same_with_1_thread_and_8_threads() {
 }
 
 #[test]
-fn a_flat_directory_of_many_files_and_links_is_stat_ed_in_chunks_by_every_thread_with_the_same_result() {
+fn a_flat_directory_of_many_files_and_links_is_stat_ed_in_chunks_by_every_thread_with_the_same_result(
+) {
     // More names in one directory than one stat job holds (1024): the
     // listing hands chunks of them to the other threads.
     let dir = tempfile::tempdir().unwrap();
@@ -281,9 +282,22 @@ fn a_flat_directory_of_many_files_and_links_is_stat_ed_in_chunks_by_every_thread
     symlink(".", flat.join("loop")).unwrap();
     expected.sort();
 
-    let list = |threads| Manifest::build(dir.path(), &ManifestOptions { threads, ..whole_files() }).unwrap();
+    let list = |threads| {
+        Manifest::build(
+            dir.path(),
+            &ManifestOptions {
+                threads,
+                ..whole_files()
+            },
+        )
+        .unwrap()
+    };
     let (one, four) = (list(1), list(4));
     assert_eq!(one.files(), four.files());
-    let listed: Vec<(String, u64)> = four.files().iter().map(|f| (f.rel_path.to_str().unwrap().to_owned(), f.size_bytes)).collect();
+    let listed: Vec<(String, u64)> = four
+        .files()
+        .iter()
+        .map(|f| (f.rel_path.to_str().unwrap().to_owned(), f.size_bytes))
+        .collect();
     assert_eq!(listed, expected);
 }

@@ -25,7 +25,11 @@ fn tick() -> Duration {
             sleep(Duration::from_millis(7));
             fs::metadata(&path).unwrap().mtime_nsec() == 0
         });
-        if whole_seconds { Duration::from_millis(1100) } else { Duration::from_millis(30) }
+        if whole_seconds {
+            Duration::from_millis(1100)
+        } else {
+            Duration::from_millis(30)
+        }
     })
 }
 
@@ -36,13 +40,20 @@ fn write(root: &Path, rel: &str, bytes: &[u8]) {
 }
 
 fn opts(record_bytes: Option<u64>) -> ManifestOptions {
-    ManifestOptions { record_bytes, threads: 2, progress: false }
+    ManifestOptions {
+        record_bytes,
+        threads: 2,
+        progress: false,
+    }
 }
 
 /// A cache that stores trees made a moment ago (the tests wait `TICK`
 /// after each change instead of the default 2 s window).
 fn cache_in(dir: &Path) -> ManifestCache {
-    ManifestCache { racy_window: Duration::ZERO, ..ManifestCache::at(dir.join("manifests")) }
+    ManifestCache {
+        racy_window: Duration::ZERO,
+        ..ManifestCache::at(dir.join("manifests"))
+    }
 }
 
 fn tree() -> tempfile::TempDir {
@@ -59,25 +70,38 @@ fn build(root: &Path, cache: &ManifestCache) -> (Manifest, ManifestOrigin) {
 }
 
 fn rel_paths(m: &Manifest) -> Vec<String> {
-    m.files().iter().map(|f| f.rel_path.to_str().unwrap().to_owned()).collect()
+    m.files()
+        .iter()
+        .map(|f| f.rel_path.to_str().unwrap().to_owned())
+        .collect()
 }
 
 fn assert_listed(origin: &ManifestOrigin, miss_mentions: &str) {
     match origin {
-        ManifestOrigin::Listed { cache_miss, .. } => assert!(cache_miss.contains(miss_mentions), "miss reason {cache_miss:?} does not mention {miss_mentions:?}"),
+        ManifestOrigin::Listed { cache_miss, .. } => assert!(
+            cache_miss.contains(miss_mentions),
+            "miss reason {cache_miss:?} does not mention {miss_mentions:?}"
+        ),
         other => panic!("expected a listing, got {other:?}"),
     }
 }
 
 fn assert_cached(origin: &ManifestOrigin) {
-    assert!(matches!(origin, ManifestOrigin::Cached { .. }), "expected the cache, got {origin:?}");
+    assert!(
+        matches!(origin, ManifestOrigin::Cached { .. }),
+        "expected the cache, got {origin:?}"
+    );
 }
 
 /// A listing is stored, and the next build takes the same manifest from it.
 fn listed_then_cached(root: &Path, cache: &ManifestCache) -> Manifest {
     let (listed, origin) = build(root, cache);
     match &origin {
-        ManifestOrigin::Listed { path: Some(_), not_stored: None, .. } => {}
+        ManifestOrigin::Listed {
+            path: Some(_),
+            not_stored: None,
+            ..
+        } => {}
         other => panic!("expected a stored listing, got {other:?}"),
     }
     let (cached, origin) = build(root, cache);
@@ -102,7 +126,11 @@ fn an_unchanged_tree_comes_from_the_cache_with_every_directory_checked() {
     let (second, origin) = build(data.path(), &cache);
     assert_eq!(
         origin,
-        ManifestOrigin::Cached { path: cache.entry_path(&fs::canonicalize(data.path()).unwrap()), dirs_checked: 4, files_checked: 4 }
+        ManifestOrigin::Cached {
+            path: cache.entry_path(&fs::canonicalize(data.path()).unwrap()),
+            dirs_checked: 4,
+            files_checked: 4
+        }
     );
     assert_eq!(second.files(), first.files());
     assert_eq!(second.len(), 4);
@@ -165,7 +193,10 @@ fn setting_a_directorys_mtime_back_does_not_hide_a_change() {
 
 fn set_mtime(path: &Path, to: std::time::SystemTime) {
     let since = to.duration_since(std::time::UNIX_EPOCH).unwrap();
-    let t = libc::timespec { tv_sec: since.as_secs() as libc::time_t, tv_nsec: since.subsec_nanos() as libc::c_long };
+    let t = libc::timespec {
+        tv_sec: since.as_secs() as libc::time_t,
+        tv_nsec: since.subsec_nanos() as libc::c_long,
+    };
     let times = [t, t];
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
     // SAFETY: a NUL-terminated path and two timespecs.
@@ -182,17 +213,34 @@ fn a_file_changed_in_place_is_seen_while_files_are_few_and_not_past_the_limit() 
     // Same path, same inode, new size: no directory changes.
     fs::write(data.path().join("a/b/y"), b"a longer content").unwrap();
     let (m, origin) = build(data.path(), &cache);
-    assert_listed(&origin, "a/b/y changed since it was listed (5 bytes then, 16 now)");
+    assert_listed(
+        &origin,
+        "a/b/y changed since it was listed (5 bytes then, 16 now)",
+    );
     assert_eq!(m.files().size_bytes(1), 16);
     cached_again(data.path(), &cache);
     // Past stat_files_max only the directories are checked: the stale size
     // is what the readers then catch (ReadError::ChangedSize / Grew).
-    let blind = ManifestCache { stat_files_max: 3, ..cache.clone() };
+    let blind = ManifestCache {
+        stat_files_max: 3,
+        ..cache.clone()
+    };
     fs::write(data.path().join("a/b/y"), b"short").unwrap();
     let (m, origin) = build(data.path(), &blind);
-    assert!(matches!(origin, ManifestOrigin::Cached { files_checked: 0, .. }), "{origin:?}");
+    assert!(
+        matches!(
+            origin,
+            ManifestOrigin::Cached {
+                files_checked: 0,
+                ..
+            }
+        ),
+        "{origin:?}"
+    );
     assert_eq!(m.files().size_bytes(1), 16);
-    assert!(blind.forget(&fs::canonicalize(data.path()).unwrap()).unwrap());
+    assert!(blind
+        .forget(&fs::canonicalize(data.path()).unwrap())
+        .unwrap());
     let (m, origin) = build(data.path(), &blind);
     assert_listed(&origin, "no cached manifest");
     assert_eq!(m.files().size_bytes(1), 5);
@@ -205,7 +253,13 @@ fn a_tree_changed_just_before_its_listing_is_not_stored() {
     let cache = ManifestCache::at(cache_dir.path().join("manifests"));
     let (_, origin) = build(data.path(), &cache);
     match origin {
-        ManifestOrigin::Listed { not_stored: Some(why), .. } => assert!(why.contains("changed less than 2s before the listing began"), "{why}"),
+        ManifestOrigin::Listed {
+            not_stored: Some(why),
+            ..
+        } => assert!(
+            why.contains("changed less than 2s before the listing began"),
+            "{why}"
+        ),
         other => panic!("expected no store, got {other:?}"),
     }
     let (_, origin) = build(data.path(), &cache);
@@ -241,7 +295,10 @@ fn an_unwritable_cache_only_costs_the_listing() {
     let (m, origin) = build(data.path(), &cache);
     assert_eq!(m.len(), 4);
     match origin {
-        ManifestOrigin::Listed { not_stored: Some(why), .. } => assert!(why.contains("cannot write in"), "{why}"),
+        ManifestOrigin::Listed {
+            not_stored: Some(why),
+            ..
+        } => assert!(why.contains("cannot write in"), "{why}"),
         other => panic!("expected no store, got {other:?}"),
     }
 }
@@ -253,7 +310,10 @@ fn relist_lists_a_valid_cache_again_and_stores_it() {
     let cache = cache_in(cache_dir.path());
     listed_then_cached(data.path(), &cache);
     let (_, origin) = Manifest::build_cached(data.path(), &opts(None), &cache, true).unwrap();
-    assert!(matches!(&origin, ManifestOrigin::Listed { cache_miss, not_stored: None, .. } if cache_miss == "asked to list again"), "{origin:?}");
+    assert!(
+        matches!(&origin, ManifestOrigin::Listed { cache_miss, not_stored: None, .. } if cache_miss == "asked to list again"),
+        "{origin:?}"
+    );
 }
 
 #[test]
@@ -284,7 +344,10 @@ fn record_mode_over_a_cached_listing_checks_records_as_a_listing_does() {
     assert_cached(&origin);
     assert_eq!(m.len(), 11);
     let err = Manifest::build_cached(data.path(), &opts(Some(4)), &cache, false).unwrap_err();
-    assert!(matches!(&err, ManifestError::NotWholeRecords { path, .. } if path.ends_with("r1")), "{err}");
+    assert!(
+        matches!(&err, ManifestError::NotWholeRecords { path, .. } if path.ends_with("r1")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -296,7 +359,10 @@ fn cached_sizes_that_do_not_make_records_are_listed_again_not_reported() {
     write(data.path(), "r1", &[0; 10]);
     sleep(tick());
     let cache_dir = tempfile::tempdir().unwrap();
-    let blind = ManifestCache { stat_files_max: 0, ..cache_in(cache_dir.path()) };
+    let blind = ManifestCache {
+        stat_files_max: 0,
+        ..cache_in(cache_dir.path())
+    };
     listed_then_cached(data.path(), &blind);
     fs::write(data.path().join("r1"), [0; 12]).unwrap();
     let (m, origin) = Manifest::build_cached(data.path(), &opts(Some(4)), &blind, false).unwrap();
@@ -315,7 +381,10 @@ fn a_link_whose_target_outside_the_tree_changes_is_seen() {
     sleep(tick());
     let cache_dir = tempfile::tempdir().unwrap();
     // Files are not checked one by one: only the links are.
-    let cache = ManifestCache { stat_files_max: 0, ..cache_in(cache_dir.path()) };
+    let cache = ManifestCache {
+        stat_files_max: 0,
+        ..cache_in(cache_dir.path())
+    };
     let m = listed_then_cached(data.path(), &cache);
     assert!(!rel_paths(&m).contains(&"to_dir".to_owned()));
 
@@ -332,7 +401,11 @@ fn a_link_whose_target_outside_the_tree_changes_is_seen() {
     fs::rename(outside.path().join("f2"), outside.path().join("f")).unwrap();
     let (m, origin) = build(data.path(), &cache);
     assert_listed(&origin, "to_file");
-    let to_file = m.files().iter().find(|f| f.rel_path == Path::new("to_file")).unwrap();
+    let to_file = m
+        .files()
+        .iter()
+        .find(|f| f.rel_path == Path::new("to_file"))
+        .unwrap();
     assert_eq!(to_file.size_bytes, 9);
 }
 
@@ -361,9 +434,15 @@ fn a_directory_with_a_future_mtime_is_still_cached() {
     // Archives unpacked from a machine with a skewed clock: only ctime
     // tells when the directory last changed here.
     let data = tree();
-    set_mtime(&data.path().join("a"), std::time::SystemTime::now() + Duration::from_secs(3 * 3600));
+    set_mtime(
+        &data.path().join("a"),
+        std::time::SystemTime::now() + Duration::from_secs(3 * 3600),
+    );
     let cache_dir = tempfile::tempdir().unwrap();
-    let cache = ManifestCache { racy_window: Duration::from_millis(1), ..cache_in(cache_dir.path()) };
+    let cache = ManifestCache {
+        racy_window: Duration::from_millis(1),
+        ..cache_in(cache_dir.path())
+    };
     sleep(tick());
     listed_then_cached(data.path(), &cache);
 }
@@ -375,14 +454,36 @@ fn loaders_storing_the_same_directory_at_once_all_succeed() {
     let cache = cache_in(cache_dir.path());
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..8)
-            .map(|_| scope.spawn(|| (0..20).map(|_| Manifest::build_cached(data.path(), &opts(None), &cache, true).unwrap().1).collect::<Vec<_>>()))
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..20)
+                        .map(|_| {
+                            Manifest::build_cached(data.path(), &opts(None), &cache, true)
+                                .unwrap()
+                                .1
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
             .collect();
         for origin in handles.into_iter().flat_map(|h| h.join().unwrap()) {
-            assert!(matches!(origin, ManifestOrigin::Listed { not_stored: None, .. }), "{origin:?}");
+            assert!(
+                matches!(
+                    origin,
+                    ManifestOrigin::Listed {
+                        not_stored: None,
+                        ..
+                    }
+                ),
+                "{origin:?}"
+            );
         }
     });
     assert_cached(&build(data.path(), &cache).1);
-    let leftovers: Vec<_> = fs::read_dir(&cache.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let leftovers: Vec<_> = fs::read_dir(&cache.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(leftovers.len(), 1, "{leftovers:?}");
 }
 
@@ -390,6 +491,7 @@ fn loaders_storing_the_same_directory_at_once_all_succeed() {
 fn a_missing_source_is_still_named_before_any_cache_lookup() {
     let cache_dir = tempfile::tempdir().unwrap();
     let missing = PathBuf::from("/nonexistent/ringfeed-dataset");
-    let err = Manifest::build_cached(&missing, &opts(None), &cache_in(cache_dir.path()), false).unwrap_err();
+    let err = Manifest::build_cached(&missing, &opts(None), &cache_in(cache_dir.path()), false)
+        .unwrap_err();
     assert!(matches!(err, ManifestError::SourceMissing { .. }), "{err}");
 }

@@ -393,10 +393,17 @@ fn two_files_then_change(
     let dir = tempfile::tempdir().unwrap();
     let sizes = vec![100_000u64, 100_000];
     let (paths, _) = make_files(dir.path(), &sizes);
-    let mut engine = engine(choice, table(&paths, &sizes, keep_open), &ReaderConfig::default())?;
+    let mut engine = engine(
+        choice,
+        table(&paths, &sizes, keep_open),
+        &ReaderConfig::default(),
+    )?;
     if keep_open {
         let mut buf = [0u8; 2];
-        let (results, _) = run_all(engine.as_mut(), &ops_into(&mut buf, &[(0, 10, 1), (1, 10, 1)]));
+        let (results, _) = run_all(
+            engine.as_mut(),
+            &ops_into(&mut buf, &[(0, 10, 1), (1, 10, 1)]),
+        );
         assert!(results.values().all(Result::is_ok), "{results:?}");
     }
     change(&paths[0]);
@@ -405,15 +412,34 @@ fn two_files_then_change(
 
 /// Asserts that `result` is the size error for `path` (`Grew` if `grew`,
 /// else `ChangedSize`) with both sizes, and that its message names them.
-fn assert_size_error(result: &Result<(), ReadError>, path: &Path, expected: u64, actual: u64, grew: bool) {
+fn assert_size_error(
+    result: &Result<(), ReadError>,
+    path: &Path,
+    expected: u64,
+    actual: u64,
+    grew: bool,
+) {
     let fields = match result {
-        Err(ReadError::ChangedSize { path, expected_bytes, actual_bytes, .. }) if !grew => (path, *expected_bytes, *actual_bytes),
-        Err(ReadError::Grew { path, expected_bytes, actual_bytes }) if grew => (path, *expected_bytes, *actual_bytes),
+        Err(ReadError::ChangedSize {
+            path,
+            expected_bytes,
+            actual_bytes,
+            ..
+        }) if !grew => (path, *expected_bytes, *actual_bytes),
+        Err(ReadError::Grew {
+            path,
+            expected_bytes,
+            actual_bytes,
+        }) if grew => (path, *expected_bytes, *actual_bytes),
         other => panic!("expected a size error (grew: {grew}), got {other:?}"),
     };
     assert_eq!(fields, (&path.to_path_buf(), expected, actual));
     let message = result.as_ref().unwrap_err().to_string();
-    for part in [path.display().to_string(), expected.to_string(), actual.to_string()] {
+    for part in [
+        path.display().to_string(),
+        expected.to_string(),
+        actual.to_string(),
+    ] {
         assert!(message.contains(&part), "{message} lacks {part}");
     }
     assert_eq!(message.contains("grew"), grew, "{message}");
@@ -422,7 +448,14 @@ fn assert_size_error(result: &Result<(), ReadError>, path: &Path, expected: u64,
 /// A file truncated after the table was built: a read past the new end,
 /// and one that straddles it, both fail with `ChangedSize`.
 fn truncated_file_is_a_changed_size_error(choice: IoChoice, keep_open: bool) {
-    let truncate = |path: &Path| fs::OpenOptions::new().write(true).open(path).unwrap().set_len(60_000).unwrap();
+    let truncate = |path: &Path| {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_len(60_000)
+            .unwrap()
+    };
     let Some((_dir, paths, mut engine)) = two_files_then_change(choice, keep_open, truncate) else {
         return;
     };
@@ -449,8 +482,16 @@ fn truncated_file_is_a_changed_size_error(choice: IoChoice, keep_open: bool) {
 /// engine's own (READV or preadv).
 fn grown_file_is_a_grew_error(choice: IoChoice, keep_open: bool) {
     for spare in [true, false] {
-        let append = |path: &Path| fs::OpenOptions::new().append(true).open(path).unwrap().write_all(&[7u8; 5000]).unwrap();
-        let Some((_dir, paths, mut engine)) = two_files_then_change(choice, keep_open, append) else {
+        let append = |path: &Path| {
+            fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .unwrap()
+                .write_all(&[7u8; 5000])
+                .unwrap()
+        };
+        let Some((_dir, paths, mut engine)) = two_files_then_change(choice, keep_open, append)
+        else {
             return;
         };
         // Whole file, its last record, a middle range, a range ending one
@@ -469,7 +510,10 @@ fn grown_file_is_a_grew_error(choice: IoChoice, keep_open: bool) {
             assert_size_error(&results[&user_data], &paths[0], 100_000, 105_000, true);
         }
         for user_data in [2u64, 3, 4] {
-            assert!(results[&user_data].is_ok(), "read {user_data} (spare byte {spare}): {results:?}");
+            assert!(
+                results[&user_data].is_ok(),
+                "read {user_data} (spare byte {spare}): {results:?}"
+            );
         }
         // The bytes of the reads that succeeded are the file's, unchanged.
         let file1 = fs::read(&paths[1]).unwrap();
@@ -489,7 +533,10 @@ fn a_kept_file_changed_before_its_first_read_is_refused_at_open(choice: IoChoice
         let dir = tempfile::tempdir().unwrap();
         let sizes = vec![100_000u64; 4];
         let (paths, contents) = make_files(dir.path(), &sizes);
-        let cfg = ReaderConfig { keep_open_files_max, ..ReaderConfig::default() };
+        let cfg = ReaderConfig {
+            keep_open_files_max,
+            ..ReaderConfig::default()
+        };
         let Some(mut engine) = engine(choice, table(&paths, &sizes, true), &cfg) else {
             return;
         };
@@ -502,10 +549,17 @@ fn a_kept_file_changed_before_its_first_read_is_refused_at_open(choice: IoChoice
         };
         replace(&paths[0], vec![1u8; 150_000]);
         replace(&paths[1], vec![2u8; 60_000]);
-        fs::OpenOptions::new().write(true).open(&paths[2]).unwrap().set_len(80_000).unwrap();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&paths[2])
+            .unwrap()
+            .set_len(80_000)
+            .unwrap();
         replace(&paths[3], vec![3u8; 100_000]);
         const SENTINEL: u8 = 0xA5;
-        let ranges: Vec<(u32, u64, u64)> = (0..4u32).flat_map(|f| [(f, 1000, 1000), (f, 50_000, 2000)]).collect();
+        let ranges: Vec<(u32, u64, u64)> = (0..4u32)
+            .flat_map(|f| [(f, 1000, 1000), (f, 50_000, 2000)])
+            .collect();
         let mut buf = vec![SENTINEL; 12_000];
         let ops = ops_into_with(&mut buf, &ranges, false);
         let (results, _) = run_all(engine.as_mut(), &ops);
@@ -513,20 +567,40 @@ fn a_kept_file_changed_before_its_first_read_is_refused_at_open(choice: IoChoice
             let result = &results[&(i as u64)];
             let actual = [150_000u64, 60_000, 80_000][..].get(file as usize).copied();
             match (result, actual) {
-                (Err(ReadError::SizeAtOpen { path, expected_bytes: 100_000, actual_bytes }), Some(a)) => {
+                (
+                    Err(ReadError::SizeAtOpen {
+                        path,
+                        expected_bytes: 100_000,
+                        actual_bytes,
+                    }),
+                    Some(a),
+                ) => {
                     assert_eq!((path, *actual_bytes), (&paths[file as usize], a));
                     let message = result.as_ref().unwrap_err().to_string();
-                    for part in [paths[file as usize].display().to_string(), "100000".into(), a.to_string(), "when it was opened".into()] {
+                    for part in [
+                        paths[file as usize].display().to_string(),
+                        "100000".into(),
+                        a.to_string(),
+                        "when it was opened".into(),
+                    ] {
                         assert!(message.contains(&part), "{message} lacks {part}");
                     }
                 }
                 (Ok(()), None) => {}
-                (other, _) => panic!("read {i} of file {file} (kept at most {keep_open_files_max}): {other:?}"),
+                (other, _) => panic!(
+                    "read {i} of file {file} (kept at most {keep_open_files_max}): {other:?}"
+                ),
             }
         }
         drop(engine);
-        assert!(buf[..9000].iter().all(|&b| b == SENTINEL), "a refused file's bytes landed (kept at most {keep_open_files_max})");
-        assert!(buf[9000..].iter().all(|&b| b == 3), "the same-size replacement is read");
+        assert!(
+            buf[..9000].iter().all(|&b| b == SENTINEL),
+            "a refused file's bytes landed (kept at most {keep_open_files_max})"
+        );
+        assert!(
+            buf[9000..].iter().all(|&b| b == 3),
+            "the same-size replacement is read"
+        );
         drop(contents);
     }
 }
@@ -549,18 +623,27 @@ fn a_kept_file_is_read_as_it_was_opened_by_every_shard(choice: IoChoice) {
     let sizes = vec![100_000u64; 2];
     let (paths, contents) = make_files(dir.path(), &sizes);
     // Three rings or threads; many reads, so every one of them gets some.
-    let cfg = ReaderConfig { uring_threads: 3, pread_threads: 3, ..ReaderConfig::default() };
+    let cfg = ReaderConfig {
+        uring_threads: 3,
+        pread_threads: 3,
+        ..ReaderConfig::default()
+    };
     let Some(mut engine) = engine(choice, table(&paths, &sizes, true), &cfg) else {
         return;
     };
     let mut first = [0u8; 2];
-    let (results, _) = run_all(engine.as_mut(), &ops_into(&mut first, &[(0, 0, 1), (1, 0, 1)]));
+    let (results, _) = run_all(
+        engine.as_mut(),
+        &ops_into(&mut first, &[(0, 0, 1), (1, 0, 1)]),
+    );
     assert!(results.values().all(Result::is_ok), "{results:?}");
     let tmp = paths[0].with_extension("new");
     fs::write(&tmp, vec![9u8; 150_000]).unwrap();
     fs::rename(&tmp, &paths[0]).unwrap();
     fs::remove_file(&paths[1]).unwrap();
-    let ranges: Vec<(u32, u64, u64)> = (0..600u64).map(|i| ((i % 2) as u32, (i * 997) % 99_000, 1000)).collect();
+    let ranges: Vec<(u32, u64, u64)> = (0..600u64)
+        .map(|i| ((i % 2) as u32, (i * 997) % 99_000, 1000))
+        .collect();
     let mut buf = vec![0u8; 600 * 1000];
     let ops = ops_into_with(&mut buf, &ranges, false);
     let (results, _) = run_all(engine.as_mut(), &ops);
@@ -619,9 +702,16 @@ fn spare_byte_is_untouched_when_the_file_did_not_change(choice: IoChoice, keep_o
     let (results, _) = run_all(engine.as_mut(), &ops);
     let mut at = 0usize;
     for (i, op) in ops.iter().enumerate() {
-        assert!(results[&(i as u64)].is_ok(), "read {i}: {:?}", results[&(i as u64)]);
+        assert!(
+            results[&(i as u64)].is_ok(),
+            "read {i}: {:?}",
+            results[&(i as u64)]
+        );
         let (o, n) = (op.offset_bytes as usize, op.len_bytes as usize);
-        assert!(buf[at..at + n] == contents[i][o..o + n], "read {i}: bytes differ from the file");
+        assert!(
+            buf[at..at + n] == contents[i][o..o + n],
+            "read {i}: bytes differ from the file"
+        );
         assert_eq!(buf[at + n], SENTINEL, "read {i} wrote its spare byte");
         at += n + 1;
     }
@@ -726,7 +816,11 @@ fn empty_file_is_probed(choice: IoChoice, keep_open: bool) {
             file: i,
             offset_bytes: 0,
             len_bytes: 0,
-            dest: if i % 2 == 0 { base.wrapping_add(i as usize) } else { std::ptr::null_mut() },
+            dest: if i % 2 == 0 {
+                base.wrapping_add(i as usize)
+            } else {
+                std::ptr::null_mut()
+            },
             spare_byte: i % 2 == 0,
             user_data: u64::from(i),
         })
@@ -738,14 +832,39 @@ fn empty_file_is_probed(choice: IoChoice, keep_open: bool) {
     for i in [2u64, 3] {
         // Kept open, the grown file is found when it is opened.
         let ok = if keep_open {
-            matches!(&results[&i], Err(ReadError::SizeAtOpen { expected_bytes: 0, actual_bytes: 14, .. }))
+            matches!(
+                &results[&i],
+                Err(ReadError::SizeAtOpen {
+                    expected_bytes: 0,
+                    actual_bytes: 14,
+                    ..
+                })
+            )
         } else {
-            matches!(&results[&i], Err(ReadError::Grew { expected_bytes: 0, actual_bytes: 14, .. }))
+            matches!(
+                &results[&i],
+                Err(ReadError::Grew {
+                    expected_bytes: 0,
+                    actual_bytes: 14,
+                    ..
+                })
+            )
         };
-        assert!(ok, "grown file {i} (keep open: {keep_open}): {:?}", results[&i]);
+        assert!(
+            ok,
+            "grown file {i} (keep open: {keep_open}): {:?}",
+            results[&i]
+        );
     }
-    assert!(matches!(&results[&4], Err(ReadError::Vanished { .. })), "{:?}", results[&4]);
-    assert_eq!(buf[0], 0xA5, "an unchanged empty file's probe wrote its spare byte");
+    assert!(
+        matches!(&results[&4], Err(ReadError::Vanished { .. })),
+        "{:?}",
+        results[&4]
+    );
+    assert_eq!(
+        buf[0], 0xA5,
+        "an unchanged empty file's probe wrote its spare byte"
+    );
 }
 
 #[test]
@@ -803,7 +922,12 @@ fn read_longer_than_one_chunk_is_split(choice: IoChoice) {
         "the sparse head is not all zeros"
     );
     assert_eq!(end, &tail[..]);
-    fs::OpenOptions::new().append(true).open(dir.path().join("big.bin")).unwrap().write_all(b"+").unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(dir.path().join("big.bin"))
+        .unwrap()
+        .write_all(b"+")
+        .unwrap();
     buf.push(1);
     for spare in [true, false] {
         let ops = ops_into_with(&mut buf, &[(0, 0, size)], spare);
@@ -1409,12 +1533,21 @@ fn files_under_a_root_read_byte_exact_and_errors_name_the_full_path(choice: IoCh
         fs::write(&path, &content).unwrap();
         contents.push(content);
     }
-    let files = FileTable::under_root(dir.path(), rels.iter().map(|r| r.as_bytes()), sizes.clone(), false).unwrap();
+    let files = FileTable::under_root(
+        dir.path(),
+        rels.iter().map(|r| r.as_bytes()),
+        sizes.clone(),
+        false,
+    )
+    .unwrap();
     assert_eq!(files.path(3), Some(dir.path().join("a/b/c/four.bin")));
     let Some(mut engine) = engine(choice, Arc::new(files), &ReaderConfig::default()) else {
         return;
     };
-    let ranges: Vec<(u32, u64, u64)> = (0..4u32).map(|f| (f, 0, sizes[f as usize])).chain([(2, 1000, 5000)]).collect();
+    let ranges: Vec<(u32, u64, u64)> = (0..4u32)
+        .map(|f| (f, 0, sizes[f as usize]))
+        .chain([(2, 1000, 5000)])
+        .collect();
     let total: u64 = ranges.iter().map(|r| r.2).sum();
     let mut buf = vec![0u8; total as usize];
     let ops = ops_into(&mut buf, &ranges);
@@ -1428,7 +1561,10 @@ fn files_under_a_root_read_byte_exact_and_errors_name_the_full_path(choice: IoCh
     let (results, _) = run_all(engine.as_mut(), &ops);
     let message = results[&0].as_ref().unwrap_err().to_string();
     let full = dir.path().join("a/two.bin").display().to_string();
-    assert!(message.contains(&full) && message.contains("vanished"), "{message}");
+    assert!(
+        message.contains(&full) && message.contains("vanished"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -1445,16 +1581,22 @@ fn pread_reads_files_under_a_root_byte_exact() {
 fn a_table_under_a_root_refuses_bad_paths_and_a_missing_root() {
     let dir = tempfile::tempdir().unwrap();
     let bad = |rels: &[&[u8]]| {
-        let e = FileTable::under_root(dir.path(), rels.iter().copied(), vec![1; rels.len()], false).unwrap_err();
+        let e = FileTable::under_root(dir.path(), rels.iter().copied(), vec![1; rels.len()], false)
+            .unwrap_err();
         assert!(matches!(e, ReadError::InvalidFileTable { .. }), "{e:?}");
         e.to_string()
     };
     assert!(bad(&[b"/etc/passwd"]).contains("not a path relative to"));
     assert!(bad(&[b""]).contains("not a path relative to"));
     assert!(bad(&[b"a\0b"]).contains("NUL"));
-    let e = FileTable::under_root(dir.path(), [b"a".as_slice()].into_iter(), vec![1, 2], false).unwrap_err();
+    let e = FileTable::under_root(dir.path(), [b"a".as_slice()].into_iter(), vec![1, 2], false)
+        .unwrap_err();
     assert!(e.to_string().contains("1 paths but 2 sizes"), "{e}");
     let missing = dir.path().join("not-there");
-    let e = FileTable::under_root(&missing, std::iter::empty::<&[u8]>(), vec![], false).unwrap_err();
-    assert!(e.to_string().contains(&missing.display().to_string()), "{e}");
+    let e =
+        FileTable::under_root(&missing, std::iter::empty::<&[u8]>(), vec![], false).unwrap_err();
+    assert!(
+        e.to_string().contains(&missing.display().to_string()),
+        "{e}"
+    );
 }

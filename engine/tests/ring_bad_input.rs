@@ -15,14 +15,26 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 use ringfeed::ring::consumer::{validate_header, Next};
-use ringfeed::ring::layout::{Job, RunOrder, RunStart, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES};
+use ringfeed::ring::layout::{
+    Job, RunOrder, RunStart, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES,
+};
 use ringfeed::ring::segment::{self, LOADER_LOCK_BYTE};
-use ringfeed::ring::{AttachError, AttachOptions, Consumer, CreateError, Layout, NextError, Producer, ReleaseError, RingGeometry, SampleEntry};
+use ringfeed::ring::{
+    AttachError, AttachOptions, Consumer, CreateError, Layout, NextError, Producer, ReleaseError,
+    RingGeometry, SampleEntry,
+};
 
 /// Two ranks, two slots each, four samples a batch, one page of payload.
-const GEOMETRY: RingGeometry = RingGeometry { world_size: 2, slots_per_rank: 2, max_samples_per_slot: 4, slot_payload_bytes: 4096 };
+const GEOMETRY: RingGeometry = RingGeometry {
+    world_size: 2,
+    slots_per_rank: 2,
+    max_samples_per_slot: 4,
+    slot_payload_bytes: 4096,
+};
 /// How long an attach to a crafted segment may retry before it reports.
-const SHORT: AttachOptions = AttachOptions { timeout: Some(Duration::from_millis(50)) };
+const SHORT: AttachOptions = AttachOptions {
+    timeout: Some(Duration::from_millis(50)),
+};
 
 // Header fields, by byte offset (docs/ring-layout.md; asserted in layout.rs).
 const ABI_VERSION_AT: usize = 8;
@@ -66,14 +78,23 @@ impl Drop for Crafted {
 /// lock so attach believes a loader owns it.
 fn craft(name: &str, bytes: &[u8], live_loader: bool) -> Crafted {
     let _ = segment::shm_unlink(name);
-    let fd = segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600).expect("create the test segment");
-    File::from(fd).write_all(bytes).expect("write the test segment");
+    let fd = segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600)
+        .expect("create the test segment");
+    File::from(fd)
+        .write_all(bytes)
+        .expect("write the test segment");
     let loader_lock = live_loader.then(|| {
         let fd = segment::shm_open(name, libc::O_RDWR, 0).expect("reopen the test segment");
-        assert!(segment::try_lock_byte(&fd, LOADER_LOCK_BYTE).expect("lock byte 0"), "loader lock already held");
+        assert!(
+            segment::try_lock_byte(&fd, LOADER_LOCK_BYTE).expect("lock byte 0"),
+            "loader lock already held"
+        );
         fd
     });
-    Crafted { name: name.to_string(), _loader_lock: loader_lock }
+    Crafted {
+        name: name.to_string(),
+        _loader_lock: loader_lock,
+    }
 }
 
 /// The bytes of a real, READY segment of GEOMETRY, as a loader makes it.
@@ -108,8 +129,14 @@ fn corrupt_header_err(test: &str, tamper: impl FnOnce(&mut Vec<u8>)) -> String {
     let _seg = craft(&name, &bytes, true);
     let err = attach_err(&name, 0);
     let msg = err.to_string();
-    assert!(matches!(err, AttachError::Corrupt { .. }), "{test}: expected Corrupt, got {err:?}");
-    assert!(msg.contains(&path_of(&name)), "{test}: message does not name the path: {msg}");
+    assert!(
+        matches!(err, AttachError::Corrupt { .. }),
+        "{test}: expected Corrupt, got {err:?}"
+    );
+    assert!(
+        msg.contains(&path_of(&name)),
+        "{test}: message does not name the path: {msg}"
+    );
     msg
 }
 
@@ -121,7 +148,12 @@ fn segment_smaller_than_a_header_is_corrupt() {
         let err = attach_err(&name, 0);
         let msg = err.to_string();
         assert!(matches!(err, AttachError::Corrupt { .. }), "{err:?}");
-        assert!(msg.contains(&path_of(&name)) && msg.contains("100 bytes") && msg.contains("smaller than a ring header"), "{msg}");
+        assert!(
+            msg.contains(&path_of(&name))
+                && msg.contains("100 bytes")
+                && msg.contains("smaller than a ring header"),
+            "{msg}"
+        );
     }
 }
 
@@ -132,7 +164,10 @@ fn foreign_bytes_are_refused_for_their_magic() {
     let err = attach_err(&name, 0);
     let msg = err.to_string();
     assert!(matches!(err, AttachError::Corrupt { .. }), "{err:?}");
-    assert!(msg.contains(&path_of(&name)) && msg.contains("bad magic"), "{msg}");
+    assert!(
+        msg.contains(&path_of(&name)) && msg.contains("bad magic"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -143,15 +178,33 @@ fn another_abi_version_is_named_with_both_versions() {
     let _seg = craft(&name, &bytes, true);
     let err = attach_err(&name, 0);
     let msg = err.to_string();
-    assert!(matches!(err, AttachError::AbiMismatch { found: 7, expected: 1, .. }), "{err:?}");
-    assert!(msg.contains("version 7") && msg.contains("version 1") && msg.contains(&path_of(&name)), "{msg}");
+    assert!(
+        matches!(
+            err,
+            AttachError::AbiMismatch {
+                found: 7,
+                expected: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        msg.contains("version 7") && msg.contains("version 1") && msg.contains(&path_of(&name)),
+        "{msg}"
+    );
 }
 
 #[test]
 fn a_valid_header_on_a_truncated_file_is_corrupt() {
     let msg = corrupt_header_err("truncated", |b| b.truncate(3 * HEADER_BYTES as usize));
     let full = Layout::compute(GEOMETRY).unwrap().segment_bytes;
-    assert!(msg.contains(&full.to_string()) && msg.contains(&(3 * HEADER_BYTES).to_string()) && msg.contains("truncated"), "{msg}");
+    assert!(
+        msg.contains(&full.to_string())
+            && msg.contains(&(3 * HEADER_BYTES).to_string())
+            && msg.contains("truncated"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -163,22 +216,56 @@ fn a_valid_header_on_a_longer_file_is_corrupt() {
 #[test]
 fn tampered_stored_offsets_are_caught_by_recomputing_them() {
     let msg = corrupt_header_err("slot-table-at", |b| put_u64(b, SLOT_TABLE_OFFSET_AT, 64));
-    assert!(msg.contains("stored offsets") && msg.contains("64"), "{msg}");
+    assert!(
+        msg.contains("stored offsets") && msg.contains("64"),
+        "{msg}"
+    );
     let msg = corrupt_header_err("payload-at", |b| put_u64(b, PAYLOAD_OFFSET_AT, u64::MAX));
-    assert!(msg.contains("stored offsets") && msg.contains(&u64::MAX.to_string()), "{msg}");
+    assert!(
+        msg.contains("stored offsets") && msg.contains(&u64::MAX.to_string()),
+        "{msg}"
+    );
 }
 
 #[test]
 fn geometry_out_of_range_is_refused_before_any_arithmetic() {
     type Tamper = Box<dyn FnOnce(&mut Vec<u8>)>;
     let cases: [(&str, Tamper, &str); 8] = [
-        ("w0", Box::new(|b| put_u32(b, WORLD_SIZE_AT, 0)), "world_size = 0"),
-        ("w100000", Box::new(|b| put_u32(b, WORLD_SIZE_AT, 100_000)), "world_size = 100000"),
-        ("k-max", Box::new(|b| put_u32(b, SLOTS_PER_RANK_AT, u32::MAX)), "slots_per_rank = 4294967295"),
-        ("m-max", Box::new(|b| put_u32(b, MAX_SAMPLES_AT, u32::MAX)), "max_samples_per_slot = 4294967295"),
-        ("s-max", Box::new(|b| put_u64(b, SLOT_PAYLOAD_BYTES_AT, u64::MAX)), "slot_payload_bytes = 18446744073709551615"),
-        ("s-unaligned", Box::new(|b| put_u64(b, SLOT_PAYLOAD_BYTES_AT, 4097)), "not page-aligned"),
-        ("header-size", Box::new(|b| put_u32(b, HEADER_BYTES_AT, 64)), "header or page size"),
+        (
+            "w0",
+            Box::new(|b| put_u32(b, WORLD_SIZE_AT, 0)),
+            "world_size = 0",
+        ),
+        (
+            "w100000",
+            Box::new(|b| put_u32(b, WORLD_SIZE_AT, 100_000)),
+            "world_size = 100000",
+        ),
+        (
+            "k-max",
+            Box::new(|b| put_u32(b, SLOTS_PER_RANK_AT, u32::MAX)),
+            "slots_per_rank = 4294967295",
+        ),
+        (
+            "m-max",
+            Box::new(|b| put_u32(b, MAX_SAMPLES_AT, u32::MAX)),
+            "max_samples_per_slot = 4294967295",
+        ),
+        (
+            "s-max",
+            Box::new(|b| put_u64(b, SLOT_PAYLOAD_BYTES_AT, u64::MAX)),
+            "slot_payload_bytes = 18446744073709551615",
+        ),
+        (
+            "s-unaligned",
+            Box::new(|b| put_u64(b, SLOT_PAYLOAD_BYTES_AT, 4097)),
+            "not page-aligned",
+        ),
+        (
+            "header-size",
+            Box::new(|b| put_u32(b, HEADER_BYTES_AT, 64)),
+            "header or page size",
+        ),
         (
             "all-max",
             Box::new(|b| {
@@ -201,12 +288,20 @@ fn geometry_out_of_range_is_refused_before_any_arithmetic() {
 fn a_ring_whose_ranks_are_not_all_in_its_job_is_corrupt() {
     // GEOMETRY has 2 ranks: ranks 3..5 of a job of 4, and a run that
     // overflows u32 when added up, are refused.
-    for (test, first, job) in [("job-past-end", 3, 4), ("job-smaller", 0, 1), ("job-wraps", u32::MAX, u32::MAX)] {
+    for (test, first, job) in [
+        ("job-past-end", 3, 4),
+        ("job-smaller", 0, 1),
+        ("job-wraps", u32::MAX, u32::MAX),
+    ] {
         let msg = corrupt_header_err(test, |b| {
             put_u32(b, FIRST_RANK_AT, first);
             put_u32(b, JOB_WORLD_SIZE_AT, job);
         });
-        assert!(msg.contains(&format!("job ranks {first} to ")) && msg.contains(&format!("a job of {job} ranks")), "{test}: {msg}");
+        assert!(
+            msg.contains(&format!("job ranks {first} to "))
+                && msg.contains(&format!("a job of {job} ranks")),
+            "{test}: {msg}"
+        );
     }
 }
 
@@ -215,10 +310,23 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
     // Ranks 6 and 7 of a job of 8 (the last of 4 machines of 2 ranks).
     let name = unique("job");
     // Its loader started at --resume 3:40 over 1000 samples.
-    let start = Some(RunStart { epoch: 3, samples_consumed: 40, dataset_samples: 1000 });
+    let start = Some(RunStart {
+        epoch: 3,
+        samples_consumed: 40,
+        dataset_samples: 1000,
+    });
     // Its order: --seed 2^64-1, --no-shuffle.
-    let order = Some(RunOrder { seed: u64::MAX, shuffled: false });
-    let job = Job { first_rank: 6, job_world_size: 8, plan_digest: 0x1234_5678_9abc_def0, start, order };
+    let order = Some(RunOrder {
+        seed: u64::MAX,
+        shuffled: false,
+    });
+    let job = Job {
+        first_rank: 6,
+        job_world_size: 8,
+        plan_digest: 0x1234_5678_9abc_def0,
+        start,
+        order,
+    };
     let _producer = Producer::create_in_job(&name, GEOMETRY, job).unwrap();
     let consumer = Consumer::attach(&name, 1, SHORT).unwrap();
     assert_eq!(consumer.job(), job);
@@ -228,8 +336,26 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
     assert_eq!(consumer.resume_state_after(4, 1), Some((4, 16 * b)));
     drop(consumer);
     // A job that leaves no room for the ring's ranks is refused when made.
-    let err = Producer::create_in_job(&unique("job-bad"), GEOMETRY, Job { first_rank: 7, job_world_size: 8, plan_digest: 0, start: None, order: None }).err().expect("ranks 7..9 of 8");
-    assert!(matches!(err, CreateError::Job(_)) && err.to_string().contains("job ranks 7 to 8 of a job of 8 ranks"), "{err}");
+    let err = Producer::create_in_job(
+        &unique("job-bad"),
+        GEOMETRY,
+        Job {
+            first_rank: 7,
+            job_world_size: 8,
+            plan_digest: 0,
+            start: None,
+            order: None,
+        },
+    )
+    .err()
+    .expect("ranks 7..9 of 8");
+    assert!(
+        matches!(err, CreateError::Job(_))
+            && err
+                .to_string()
+                .contains("job ranks 7 to 8 of a job of 8 ranks"),
+        "{err}"
+    );
     // Zeros, from a loader that predates the fields: the ring is the job.
     let plain = unique("job-zero");
     let mut bytes = real_segment_bytes(&plain);
@@ -254,8 +380,17 @@ fn rank_outside_the_world_is_refused_with_both_numbers() {
     for rank in [2, 3, u32::MAX] {
         let err = attach_err(&name, rank);
         let msg = err.to_string();
-        assert!(matches!(err, AttachError::RankOutOfRange { world_size: 2, .. }), "{err:?}");
-        assert!(msg.contains(&format!("rank {rank}")) && msg.contains("serves 2 rank(s)") && msg.contains("ranks 0 to 1") && msg.contains(&name), "{msg}");
+        assert!(
+            matches!(err, AttachError::RankOutOfRange { world_size: 2, .. }),
+            "{err:?}"
+        );
+        assert!(
+            msg.contains(&format!("rank {rank}"))
+                && msg.contains("serves 2 rank(s)")
+                && msg.contains("ranks 0 to 1")
+                && msg.contains(&name),
+            "{msg}"
+        );
     }
 }
 
@@ -263,10 +398,14 @@ fn rank_outside_the_world_is_refused_with_both_numbers() {
 fn bad_names_are_refused_by_attach_and_create() {
     let long = "x".repeat(65);
     for bad in ["", "a/b", long.as_str(), ".x", "a\0b", "sp ace"] {
-        let err = Consumer::attach(bad, 0, SHORT).err().expect("attach with a bad name");
+        let err = Consumer::attach(bad, 0, SHORT)
+            .err()
+            .expect("attach with a bad name");
         assert!(matches!(err, AttachError::Name(_)), "{bad:?}: {err:?}");
         assert!(err.to_string().contains(&format!("{bad:?}")), "{}", err);
-        let err = Producer::create(bad, GEOMETRY).err().expect("create with a bad name");
+        let err = Producer::create(bad, GEOMETRY)
+            .err()
+            .expect("create with a bad name");
         assert!(matches!(err, CreateError::Name(_)), "{bad:?}: {err:?}");
         assert!(err.to_string().contains(&format!("{bad:?}")), "{}", err);
     }
@@ -276,27 +415,51 @@ fn bad_names_are_refused_by_attach_and_create() {
 fn attach_to_a_name_that_never_appears_times_out_naming_it() {
     let name = unique("never");
     let start = Instant::now();
-    let err = Consumer::attach(&name, 0, AttachOptions { timeout: Some(Duration::from_millis(200)) }).err().expect("no loader");
+    let err = Consumer::attach(
+        &name,
+        0,
+        AttachOptions {
+            timeout: Some(Duration::from_millis(200)),
+        },
+    )
+    .err()
+    .expect("no loader");
     let waited = start.elapsed();
     let msg = err.to_string();
     assert!(matches!(err, AttachError::Timeout { .. }), "{err:?}");
-    assert!(msg.contains(&name) && msg.contains(&path_of(&name)), "{msg}");
+    assert!(
+        msg.contains(&name) && msg.contains(&path_of(&name)),
+        "{msg}"
+    );
     // About 0.2 s (the poll is 10 ms); the upper bound is loose for busy CI machines.
-    assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(1), "waited {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(1),
+        "waited {waited:?}"
+    );
 }
 
 #[test]
 fn segment_of_a_dead_loader_is_loader_gone() {
     let name = unique("dead");
     Producer::create(&name, GEOMETRY).unwrap().abandon();
-    let _seg = Crafted { name: name.clone(), _loader_lock: None };
+    let _seg = Crafted {
+        name: name.clone(),
+        _loader_lock: None,
+    };
     let start = Instant::now();
     let err = attach_err(&name, 0);
     let msg = err.to_string();
     assert!(matches!(err, AttachError::LoaderGone { .. }), "{err:?}");
-    assert!(msg.contains(&name) && msg.contains(&std::process::id().to_string()), "{msg}");
+    assert!(
+        msg.contains(&name) && msg.contains(&std::process::id().to_string()),
+        "{msg}"
+    );
     // Reported once the timeout passes: a restarted loader may replace it.
-    assert!(start.elapsed() >= SHORT.timeout.unwrap(), "LoaderGone after {:?}", start.elapsed());
+    assert!(
+        start.elapsed() >= SHORT.timeout.unwrap(),
+        "LoaderGone after {:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
@@ -312,11 +475,20 @@ fn a_consumer_waiting_on_a_dead_loaders_segment_attaches_to_the_restarted_loader
         })
     };
     let start = Instant::now();
-    let consumer = Consumer::attach(&name, 0, AttachOptions { timeout: Some(Duration::from_secs(20)) });
+    let consumer = Consumer::attach(
+        &name,
+        0,
+        AttachOptions {
+            timeout: Some(Duration::from_secs(20)),
+        },
+    );
     let waited = start.elapsed();
     let producer = restarter.join().unwrap();
     let consumer = consumer.expect("attach to the restarted loader");
-    assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(10), "attached after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(10),
+        "attached after {waited:?}"
+    );
     drop((consumer, producer));
 }
 
@@ -324,10 +496,15 @@ fn a_consumer_waiting_on_a_dead_loaders_segment_attaches_to_the_restarted_loader
 fn second_loader_of_a_live_name_is_already_running() {
     let name = unique("twice");
     let _first = Producer::create(&name, GEOMETRY).unwrap();
-    let err = Producer::create(&name, GEOMETRY).err().expect("a second loader of the same name");
+    let err = Producer::create(&name, GEOMETRY)
+        .err()
+        .expect("a second loader of the same name");
     let msg = err.to_string();
     assert!(matches!(err, CreateError::AlreadyRunning { .. }), "{err:?}");
-    assert!(msg.contains(&name) && msg.contains(&std::process::id().to_string()), "{msg}");
+    assert!(
+        msg.contains(&name) && msg.contains(&std::process::id().to_string()),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -339,16 +516,34 @@ fn a_rank_this_process_holds_is_refused_at_once() {
     let _producer = Producer::create(&name, GEOMETRY).unwrap();
     let _first = Consumer::attach(&name, 1, SHORT).unwrap();
     let start = Instant::now();
-    let err = match Consumer::attach(&name, 1, AttachOptions { timeout: Some(Duration::from_secs(20)) }) {
+    let err = match Consumer::attach(
+        &name,
+        1,
+        AttachOptions {
+            timeout: Some(Duration::from_secs(20)),
+        },
+    ) {
         Ok(_) => panic!("a second attach of rank 1 in this process succeeded"),
         Err(e) => e,
     };
     let msg = err.to_string();
-    assert!(matches!(err, AttachError::RankHeldByThisProcess { rank: 1, .. }), "{err:?}");
-    assert!(msg.contains("rank 1") && msg.contains(&name) && msg.contains(&format!("this process (pid {})", std::process::id())), "{msg}");
+    assert!(
+        matches!(err, AttachError::RankHeldByThisProcess { rank: 1, .. }),
+        "{err:?}"
+    );
+    assert!(
+        msg.contains("rank 1")
+            && msg.contains(&name)
+            && msg.contains(&format!("this process (pid {})", std::process::id())),
+        "{msg}"
+    );
     // The Python binding stops retrying on this phrase (_HELD_BY_THIS_PROCESS).
     assert!(msg.contains("already attached by this process"), "{msg}");
-    assert!(start.elapsed() < Duration::from_secs(1), "waited {:?} on itself", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "waited {:?} on itself",
+        start.elapsed()
+    );
 }
 
 // Review: "this process holds the rank" was judged by the pid stored in the
@@ -360,18 +555,35 @@ fn a_rank_locked_elsewhere_under_our_pid_is_waited_on_not_refused_as_ours() {
     let mut p = publish_one("pid-ns");
     // Another open file description holds rank 0's lock, as another
     // process's attachment would, and its block shows our pid.
-    let other = std::fs::OpenOptions::new().read(true).write(true).open(segment::shm_path(&p.name)).unwrap();
+    let other = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(segment::shm_path(&p.name))
+        .unwrap();
     let other = OwnedFd::from(other);
     assert!(segment::try_lock_byte(&other, segment::rank_lock_byte(0)).unwrap());
     let o = (p.layout.rank_offset(0) + 80) as usize;
     p.map[o..o + 4].copy_from_slice(&std::process::id().to_le_bytes());
     let start = Instant::now();
-    let err = match Consumer::attach(&p.name, 0, AttachOptions { timeout: Some(Duration::from_millis(400)) }) {
+    let err = match Consumer::attach(
+        &p.name,
+        0,
+        AttachOptions {
+            timeout: Some(Duration::from_millis(400)),
+        },
+    ) {
         Ok(_) => panic!("attached a rank another description holds"),
         Err(e) => e,
     };
-    assert!(matches!(err, AttachError::RankBusy { rank: 0, .. }), "{err:?}");
-    assert!(start.elapsed() >= Duration::from_millis(350), "gave up after {:?} instead of waiting", start.elapsed());
+    assert!(
+        matches!(err, AttachError::RankBusy { rank: 0, .. }),
+        "{err:?}"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_millis(350),
+        "gave up after {:?} instead of waiting",
+        start.elapsed()
+    );
     // Once that hold goes, the rank is ours.
     drop(other);
     let c = Consumer::attach(&p.name, 0, SHORT).unwrap();
@@ -392,14 +604,34 @@ fn publish_one(test: &str) -> Published {
     let mut producer = Producer::create(&name, GEOMETRY).unwrap();
     let mut claim = producer.try_claim(0).unwrap().unwrap();
     claim.payload_mut()[..30].copy_from_slice(&[7; 30]);
-    let samples = [SampleEntry { offset: 0, len: 10, index: 70 }, SampleEntry { offset: 10, len: 20, index: 71 }];
+    let samples = [
+        SampleEntry {
+            offset: 0,
+            len: 10,
+            index: 70,
+        },
+        SampleEntry {
+            offset: 10,
+            len: 20,
+            index: 71,
+        },
+    ];
     producer.publish(claim, 0, 0, &samples).unwrap();
     let layout = *producer.layout();
-    let file = std::fs::OpenOptions::new().read(true).write(true).open(segment::shm_path(&name)).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(segment::shm_path(&name))
+        .unwrap();
     // SAFETY: the test writes through this mapping only where it means to
     // corrupt the segment; the Producer only writes atomics.
     let map = unsafe { MmapMut::map_mut(&file) }.unwrap();
-    Published { name, producer, layout, map }
+    Published {
+        name,
+        producer,
+        layout,
+        map,
+    }
 }
 
 impl Published {
@@ -409,7 +641,10 @@ impl Published {
     }
 
     fn sample_field(&mut self, slot: u32, i: u64, field: u64) -> &mut [u8] {
-        self.slot_field(slot, SLOT_META_FIXED_BYTES + i * SAMPLE_ENTRY_BYTES + field * 8)
+        self.slot_field(
+            slot,
+            SLOT_META_FIXED_BYTES + i * SAMPLE_ENTRY_BYTES + field * 8,
+        )
     }
 
     /// Attaches to rank 0 and takes the next batch, which must be refused as
@@ -431,7 +666,9 @@ impl Published {
 fn an_untouched_batch_reads_back_whole() {
     let p = publish_one("untouched");
     let mut consumer = Consumer::attach(&p.name, 0, SHORT).unwrap();
-    let Next::Batch(b) = consumer.next(Some(Duration::ZERO)).unwrap() else { panic!("no batch") };
+    let Next::Batch(b) = consumer.next(Some(Duration::ZERO)).unwrap() else {
+        panic!("no batch")
+    };
     // SAFETY: the batch is not released and the consumer is attached.
     let (table, second) = unsafe { (b.sample_table().to_vec(), b.sample_bytes(1).to_vec()) };
     assert_eq!(table.iter().map(|s| s.index).collect::<Vec<_>>(), [70, 71]);
@@ -444,35 +681,53 @@ fn sample_count_beyond_the_table_is_corrupt() {
     let mut p = publish_one("n-samples");
     p.slot_field(0, N_SAMPLES_AT)[..4].copy_from_slice(&u32::MAX.to_le_bytes());
     let msg = p.next_err();
-    assert!(msg.contains("slot 0") && msg.contains("4294967295 samples"), "{msg}");
+    assert!(
+        msg.contains("slot 0") && msg.contains("4294967295 samples"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn payload_use_beyond_the_slot_is_corrupt() {
     let mut p = publish_one("used");
-    p.slot_field(0, PAYLOAD_USED_AT).copy_from_slice(&4097u64.to_le_bytes());
+    p.slot_field(0, PAYLOAD_USED_AT)
+        .copy_from_slice(&4097u64.to_le_bytes());
     let msg = p.next_err();
     assert!(msg.contains("4097 bytes"), "{msg}");
 }
 
 #[test]
 fn sample_outside_the_payload_is_corrupt() {
-    let cases = [("past-end", 25u64, 10u64), ("overflow", u64::MAX - 3, 10), ("huge-len", 0, u64::MAX)];
+    let cases = [
+        ("past-end", 25u64, 10u64),
+        ("overflow", u64::MAX - 3, 10),
+        ("huge-len", 0, u64::MAX),
+    ];
     for (test, offset, len) in cases {
         let mut p = publish_one(test);
-        p.sample_field(0, 1, 0).copy_from_slice(&offset.to_le_bytes());
+        p.sample_field(0, 1, 0)
+            .copy_from_slice(&offset.to_le_bytes());
         p.sample_field(0, 1, 1).copy_from_slice(&len.to_le_bytes());
         let msg = p.next_err();
-        assert!(msg.contains("sample 1") && msg.contains(&format!("offset {offset}")) && msg.contains("outside"), "{test}: {msg}");
+        assert!(
+            msg.contains("sample 1")
+                && msg.contains(&format!("offset {offset}"))
+                && msg.contains("outside"),
+            "{test}: {msg}"
+        );
     }
 }
 
 #[test]
 fn wrong_generation_in_a_published_slot_is_corrupt() {
     let mut p = publish_one("generation");
-    p.slot_field(0, GENERATION_AT).copy_from_slice(&999u64.to_le_bytes());
+    p.slot_field(0, GENERATION_AT)
+        .copy_from_slice(&999u64.to_le_bytes());
     let msg = p.next_err();
-    assert!(msg.contains("generation 999") && msg.contains("expected 1"), "{msg}");
+    assert!(
+        msg.contains("generation 999") && msg.contains("expected 1"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -488,11 +743,22 @@ fn more_batches_published_than_slots_is_corrupt() {
 fn releasing_twice_is_already_released() {
     let p = publish_one("twice-release");
     let mut consumer = Consumer::attach(&p.name, 0, SHORT).unwrap();
-    let Next::Batch(b) = consumer.next(Some(Duration::ZERO)).unwrap() else { panic!("no batch") };
+    let Next::Batch(b) = consumer.next(Some(Duration::ZERO)).unwrap() else {
+        panic!("no batch")
+    };
     consumer.release(b.slot, b.generation).unwrap();
     let err = consumer.release(b.slot, b.generation).unwrap_err();
-    assert_eq!(err, ReleaseError::AlreadyReleased { slot: 0, generation: 1 });
-    assert!(err.to_string().contains("slot 0") && err.to_string().contains("generation 1"), "{err}");
+    assert_eq!(
+        err,
+        ReleaseError::AlreadyReleased {
+            slot: 0,
+            generation: 1
+        }
+    );
+    assert!(
+        err.to_string().contains("slot 0") && err.to_string().contains("generation 1"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -502,7 +768,10 @@ fn releasing_another_ranks_slot_is_not_ours() {
     for slot in [2, 3, 4, u32::MAX] {
         let err = consumer.release(slot, 1).unwrap_err();
         assert_eq!(err, ReleaseError::NotOurs { slot, rank: 0 });
-        assert!(err.to_string().contains(&format!("slot {slot}")) && err.to_string().contains("rank 0"), "{err}");
+        assert!(
+            err.to_string().contains(&format!("slot {slot}")) && err.to_string().contains("rank 0"),
+            "{err}"
+        );
     }
 }
 
@@ -515,12 +784,21 @@ fn releasing_a_batch_of_another_feed_is_refused_and_this_feeds_batch_stays_held(
     let b = publish_one("other-feed-b");
     let mut ca = Consumer::attach(&a.name, 0, SHORT).unwrap();
     let mut cb = Consumer::attach(&b.name, 0, SHORT).unwrap();
-    let Next::Batch(ba) = ca.next(Some(Duration::ZERO)).unwrap() else { panic!("no batch from a") };
-    let Next::Batch(bb) = cb.next(Some(Duration::ZERO)).unwrap() else { panic!("no batch from b") };
+    let Next::Batch(ba) = ca.next(Some(Duration::ZERO)).unwrap() else {
+        panic!("no batch from a")
+    };
+    let Next::Batch(bb) = cb.next(Some(Duration::ZERO)).unwrap() else {
+        panic!("no batch from b")
+    };
     assert_eq!((ba.slot, ba.generation), (bb.slot, bb.generation));
-    let err = cb.release_handle(ba.slot, ba.generation, ba.data).unwrap_err();
+    let err = cb
+        .release_handle(ba.slot, ba.generation, ba.data)
+        .unwrap_err();
     assert_eq!(err, ReleaseError::OtherFeed { slot: 0 });
-    assert!(err.to_string().contains("returned by another feed"), "{err}");
+    assert!(
+        err.to_string().contains("returned by another feed"),
+        "{err}"
+    );
     // b's batch is still held: a release of it succeeds once, on its feed.
     cb.release_handle(bb.slot, bb.generation, bb.data).unwrap();
     ca.release_handle(ba.slot, ba.generation, ba.data).unwrap();
@@ -530,16 +808,32 @@ fn releasing_a_batch_of_another_feed_is_refused_and_this_feeds_batch_stays_held(
 fn releasing_a_handle_whose_slot_was_reused_is_stale() {
     let mut p = publish_one("stale");
     let mut consumer = Consumer::attach(&p.name, 0, SHORT).unwrap();
-    let Next::Batch(old) = consumer.next(Some(Duration::ZERO)).unwrap() else { panic!("no batch") };
+    let Next::Batch(old) = consumer.next(Some(Duration::ZERO)).unwrap() else {
+        panic!("no batch")
+    };
     consumer.release(old.slot, old.generation).unwrap();
     // Batches 1 and 2 go to slots 1 and 0: slot 0 now holds generation 2.
     for _ in 0..2 {
-        let claim = p.producer.try_claim(0).expect("claim").expect("a free slot");
+        let claim = p
+            .producer
+            .try_claim(0)
+            .expect("claim")
+            .expect("a free slot");
         p.producer.publish(claim, 0, 1, &[]).unwrap();
     }
     let err = consumer.release(old.slot, old.generation).unwrap_err();
-    assert_eq!(err, ReleaseError::Stale { slot: 0, generation: 1, current: 2 });
-    assert!(err.to_string().contains("generation 1") && err.to_string().contains("generation 2"), "{err}");
+    assert_eq!(
+        err,
+        ReleaseError::Stale {
+            slot: 0,
+            generation: 1,
+            current: 2
+        }
+    );
+    assert!(
+        err.to_string().contains("generation 1") && err.to_string().contains("generation 2"),
+        "{err}"
+    );
 }
 
 // Story: a release for a batch that was published but not yet handed out by
@@ -550,13 +844,44 @@ fn releasing_a_handle_whose_slot_was_reused_is_stale() {
 fn releasing_a_batch_that_next_never_returned_is_refused_and_nothing_is_lost() {
     use ringfeed::ring::{Next, SampleEntry};
     let name = format!("notaken-{}", std::process::id());
-    let g = ringfeed::ring::RingGeometry { world_size: 1, slots_per_rank: 2, max_samples_per_slot: 1, slot_payload_bytes: 4096 };
+    let g = ringfeed::ring::RingGeometry {
+        world_size: 1,
+        slots_per_rank: 2,
+        max_samples_per_slot: 1,
+        slot_payload_bytes: 4096,
+    };
     let mut p = ringfeed::ring::Producer::create(&name, g).expect("create");
-    let mut c = ringfeed::ring::Consumer::attach(&name, 0, ringfeed::ring::AttachOptions { timeout: Some(std::time::Duration::from_secs(1)) }).expect("attach");
+    let mut c = ringfeed::ring::Consumer::attach(
+        &name,
+        0,
+        ringfeed::ring::AttachOptions {
+            timeout: Some(std::time::Duration::from_secs(1)),
+        },
+    )
+    .expect("attach");
     let claim = p.try_claim(0).expect("claim").expect("a free slot");
-    p.publish(claim, 0, 0, &[SampleEntry { offset: 0, len: 1, index: 7 }]).expect("publish");
+    p.publish(
+        claim,
+        0,
+        0,
+        &[SampleEntry {
+            offset: 0,
+            len: 1,
+            index: 7,
+        }],
+    )
+    .expect("publish");
     let e = c.release(0, 1).expect_err("batch 0 was never taken");
-    assert!(matches!(e, ringfeed::ring::ReleaseError::NotTaken { slot: 0, generation: 1 }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            ringfeed::ring::ReleaseError::NotTaken {
+                slot: 0,
+                generation: 1
+            }
+        ),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("never taken"), "{e}");
     assert!(p.try_claim(0).expect("claim").is_some(), "slot 1 is free");
     match c.next(Some(std::time::Duration::ZERO)).expect("next") {
@@ -578,9 +903,15 @@ fn a_loader_whose_name_was_removed_leaves_the_next_loaders_segment_alone() {
     let second = Producer::create(&name, GEOMETRY).unwrap();
     first.remove_name();
     drop(first);
-    assert!(std::path::Path::new(&path_of(&name)).exists(), "the first loader removed the second one's segment");
+    assert!(
+        std::path::Path::new(&path_of(&name)).exists(),
+        "the first loader removed the second one's segment"
+    );
     assert!(second.name_is_ours());
     let consumer = Consumer::attach(&name, 0, SHORT).expect("attach to the second loader");
     drop((consumer, second));
-    assert!(!std::path::Path::new(&path_of(&name)).exists(), "the second loader removes its own name");
+    assert!(
+        !std::path::Path::new(&path_of(&name)).exists(),
+        "the second loader removes its own name"
+    );
 }

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use ringfeed::cli::testing::check_batch;
 use ringfeed::ring::observer::Observer;
-use ringfeed::ring::{AttachError, AttachOptions, Consumer, Next, NextError, Producer, RingGeometry, SampleEntry};
+use ringfeed::ring::{
+    AttachError, AttachOptions, Consumer, Next, NextError, Producer, RingGeometry, SampleEntry,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ringfeed");
 /// Samples per batch and bytes per sample: the test subcommands' defaults.
@@ -35,11 +37,17 @@ const HANG: Duration = Duration::from_secs(10);
 
 fn unique_name(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("crash-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "crash-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn opts(timeout: Duration) -> AttachOptions {
-    AttachOptions { timeout: Some(timeout) }
+    AttachOptions {
+        timeout: Some(timeout),
+    }
 }
 
 /// Removes `/dev/shm/ringfeed-NAME` when dropped, whatever the test's outcome.
@@ -66,7 +74,12 @@ struct Proc {
 
 impl Proc {
     fn spawn(args: &[String]) -> Proc {
-        let mut child = Command::new(BIN).args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn ringfeed");
+        let mut child = Command::new(BIN)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ringfeed");
         let stdout = child.stdout.take().expect("stdout is piped");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -90,10 +103,16 @@ impl Proc {
     fn expect_line(&mut self, want: &str) {
         let deadline = Instant::now() + HANG;
         loop {
-            match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
                 Ok(line) if line.trim() == want => return,
                 Ok(_) => continue,
-                Err(e) => panic!("no {want:?} line from ringfeed ({e}); exit status so far: {:?}", self.child.try_wait()),
+                Err(e) => panic!(
+                    "no {want:?} line from ringfeed ({e}); exit status so far: {:?}",
+                    self.child.try_wait()
+                ),
             }
         }
     }
@@ -112,7 +131,10 @@ impl Proc {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return status;
             }
-            assert!(Instant::now() < deadline, "ringfeed did not exit within {HANG:?}");
+            assert!(
+                Instant::now() < deadline,
+                "ringfeed did not exit within {HANG:?}"
+            );
             std::thread::sleep(Duration::from_millis(2));
         }
     }
@@ -142,7 +164,14 @@ fn summary(mut d: Vec<Duration>) -> String {
     d.sort();
     let at = |q: f64| d[((d.len() - 1) as f64 * q).round() as usize];
     let ms = |x: Duration| x.as_secs_f64() * 1e3;
-    format!("n={} min {:.1} ms, median {:.1} ms, p90 {:.1} ms, max {:.1} ms", d.len(), ms(d[0]), ms(at(0.5)), ms(at(0.9)), ms(d[d.len() - 1]))
+    format!(
+        "n={} min {:.1} ms, median {:.1} ms, p90 {:.1} ms, max {:.1} ms",
+        d.len(),
+        ms(d[0]),
+        ms(at(0.5)),
+        ms(at(0.9)),
+        ms(d[d.len() - 1])
+    )
 }
 
 /// Takes the next batch within `HANG`, or panics saying what came instead.
@@ -155,7 +184,12 @@ fn take(c: &mut Consumer) -> ringfeed::ring::BatchRef {
 
 /// Consumes rank `rank` continuously, checking every batch, until `stop`.
 /// Returns how many batches it took and the longest gap between two of them.
-fn consume_continuously(name: String, rank: u32, world_size: u32, stop: Arc<AtomicBool>) -> Result<(u64, Duration), String> {
+fn consume_continuously(
+    name: String,
+    rank: u32,
+    world_size: u32,
+    stop: Arc<AtomicBool>,
+) -> Result<(u64, Duration), String> {
     let mut c = Consumer::attach(&name, rank, opts(HANG)).map_err(|e| e.to_string())?;
     let mut n = 0u64;
     let mut last = Instant::now();
@@ -163,9 +197,13 @@ fn consume_continuously(name: String, rank: u32, world_size: u32, stop: Arc<Atom
     while !stop.load(Ordering::Relaxed) {
         match c.next(Some(Duration::from_millis(50))) {
             Ok(Next::Batch(b)) => {
-                check_batch(&b, rank, world_size, B, L).map_err(|e| format!("rank {rank} batch {n}: {e:#}"))?;
+                check_batch(&b, rank, world_size, B, L)
+                    .map_err(|e| format!("rank {rank} batch {n}: {e:#}"))?;
                 if b.seq != n {
-                    return Err(format!("rank {rank}: batch {} delivered as the {n}-th", b.seq));
+                    return Err(format!(
+                        "rank {rank}: batch {} delivered as the {n}-th",
+                        b.seq
+                    ));
                 }
                 c.release(b.slot, b.generation).map_err(|e| e.to_string())?;
                 n += 1;
@@ -190,7 +228,11 @@ fn consumer_killed_holding_slots_gets_them_reclaimed_within_a_second_100_times()
         std::thread::spawn(move || consume_continuously(name, 1, 2, stop))
     };
     let observer = Observer::open(&name).expect("observe the ring");
-    let hang_args: Vec<String> = format!("ring-test-consumer --name {name} --rank 0 --world-size 2 --take-and-hang 2").split(' ').map(String::from).collect();
+    let hang_args: Vec<String> =
+        format!("ring-test-consumer --name {name} --rank 0 --world-size 2 --take-and-hang 2")
+            .split(' ')
+            .map(String::from)
+            .collect();
     let mut reclaim = Vec::with_capacity(ROUNDS);
     let mut taken_by_rank0 = 0u64;
     for round in 0..ROUNDS {
@@ -199,28 +241,50 @@ fn consumer_killed_holding_slots_gets_them_reclaimed_within_a_second_100_times()
         let killed_at = consumer.kill9();
         // Read after the kill: the dead consumer can take nothing more now.
         let consumed = observer.snapshot().ranks[0].consumed;
-        assert_eq!(consumed, taken_by_rank0 + 2, "round {round}: the dead consumer took its 2 batches");
+        assert_eq!(
+            consumed,
+            taken_by_rank0 + 2,
+            "round {round}: the dead consumer took its 2 batches"
+        );
         // The loader publishes to rank 0 again only once it reclaimed both
         // slots: that is the moment we measure, without attaching anything.
-        let reclaimed_at = poll_until("reclaim", || observer.snapshot().ranks[0].published > consumed);
+        let reclaimed_at = poll_until("reclaim", || {
+            observer.snapshot().ranks[0].published > consumed
+        });
         let latency = reclaimed_at - killed_at;
         assert!(latency < PROMISE, "round {round}: reclaim took {latency:?}");
         reclaim.push(latency);
         // A replacement continues with the first batch nobody took, intact.
-        let mut replacement = Consumer::attach(&name, 0, opts(HANG)).expect("attach a replacement for rank 0");
+        let mut replacement =
+            Consumer::attach(&name, 0, opts(HANG)).expect("attach a replacement for rank 0");
         let b = take(&mut replacement);
-        assert_eq!(b.seq, consumed, "round {round}: the replacement continues with the next undelivered batch");
+        assert_eq!(
+            b.seq, consumed,
+            "round {round}: the replacement continues with the next undelivered batch"
+        );
         check_batch(&b, 0, 2, B, L).expect("the replacement's batch is intact");
         replacement.release(b.slot, b.generation).expect("release");
         drop(replacement);
         taken_by_rank0 = consumed + 1;
     }
     stop.store(true, Ordering::Relaxed);
-    let (rank1_batches, longest_gap) = rank1.join().expect("rank 1 thread").expect("rank 1 consumed correctly");
+    let (rank1_batches, longest_gap) = rank1
+        .join()
+        .expect("rank 1 thread")
+        .expect("rank 1 consumed correctly");
     println!("consumer kill -9 → slots reclaimed: {}", summary(reclaim));
-    println!("rank 1 meanwhile: {rank1_batches} batches, longest gap {:.1} ms", longest_gap.as_secs_f64() * 1e3);
-    assert!(longest_gap < PROMISE, "rank 1 stalled for {longest_gap:?} while rank 0's consumers died");
-    assert!(producer.child.try_wait().expect("try_wait").is_none(), "the loader survived every consumer crash");
+    println!(
+        "rank 1 meanwhile: {rank1_batches} batches, longest gap {:.1} ms",
+        longest_gap.as_secs_f64() * 1e3
+    );
+    assert!(
+        longest_gap < PROMISE,
+        "rank 1 stalled for {longest_gap:?} while rank 0's consumers died"
+    );
+    assert!(
+        producer.child.try_wait().expect("try_wait").is_none(),
+        "the loader survived every consumer crash"
+    );
 }
 
 #[test]
@@ -256,21 +320,37 @@ fn loader_killed_makes_consumers_fail_with_loader_gone_within_a_second_100_times
         // holding the slot its next batch needs: the death is the news.
         let late_result = c1.next(Some(HANG));
         for b in held {
-            c1.release(b.slot, b.generation).expect("release after the loader died");
+            c1.release(b.slot, b.generation)
+                .expect("release after the loader died");
         }
         let late_latency = killed_at.elapsed();
-        assert!(matches!(late_result, Err(NextError::LoaderGone { .. })), "round {round}: a late next gave {late_result:?}");
+        assert!(
+            matches!(late_result, Err(NextError::LoaderGone { .. })),
+            "round {round}: a late next gave {late_result:?}"
+        );
         late.push(late_latency);
-        let (result, returned_at) = rx.recv_timeout(HANG).expect("the waiting next returned (no hang)");
+        let (result, returned_at) = rx
+            .recv_timeout(HANG)
+            .expect("the waiting next returned (no hang)");
         let latency = returned_at.saturating_duration_since(killed_at);
         match &result {
             Err(e @ NextError::LoaderGone { pid, .. }) => {
-                assert_eq!(*pid, producer.child.id(), "the error names the dead loader's pid");
-                assert!(e.to_string().contains(&name), "the error names the loader: {e}");
+                assert_eq!(
+                    *pid,
+                    producer.child.id(),
+                    "the error names the dead loader's pid"
+                );
+                assert!(
+                    e.to_string().contains(&name),
+                    "the error names the loader: {e}"
+                );
             }
             other => panic!("round {round}: waiting next gave {other:?}"),
         }
-        assert!(latency < PROMISE && late_latency < PROMISE, "round {round}: loader-gone after {latency:?} / {late_latency:?}");
+        assert!(
+            latency < PROMISE && late_latency < PROMISE,
+            "round {round}: loader-gone after {latency:?} / {late_latency:?}"
+        );
         waiting.push(latency);
         let c0 = waiter.join().expect("waiter thread");
         drop((c0, c1));
@@ -289,18 +369,35 @@ fn loader_killed_makes_consumers_fail_with_loader_gone_within_a_second_100_times
             drop(segment);
         }
     }
-    println!("loader kill -9 → waiting next() gets LoaderGone: {}", summary(waiting));
-    println!("loader kill -9 → next() called afterwards gets LoaderGone: {}", summary(late));
+    println!(
+        "loader kill -9 → waiting next() gets LoaderGone: {}",
+        summary(waiting)
+    );
+    println!(
+        "loader kill -9 → next() called afterwards gets LoaderGone: {}",
+        summary(late)
+    );
 
-    let out = Command::new(BIN).arg("gc").output().expect("run ringfeed gc");
+    let out = Command::new(BIN)
+        .arg("gc")
+        .output()
+        .expect("run ringfeed gc");
     let stdout = String::from_utf8_lossy(&out.stdout);
     for segment in &left_for_gc {
         let gone = !std::path::Path::new(&segment.path()).exists();
-        assert!(gone, "{} is still there after ringfeed gc:\n{stdout}", segment.path());
+        assert!(
+            gone,
+            "{} is still there after ringfeed gc:\n{stdout}",
+            segment.path()
+        );
         // Named as removed, unless a gc run by someone else on this machine
         // got there first (then it is not named at all).
         match stdout.lines().find(|l| l.contains(&segment.path())) {
-            Some(line) => assert!(line.starts_with("removed"), "ringfeed gc on {}: {line}", segment.path()),
+            Some(line) => assert!(
+                line.starts_with("removed"),
+                "ringfeed gc on {}: {line}",
+                segment.path()
+            ),
             None => println!("note: {} was removed before our gc ran", segment.path()),
         }
     }
@@ -318,16 +415,27 @@ fn loader_that_finishes_cleanly_gives_end_even_after_it_exited() {
         check_batch(&b, 0, 1, B, L).expect("intact batch");
         c.release(b.slot, b.generation).expect("release");
     }
-    assert!(matches!(c.next(Some(HANG)), Ok(Next::End)), "END once every batch was taken");
+    assert!(
+        matches!(c.next(Some(HANG)), Ok(Next::End)),
+        "END once every batch was taken"
+    );
     // The loader exits 0 once everything is released; END does not turn into
     // LoaderGone after that.
     assert!(producer.wait_exit().success(), "the loader exits cleanly");
     let after = c.next(Some(HANG));
-    assert!(matches!(after, Ok(Next::End)), "after the loader exited: {after:?}");
+    assert!(
+        matches!(after, Ok(Next::End)),
+        "after the loader exited: {after:?}"
+    );
 }
 
 fn in_process_ring(name: &str) -> Producer {
-    let g = RingGeometry { world_size: 1, slots_per_rank: 2, max_samples_per_slot: 1, slot_payload_bytes: 4096 };
+    let g = RingGeometry {
+        world_size: 1,
+        slots_per_rank: 2,
+        max_samples_per_slot: 1,
+        slot_payload_bytes: 4096,
+    };
     Producer::create(name, g).expect("create ring")
 }
 
@@ -335,7 +443,17 @@ fn publish_one(p: &mut Producer) {
     let mut claim = p.try_claim(0).expect("claim").expect("a free slot");
     let seq = claim.seq();
     claim.payload_mut()[..8].copy_from_slice(&seq.to_le_bytes());
-    p.publish(claim, 0, seq, &[SampleEntry { offset: 0, len: 8, index: seq }]).expect("publish");
+    p.publish(
+        claim,
+        0,
+        seq,
+        &[SampleEntry {
+            offset: 0,
+            len: 8,
+            index: seq,
+        }],
+    )
+    .expect("publish");
 }
 
 #[test]
@@ -371,12 +489,17 @@ fn abort_on_a_signal_gives_aborted_naming_it_to_a_waiting_consumer() {
     let (result, returned_at) = rx.recv_timeout(HANG).expect("the waiting next returned");
     waiter.join().expect("waiter thread");
     match result {
-        Err(NextError::Aborted { reason, .. }) => assert!(reason.contains("signal 15"), "reason: {reason}"),
+        Err(NextError::Aborted { reason, .. }) => {
+            assert!(reason.contains("signal 15"), "reason: {reason}")
+        }
         other => panic!("expected Aborted, got {other:?}"),
     }
     // The abort wakes the sleeper through its futex: no wait slice is lost.
     let latency = returned_at.saturating_duration_since(aborted_at);
-    println!("abort(15) → waiting next() gets Aborted after {:.3} ms", latency.as_secs_f64() * 1e3);
+    println!(
+        "abort(15) → waiting next() gets Aborted after {:.3} ms",
+        latency.as_secs_f64() * 1e3
+    );
     assert!(latency < PROMISE);
 }
 
@@ -394,7 +517,9 @@ fn consumer_attaching_while_the_loader_creates_its_segment_waits_for_it() {
     // The state between the loader's shm_open and its lock: empty, unlocked;
     // dated a minute back, so the loader below takes it for a dead one's.
     let empty = std::fs::File::create(segment.path()).expect("create an empty segment");
-    empty.set_modified(std::time::SystemTime::now() - Duration::from_secs(60)).expect("date it back");
+    empty
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(60))
+        .expect("date it back");
     let attacher = {
         let name = name.clone();
         std::thread::spawn(move || Consumer::attach(&name, 0, opts(HANG)).map(|c| c.rank()))
@@ -403,7 +528,10 @@ fn consumer_attaching_while_the_loader_creates_its_segment_waits_for_it() {
     // The loader goes on: it replaces the unlocked segment with its ring.
     let p = in_process_ring(&name);
     let attached = attacher.join().expect("attach thread");
-    assert!(matches!(attached, Ok(0)), "attach during the loader's creation: {attached:?}");
+    assert!(
+        matches!(attached, Ok(0)),
+        "attach during the loader's creation: {attached:?}"
+    );
     drop(p);
 }
 
@@ -415,10 +543,25 @@ fn a_loader_never_replaces_a_segment_another_loader_is_creating() {
     // take the /dev/shm lock): empty, unlocked, just made. Replacing it would
     // leave that loader serving a ring nobody can attach to.
     std::fs::File::create(segment.path()).expect("create an empty segment");
-    let g = RingGeometry { world_size: 1, slots_per_rank: 2, max_samples_per_slot: 1, slot_payload_bytes: 4096 };
-    let err = Producer::create(&name, g).err().expect("create must refuse");
-    assert!(err.to_string().contains("creating its segment right now"), "{err}");
-    assert_eq!(std::fs::metadata(segment.path()).expect("still there").len(), 0);
+    let g = RingGeometry {
+        world_size: 1,
+        slots_per_rank: 2,
+        max_samples_per_slot: 1,
+        slot_payload_bytes: 4096,
+    };
+    let err = Producer::create(&name, g)
+        .err()
+        .expect("create must refuse");
+    assert!(
+        err.to_string().contains("creating its segment right now"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::metadata(segment.path())
+            .expect("still there")
+            .len(),
+        0
+    );
 }
 
 // Bug story: `next` meant to check the loader's liveness before its first
@@ -437,7 +580,13 @@ fn next_called_after_the_loader_died_fails_at_once_not_after_a_wait_slice() {
     let started = Instant::now();
     let result = c.next(Some(HANG));
     let took = started.elapsed();
-    assert!(matches!(result, Err(NextError::LoaderGone { .. })), "{result:?}");
+    assert!(
+        matches!(result, Err(NextError::LoaderGone { .. })),
+        "{result:?}"
+    );
     // Before the fix this took at least one whole slice, deterministically.
-    assert!(took < ringfeed::ring::consumer::WAIT_SLICE * 9 / 10, "LoaderGone after {took:?}");
+    assert!(
+        took < ringfeed::ring::consumer::WAIT_SLICE * 9 / 10,
+        "LoaderGone after {took:?}"
+    );
 }

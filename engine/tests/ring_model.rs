@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use ringfeed::ring::observer::Observer;
-use ringfeed::ring::{AttachOptions, BatchRef, Consumer, Next, NextError, Producer, ReleaseError, RingGeometry, SampleEntry};
+use ringfeed::ring::{
+    AttachOptions, BatchRef, Consumer, Next, NextError, Producer, ReleaseError, RingGeometry,
+    SampleEntry,
+};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -54,16 +57,33 @@ fn batch_len(seq: u64) -> u64 {
 }
 
 fn attach(name: &str, rank: u32) -> Consumer {
-    Consumer::attach(name, rank, AttachOptions { timeout: Some(Duration::from_secs(2)) }).expect("attach")
+    Consumer::attach(
+        name,
+        rank,
+        AttachOptions {
+            timeout: Some(Duration::from_secs(2)),
+        },
+    )
+    .expect("attach")
 }
 
 fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let name = format!("model-{}-{}", std::process::id(), rand_suffix());
-    let g = RingGeometry { world_size: w, slots_per_rank: k, max_samples_per_slot: 4, slot_payload_bytes: 4096 };
+    let g = RingGeometry {
+        world_size: w,
+        slots_per_rank: k,
+        max_samples_per_slot: 4,
+        slot_payload_bytes: 4096,
+    };
     let mut p = Producer::create(&name, g).expect("create");
     let observer = Observer::open(&name).expect("observer");
     let mut consumers: Vec<Option<Consumer>> = (0..w).map(|r| Some(attach(&name, r))).collect();
-    let mut model: Vec<RankModel> = (0..w).map(|_| RankModel { attached: true, ..Default::default() }).collect();
+    let mut model: Vec<RankModel> = (0..w)
+        .map(|_| RankModel {
+            attached: true,
+            ..Default::default()
+        })
+        .collect();
     let kk = u64::from(k);
     for op in ops {
         match op {
@@ -77,14 +97,20 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     let buf = c.payload_mut();
                     buf[..8].copy_from_slice(&seq.to_le_bytes());
                     buf[8..12].copy_from_slice(&r.to_le_bytes());
-                    let s = [SampleEntry { offset: 0, len: batch_len(seq), index: seq * u64::from(w) + u64::from(r) }];
+                    let s = [SampleEntry {
+                        offset: 0,
+                        len: batch_len(seq),
+                        index: seq * u64::from(w) + u64::from(r),
+                    }];
                     p.publish(c, 0, seq, &s).expect("publish");
                     m.published += 1;
                 }
             }
             Op::Next(r) => {
                 let m = &mut model[r as usize];
-                let Some(c) = consumers[r as usize].as_mut() else { continue };
+                let Some(c) = consumers[r as usize].as_mut() else {
+                    continue;
+                };
                 let got = c.try_next().expect("next");
                 prop_assert_eq!(got.is_some(), m.published > m.consumed);
                 if let Some(b) = got {
@@ -95,7 +121,10 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     prop_assert_eq!(&bytes[..8], &m.consumed.to_le_bytes());
                     prop_assert_eq!(&bytes[8..12], &r.to_le_bytes());
                     // SAFETY: as above.
-                    prop_assert_eq!(unsafe { b.sample_table() }[0].index, m.consumed * u64::from(w) + u64::from(r));
+                    prop_assert_eq!(
+                        unsafe { b.sample_table() }[0].index,
+                        m.consumed * u64::from(w) + u64::from(r)
+                    );
                     prop_assert_eq!(b.data_len, batch_len(m.consumed));
                     m.bytes_consumed += batch_len(m.consumed);
                     m.held.push_back((m.consumed, b));
@@ -110,28 +139,48 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                             prop_assert_eq!(step, m.consumed - kk);
                             prop_assert_eq!(u64::from(slot), u64::from(r) * kk + (m.consumed % kk));
                         }
-                        Ok(Next::Timeout) => prop_assert!(!held_by_us, "rank {}: timeout while its own slot is held", r),
+                        Ok(Next::Timeout) => prop_assert!(
+                            !held_by_us,
+                            "rank {}: timeout while its own slot is held",
+                            r
+                        ),
                         other => prop_assert!(false, "rank {}: unexpected {:?}", r, other),
                     }
                 }
             }
             Op::Release(r, i) => {
                 let m = &mut model[r as usize];
-                let Some(c) = consumers[r as usize].as_mut() else { continue };
+                let Some(c) = consumers[r as usize].as_mut() else {
+                    continue;
+                };
                 if m.held.is_empty() {
                     continue;
                 }
                 let (seq, b) = m.held.remove(i % m.held.len()).expect("in range");
-                c.release(b.slot, b.generation).expect("release of a held batch");
+                c.release(b.slot, b.generation)
+                    .expect("release of a held batch");
                 m.released.insert(seq);
                 m.released_handles.push(b);
             }
             Op::ReleaseAgain(r) => {
                 let m = &model[r as usize];
-                let Some(c) = consumers[r as usize].as_mut() else { continue };
-                let Some(b) = m.released_handles.last() else { continue };
-                let e = c.release(b.slot, b.generation).expect_err("second release must be refused");
-                prop_assert!(matches!(e, ReleaseError::AlreadyReleased { .. } | ReleaseError::Stale { .. }), "{:?}", e);
+                let Some(c) = consumers[r as usize].as_mut() else {
+                    continue;
+                };
+                let Some(b) = m.released_handles.last() else {
+                    continue;
+                };
+                let e = c
+                    .release(b.slot, b.generation)
+                    .expect_err("second release must be refused");
+                prop_assert!(
+                    matches!(
+                        e,
+                        ReleaseError::AlreadyReleased { .. } | ReleaseError::Stale { .. }
+                    ),
+                    "{:?}",
+                    e
+                );
             }
             Op::Crash(r) => {
                 if let Some(c) = consumers[r as usize].take() {
@@ -143,7 +192,10 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let reclaimed = p.reclaim_dead_consumers();
                 for (r, m) in model.iter_mut().enumerate() {
                     let expected = if m.attached { 0 } else { m.held.len() as u64 };
-                    let got = reclaimed.iter().find(|x| x.rank as usize == r).map_or(0, |x| x.batches);
+                    let got = reclaimed
+                        .iter()
+                        .find(|x| x.rank as usize == r)
+                        .map_or(0, |x| x.batches);
                     prop_assert_eq!(got, expected, "rank {} reclaimed", r);
                     if !m.attached {
                         for (seq, b) in m.held.drain(..) {
@@ -173,7 +225,12 @@ fn run(w: u32, k: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
         let snap = observer.snapshot();
         for (r, m) in model.iter().enumerate() {
             prop_assert_eq!(snap.ranks[r].consumed, m.consumed, "rank {} consumed", r);
-            prop_assert_eq!(snap.ranks[r].bytes_consumed, m.bytes_consumed, "rank {} bytes consumed", r);
+            prop_assert_eq!(
+                snap.ranks[r].bytes_consumed,
+                m.bytes_consumed,
+                "rank {} bytes consumed",
+                r
+            );
         }
     }
     drop(consumers);
@@ -204,15 +261,34 @@ proptest! {
 #[test]
 fn a_long_wait_is_counted_while_it_lasts() {
     let name = format!("model-wait-{}-{}", std::process::id(), rand_suffix());
-    let g = RingGeometry { world_size: 1, slots_per_rank: 2, max_samples_per_slot: 1, slot_payload_bytes: 4096 };
+    let g = RingGeometry {
+        world_size: 1,
+        slots_per_rank: 2,
+        max_samples_per_slot: 1,
+        slot_payload_bytes: 4096,
+    };
     let producer = Producer::create(&name, g).expect("create");
     let mut consumer = attach(&name, 0);
-    let waiter = std::thread::spawn(move || matches!(consumer.next(Some(Duration::from_millis(1500))), Ok(Next::Timeout)));
+    let waiter = std::thread::spawn(move || {
+        matches!(
+            consumer.next(Some(Duration::from_millis(1500))),
+            Ok(Next::Timeout)
+        )
+    });
     std::thread::sleep(Duration::from_millis(800));
     let observed = Observer::open(&name).expect("observe").snapshot().ranks[0].wait;
-    assert!(waiter.join().expect("waiter"), "nothing was published: the wait times out");
-    assert!(observed >= Duration::from_millis(400), "after 800 ms of a 1.5 s wait, stat saw only {observed:?}");
+    assert!(
+        waiter.join().expect("waiter"),
+        "nothing was published: the wait times out"
+    );
+    assert!(
+        observed >= Duration::from_millis(400),
+        "after 800 ms of a 1.5 s wait, stat saw only {observed:?}"
+    );
     let total = Observer::open(&name).expect("observe").snapshot().ranks[0].wait;
-    assert!(total >= Duration::from_millis(1400) && total < Duration::from_secs(3), "{total:?} for a 1.5 s wait");
+    assert!(
+        total >= Duration::from_millis(1400) && total < Duration::from_secs(3),
+        "{total:?} for a 1.5 s wait"
+    );
     drop(producer);
 }

@@ -12,7 +12,9 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use engine::ring::{AttachError, AttachOptions, Consumer, Next, NextError, ReleaseError, SampleEntry};
+use engine::ring::{
+    AttachError, AttachOptions, Consumer, Next, NextError, ReleaseError, SampleEntry,
+};
 
 /// Success.
 pub const RF_OK: i32 = 0;
@@ -165,8 +167,15 @@ fn guard(f: impl FnOnce() -> i32) -> i32 {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(rc) => rc,
         Err(p) => {
-            let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
-            fail(RF_E_INTERNAL, format!("internal error in ringfeed (please report): {what}"))
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            fail(
+                RF_E_INTERNAL,
+                format!("internal error in ringfeed (please report): {what}"),
+            )
         }
     }
 }
@@ -209,7 +218,12 @@ fn next_code(e: &NextError) -> i32 {
 /// # Safety
 /// `name` is NULL or a NUL-terminated string; `out` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn rf_attach(name: *const c_char, rank: i32, timeout_ms: i64, out: *mut *mut rf_feed) -> i32 {
+pub unsafe extern "C" fn rf_attach(
+    name: *const c_char,
+    rank: i32,
+    timeout_ms: i64,
+    out: *mut *mut rf_feed,
+) -> i32 {
     guard(|| {
         if name.is_null() || out.is_null() {
             return fail(RF_E_INVALID, "rf_attach: name and out must not be NULL");
@@ -222,7 +236,13 @@ pub unsafe extern "C" fn rf_attach(name: *const c_char, rank: i32, timeout_ms: i
         let Ok(rank) = u32::try_from(rank) else {
             return fail(RF_E_RANK, format!("rf_attach: rank {rank} is negative"));
         };
-        match Consumer::attach(name, rank, AttachOptions { timeout: timeout_of(timeout_ms) }) {
+        match Consumer::attach(
+            name,
+            rank,
+            AttachOptions {
+                timeout: timeout_of(timeout_ms),
+            },
+        ) {
             Ok(consumer) => {
                 let feed = Box::into_raw(Box::new(rf_feed { consumer }));
                 // SAFETY: `out` is non-NULL and writable by contract.
@@ -293,7 +313,10 @@ pub unsafe extern "C" fn rf_release(feed: *mut rf_feed, batch: *const rf_batch) 
         }
         // SAFETY: a live feed from rf_attach; `batch` readable by contract.
         let (feed, batch) = unsafe { (&mut *feed, &*batch) };
-        match feed.consumer.release_handle(batch.slot, batch.generation, batch.data) {
+        match feed
+            .consumer
+            .release_handle(batch.slot, batch.generation, batch.data)
+        {
             Ok(()) => RF_OK,
             Err(e @ ReleaseError::Forked(_)) => fail(RF_E_FORKED, e),
             Err(
@@ -302,9 +325,7 @@ pub unsafe extern "C" fn rf_release(feed: *mut rf_feed, batch: *const rf_batch) 
                 | ReleaseError::Stale { .. }
                 | ReleaseError::AlreadyReleased { .. }
                 | ReleaseError::OtherFeed { .. }),
-            ) => {
-                fail(RF_E_STALE, e)
-            }
+            ) => fail(RF_E_STALE, e),
         }
     })
 }
@@ -374,7 +395,11 @@ pub unsafe extern "C" fn rf_get_job(feed: *const rf_feed, job: *mut rf_job) -> i
         }
         // SAFETY: a live feed from rf_attach.
         let j = unsafe { &(*feed).consumer }.job();
-        let out = rf_job { first_rank: j.first_rank, job_world_size: j.job_world_size, plan_digest: j.plan_digest };
+        let out = rf_job {
+            first_rank: j.first_rank,
+            job_world_size: j.job_world_size,
+            plan_digest: j.plan_digest,
+        };
         // SAFETY: `job` is non-NULL and writable by contract.
         unsafe { *job = out };
         RF_OK
@@ -391,10 +416,18 @@ pub unsafe extern "C" fn rf_get_job(feed: *const rf_feed, job: *mut rf_job) -> i
 /// `feed` comes from rf_attach and was not detached; `epoch`, `samples` and
 /// `dataset_samples` are writable.
 #[no_mangle]
-pub unsafe extern "C" fn rf_get_start(feed: *const rf_feed, epoch: *mut u64, samples: *mut u64, dataset_samples: *mut u64) -> i32 {
+pub unsafe extern "C" fn rf_get_start(
+    feed: *const rf_feed,
+    epoch: *mut u64,
+    samples: *mut u64,
+    dataset_samples: *mut u64,
+) -> i32 {
     guard(|| {
         if feed.is_null() || epoch.is_null() || samples.is_null() || dataset_samples.is_null() {
-            return fail(RF_E_INVALID, "rf_get_start: feed, epoch, samples and dataset_samples must not be NULL");
+            return fail(
+                RF_E_INVALID,
+                "rf_get_start: feed, epoch, samples and dataset_samples must not be NULL",
+            );
         }
         // SAFETY: a live feed from rf_attach.
         let consumer = unsafe { &(*feed).consumer };
@@ -427,7 +460,10 @@ pub unsafe extern "C" fn rf_get_start(feed: *const rf_feed, epoch: *mut u64, sam
 pub unsafe extern "C" fn rf_get_taken(feed: *const rf_feed, taken: *mut u64) -> i32 {
     guard(|| {
         if feed.is_null() || taken.is_null() {
-            return fail(RF_E_INVALID, "rf_get_taken: feed and taken must not be NULL");
+            return fail(
+                RF_E_INVALID,
+                "rf_get_taken: feed and taken must not be NULL",
+            );
         }
         // SAFETY: a live feed from rf_attach; `taken` is non-NULL and
         // writable by contract.
@@ -449,10 +485,17 @@ pub unsafe extern "C" fn rf_get_taken(feed: *const rf_feed, taken: *mut u64) -> 
 /// `feed` comes from rf_attach and was not detached; `seed` and `shuffled`
 /// are writable.
 #[no_mangle]
-pub unsafe extern "C" fn rf_get_order(feed: *const rf_feed, seed: *mut u64, shuffled: *mut u32) -> i32 {
+pub unsafe extern "C" fn rf_get_order(
+    feed: *const rf_feed,
+    seed: *mut u64,
+    shuffled: *mut u32,
+) -> i32 {
     guard(|| {
         if feed.is_null() || seed.is_null() || shuffled.is_null() {
-            return fail(RF_E_INVALID, "rf_get_order: feed, seed and shuffled must not be NULL");
+            return fail(
+                RF_E_INVALID,
+                "rf_get_order: feed, seed and shuffled must not be NULL",
+            );
         }
         // SAFETY: a live feed from rf_attach.
         let consumer = unsafe { &(*feed).consumer };
@@ -491,10 +534,18 @@ fn not_recorded(name: &str) -> String {
 /// `feed` comes from rf_attach and was not detached; `batch` is readable;
 /// `epoch` and `samples` are writable.
 #[no_mangle]
-pub unsafe extern "C" fn rf_resume_state(feed: *const rf_feed, batch: *const rf_batch, epoch: *mut u64, samples: *mut u64) -> i32 {
+pub unsafe extern "C" fn rf_resume_state(
+    feed: *const rf_feed,
+    batch: *const rf_batch,
+    epoch: *mut u64,
+    samples: *mut u64,
+) -> i32 {
     guard(|| {
         if feed.is_null() || batch.is_null() || epoch.is_null() || samples.is_null() {
-            return fail(RF_E_INVALID, "rf_resume_state: feed, batch, epoch and samples must not be NULL");
+            return fail(
+                RF_E_INVALID,
+                "rf_resume_state: feed, batch, epoch and samples must not be NULL",
+            );
         }
         // SAFETY: a live feed from rf_attach; `batch` is readable by contract.
         let (consumer, b) = unsafe { (&(*feed).consumer, &*batch) };
@@ -537,10 +588,16 @@ pub unsafe extern "C" fn rf_detach(feed: *mut rf_feed) {
 /// one saying the earlier message was freed.
 #[no_mangle]
 pub extern "C" fn rf_last_error() -> *const c_char {
-    LAST_ERROR.try_with(|e| e.borrow().as_ptr()).unwrap_or_else(|_| {
-        let late = LATE_ERROR.try_with(Cell::get).unwrap_or(std::ptr::null());
-        if late.is_null() { GONE.as_ptr() } else { late }
-    })
+    LAST_ERROR
+        .try_with(|e| e.borrow().as_ptr())
+        .unwrap_or_else(|_| {
+            let late = LATE_ERROR.try_with(Cell::get).unwrap_or(std::ptr::null());
+            if late.is_null() {
+                GONE.as_ptr()
+            } else {
+                late
+            }
+        })
 }
 
 /// Version of the ring ABI this library speaks.

@@ -29,17 +29,31 @@ fn repo_root() -> PathBuf {
 /// target/<profile>: this test runs from target/<profile>/deps/.
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    exe.parent().and_then(Path::parent).expect("the test binary lies in target/<profile>/deps").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test binary lies in target/<profile>/deps")
+        .to_path_buf()
 }
 
 fn profile_name() -> String {
-    profile_dir().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    profile_dir()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 fn built(file: &str, package: &str) -> PathBuf {
     let path = profile_dir().join(file);
-    let release = if profile_name() == "release" { " --release" } else { "" };
-    assert!(path.exists(), "{} is missing: build it first with `cargo build -p {package}{release}`", path.display());
+    let release = if profile_name() == "release" {
+        " --release"
+    } else {
+        ""
+    };
+    assert!(
+        path.exists(),
+        "{} is missing: build it first with `cargo build -p {package}{release}`",
+        path.display()
+    );
     path
 }
 
@@ -64,7 +78,8 @@ fn cc() -> String {
 }
 
 fn tmp_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c-tests-{}", std::process::id()));
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c-tests-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create the build directory for the C tests");
     dir
 }
@@ -73,9 +88,16 @@ fn tmp_dir() -> PathBuf {
 fn compile(mut cmd: Command, what: &str) {
     let out = match cmd.output() {
         Ok(out) => out,
-        Err(e) => panic!("cannot run the C compiler for {what} ({cmd:?}): {e}; install one or set $CC"),
+        Err(e) => {
+            panic!("cannot run the C compiler for {what} ({cmd:?}): {e}; install one or set $CC")
+        }
     };
-    assert!(out.status.success(), "{what} does not compile:\n{cmd:?}\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{what} does not compile:\n{cmd:?}\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Builds tests/c/NAME.c against the header and libringfeed.so; returns the executable.
@@ -103,7 +125,10 @@ fn finish(mut child: Child, what: &str) -> Output {
         if Instant::now() > deadline {
             let _ = child.kill();
             let out = child.wait_with_output().expect("reap");
-            panic!("{what} hung for {HANG:?}; stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+            panic!(
+                "{what} hung for {HANG:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -121,7 +146,10 @@ fn assert_printed(out: &Output, what: &str, want: &str) {
 }
 
 fn unique_name(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     format!("c-{tag}-{}-{nanos}", std::process::id())
 }
 
@@ -147,9 +175,20 @@ fn c_consumer_and_rust_consumer_each_read_2000_intact_batches() {
     let bin = ringfeed_bin();
     let name = unique_name("pair");
     let batches = "2000";
-    let mut cleanup = Cleanup { children: Vec::new(), name: name.clone() };
+    let mut cleanup = Cleanup {
+        children: Vec::new(),
+        name: name.clone(),
+    };
     let producer = Command::new(&bin)
-        .args(["ring-test-producer", "--name", &name, "--world-size", "2", "--batches", batches])
+        .args([
+            "ring-test-producer",
+            "--name",
+            &name,
+            "--world-size",
+            "2",
+            "--batches",
+            batches,
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -162,7 +201,17 @@ fn c_consumer_and_rust_consumer_each_read_2000_intact_batches() {
         .spawn()
         .expect("spawn the C consumer");
     let rust_rank1 = Command::new(&bin)
-        .args(["ring-test-consumer", "--name", &name, "--rank", "1", "--world-size", "2", "--expect-batches", batches])
+        .args([
+            "ring-test-consumer",
+            "--name",
+            &name,
+            "--rank",
+            "1",
+            "--world-size",
+            "2",
+            "--expect-batches",
+            batches,
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -181,15 +230,38 @@ fn header_compiles_alone_as_c11_and_as_cxx_and_its_static_asserts_hold() {
     let include = repo_root().join("include");
     let source = repo_root().join("tests/c/header_only.c");
     let mut c = Command::new(cc());
-    c.args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-std=c11", "-I"]).arg(&include).arg("-c").arg(&source).arg("-o").arg(tmp_dir().join("header_only.o"));
+    c.args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-std=c11", "-I"])
+        .arg(&include)
+        .arg("-c")
+        .arg(&source)
+        .arg("-o")
+        .arg(tmp_dir().join("header_only.o"));
     compile(c, "include/ringfeed.h as C11 (tests/c/header_only.c)");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".to_string());
-    if Command::new(&cxx).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
+    if Command::new(&cxx)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_err()
+    {
         eprintln!("no C++ compiler ({cxx}): skipping the C++ check of the header");
         return;
     }
     let mut cpp = Command::new(&cxx);
-    cpp.args(["-x", "c++", "-std=c++11", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I"]).arg(&include).arg(&source);
+    cpp.args([
+        "-x",
+        "c++",
+        "-std=c++11",
+        "-fsyntax-only",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-pedantic",
+        "-I",
+    ])
+    .arg(&include)
+    .arg(&source);
     compile(cpp, "include/ringfeed.h as C++ (tests/c/header_only.c)");
 }
 
@@ -197,7 +269,12 @@ fn header_compiles_alone_as_c11_and_as_cxx_and_its_static_asserts_hold() {
 fn attach_errors_from_c_say_what_went_wrong() {
     let exe = build_c_program("attach_errors");
     let name = unique_name("never");
-    let child = Command::new(&exe).arg(&name).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn attach_errors");
+    let child = Command::new(&exe)
+        .arg(&name)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn attach_errors");
     let out = finish(child, "attach_errors");
     assert_printed(&out, "attach_errors", "ok");
 }
@@ -205,7 +282,12 @@ fn attach_errors_from_c_say_what_went_wrong() {
 #[test]
 fn calls_from_exit_handlers_after_an_earlier_failure_return_their_code_instead_of_aborting() {
     let exe = build_c_program("exit_handlers");
-    let child = Command::new(&exe).arg(unique_name("exit")).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn exit_handlers");
+    let child = Command::new(&exe)
+        .arg(unique_name("exit"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn exit_handlers");
     let out = finish(child, "exit_handlers");
     assert_printed(&out, "exit_handlers", "thread-local destructor ok");
     assert_printed(&out, "exit_handlers", "atexit ok");
@@ -215,15 +297,33 @@ fn calls_from_exit_handlers_after_an_earlier_failure_return_their_code_instead_o
 fn a_held_slot_and_a_forked_child_get_clear_codes_from_c_and_lose_nothing() {
     let exe = build_c_program("held_and_fork");
     let name = unique_name("held");
-    let mut cleanup = Cleanup { children: Vec::new(), name: name.clone() };
+    let mut cleanup = Cleanup {
+        children: Vec::new(),
+        name: name.clone(),
+    };
     let producer = Command::new(ringfeed_bin())
-        .args(["ring-test-producer", "--name", &name, "--world-size", "1", "--batches", "6", "--slots-per-rank", "2"])
+        .args([
+            "ring-test-producer",
+            "--name",
+            &name,
+            "--world-size",
+            "1",
+            "--batches",
+            "6",
+            "--slots-per-rank",
+            "2",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn the producer");
     cleanup.children.push(producer);
-    let child = Command::new(&exe).arg(&name).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn held_and_fork");
+    let child = Command::new(&exe)
+        .arg(&name)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn held_and_fork");
     let out = finish(child, "held_and_fork");
     let producer = cleanup.children.pop().expect("the producer");
     let producer_out = finish(producer, "the producer");

@@ -10,7 +10,12 @@ use std::time::Duration;
 use ringfeed::ring::{segment, AttachOptions, Consumer, Next, Producer, RingGeometry, SampleEntry};
 
 fn geometry(world_size: u32, slots_per_rank: u32, max_samples_per_slot: u32) -> RingGeometry {
-    RingGeometry { world_size, slots_per_rank, max_samples_per_slot, slot_payload_bytes: 4096 }
+    RingGeometry {
+        world_size,
+        slots_per_rank,
+        max_samples_per_slot,
+        slot_payload_bytes: 4096,
+    }
 }
 
 /// Publishes `n` batches of `samples` samples each to `rank`, each sample a
@@ -19,8 +24,17 @@ fn publish(p: &mut Producer, rank: u32, n: u64, samples: u64) {
     for step in 0..n {
         let mut claim = p.try_claim(rank).expect("claim").expect("a free slot");
         let len = 100;
-        let table: Vec<SampleEntry> = (0..samples).map(|i| SampleEntry { offset: i * len, len, index: step * 10 + i }).collect();
-        for (i, byte) in claim.payload_mut()[..(samples * len) as usize].iter_mut().enumerate() {
+        let table: Vec<SampleEntry> = (0..samples)
+            .map(|i| SampleEntry {
+                offset: i * len,
+                len,
+                index: step * 10 + i,
+            })
+            .collect();
+        for (i, byte) in claim.payload_mut()[..(samples * len) as usize]
+            .iter_mut()
+            .enumerate()
+        {
             *byte = (i % 251) as u8;
         }
         p.publish(claim, 0, step, &table).expect("publish");
@@ -54,11 +68,16 @@ impl Seeds {
 }
 
 fn main() {
-    let dir = std::env::args().nth(1).map(PathBuf::from).unwrap_or_else(|| Path::new("fuzz/seeds/attach_next").to_path_buf());
+    let dir = std::env::args()
+        .nth(1)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new("fuzz/seeds/attach_next").to_path_buf());
     std::fs::create_dir_all(&dir).expect("create the seed directory");
     let mut seeds = Seeds { dir, n: 0 };
     let name = format!("fuzz-seeds-{}", std::process::id());
-    let attach = AttachOptions { timeout: Some(Duration::from_secs(1)) };
+    let attach = AttachOptions {
+        timeout: Some(Duration::from_secs(1)),
+    };
 
     // The smallest ring with one batch waiting, whole and cut after the slot table.
     let mut p = Producer::create(&name, geometry(1, 1, 1)).expect("create");

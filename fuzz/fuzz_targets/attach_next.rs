@@ -59,7 +59,11 @@ fn memfd_with(bytes: &[u8], fit: bool) -> Option<OwnedFd> {
 
 /// A second open file description of the same memfd.
 fn reopen(fd: &OwnedFd) -> Option<OwnedFd> {
-    let file = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .ok()?;
     Some(OwnedFd::from(file))
 }
 
@@ -70,35 +74,68 @@ fn check_batch(consumer: &Consumer, b: &BatchRef) -> u64 {
     let layout = *consumer.layout();
     let g = layout.geometry;
     assert!(b.slot < layout.slot_count(), "slot {} out of range", b.slot);
-    assert_eq!(b.slot / g.slots_per_rank, consumer.rank(), "slot of another rank");
-    assert!(b.n_samples <= g.max_samples_per_slot, "{} samples > capacity", b.n_samples);
-    assert!(b.data_len <= g.slot_payload_bytes, "data_len beyond the slot");
+    assert_eq!(
+        b.slot / g.slots_per_rank,
+        consumer.rank(),
+        "slot of another rank"
+    );
+    assert!(
+        b.n_samples <= g.max_samples_per_slot,
+        "{} samples > capacity",
+        b.n_samples
+    );
+    assert!(
+        b.data_len <= g.slot_payload_bytes,
+        "data_len beyond the slot"
+    );
     let (payloads, payloads_len) = consumer.payload_region();
     let slot_start = u64::from(b.slot) * g.slot_payload_bytes;
-    assert!(slot_start + g.slot_payload_bytes <= payloads_len, "slot payload beyond the mapping");
+    assert!(
+        slot_start + g.slot_payload_bytes <= payloads_len,
+        "slot payload beyond the mapping"
+    );
     // SAFETY: slot_start < payloads_len, checked just above.
-    assert_eq!(b.data, unsafe { payloads.add(slot_start as usize) }, "payload pointer is not the slot's");
+    assert_eq!(
+        b.data,
+        unsafe { payloads.add(slot_start as usize) },
+        "payload pointer is not the slot's"
+    );
     // SAFETY: the batch is taken and not released; the consumer is attached.
     let table = unsafe { b.sample_table() };
     assert_eq!(table.len(), b.n_samples as usize);
     let mut sum = 0u64;
     for (i, s) in table.iter().enumerate() {
-        assert!(s.offset.checked_add(s.len).is_some_and(|end| end <= b.data_len), "sample {i} outside the batch");
+        assert!(
+            s.offset
+                .checked_add(s.len)
+                .is_some_and(|end| end <= b.data_len),
+            "sample {i} outside the batch"
+        );
         // SAFETY: as above; the bounds were just checked.
         let bytes = unsafe { b.sample_bytes(i) };
-        sum = bytes.iter().fold(sum, |acc, &x| acc.wrapping_add(u64::from(x)));
+        sum = bytes
+            .iter()
+            .fold(sum, |acc, &x| acc.wrapping_add(u64::from(x)));
     }
     sum
 }
 
 fuzz_target!(|data: &[u8]| {
-    let [rank, flags, segment_bytes @ ..] = data else { return };
-    let Some(loader) = memfd_with(segment_bytes, flags & 1 != 0) else { return };
-    let Some(consumer_fd) = reopen(&loader) else { return };
+    let [rank, flags, segment_bytes @ ..] = data else {
+        return;
+    };
+    let Some(loader) = memfd_with(segment_bytes, flags & 1 != 0) else {
+        return;
+    };
+    let Some(consumer_fd) = reopen(&loader) else {
+        return;
+    };
     if !matches!(segment::try_lock_byte(&loader, LOADER_LOCK_BYTE), Ok(true)) {
         return;
     }
-    let Ok(mut consumer) = Consumer::attach_to_fd(consumer_fd, "fuzz", u32::from(*rank)) else { return };
+    let Ok(mut consumer) = Consumer::attach_to_fd(consumer_fd, "fuzz", u32::from(*rank)) else {
+        return;
+    };
     for _ in 0..NEXT_CALLS {
         match consumer.next(Some(Duration::ZERO)) {
             Ok(Next::Batch(b)) => {

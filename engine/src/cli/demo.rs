@@ -81,7 +81,13 @@ pub fn run_consumer(a: &DemoConsumerArgs) -> Result<()> {
     // A trainer's time to first batch: it starts before the loader has its
     // ring, so the wait in attach counts.
     let started = Instant::now();
-    let mut c = Consumer::attach(&a.name, a.rank, AttachOptions { timeout: Some(Duration::from_secs(30)) })?;
+    let mut c = Consumer::attach(
+        &a.name,
+        a.rank,
+        AttachOptions {
+            timeout: Some(Duration::from_secs(30)),
+        },
+    )?;
     let mut out = Vec::new();
     let mut first_batch: Option<Duration> = None;
     let (mut batches, mut bytes) = (0u64, 0u64);
@@ -99,10 +105,19 @@ pub fn run_consumer(a: &DemoConsumerArgs) -> Result<()> {
             let data = unsafe { b.sample_bytes(j) };
             let want = demo_sample_bytes(s.index, a.max_sample_bytes);
             if s.len != want {
-                bail!("rank {}: sample {} has {} bytes, its file has {want}", a.rank, s.index, s.len);
+                bail!(
+                    "rank {}: sample {} has {} bytes, its file has {want}",
+                    a.rank,
+                    s.index,
+                    s.len
+                );
             }
             if let Some(p) = pattern_mismatch(s.index, data) {
-                bail!("rank {}: sample {} byte {p} differs from its file", a.rank, s.index);
+                bail!(
+                    "rank {}: sample {} byte {p} differs from its file",
+                    a.rank,
+                    s.index
+                );
             }
             for v in [b.epoch, b.step, s.index] {
                 out.extend_from_slice(&v.to_le_bytes());
@@ -113,7 +128,10 @@ pub fn run_consumer(a: &DemoConsumerArgs) -> Result<()> {
         batches += 1;
     }
     fs::write(&a.out, out).with_context(|| format!("cannot write {}", a.out.display()))?;
-    say_out!("{batches} {bytes} {}", first_batch.unwrap_or_default().as_micros());
+    say_out!(
+        "{batches} {bytes} {}",
+        first_batch.unwrap_or_default().as_micros()
+    );
     Ok(())
 }
 
@@ -163,10 +181,17 @@ pub fn run(a: &DemoArgs) -> Result<()> {
 fn check(a: &DemoArgs) -> Result<()> {
     const MAX_SAMPLE_BYTES_LIMIT: u64 = 64 << 20;
     if !(1..=MAX_SAMPLE_BYTES_LIMIT).contains(&a.max_sample_bytes) {
-        anyhow::bail!("--max-sample-bytes {}: must be from 1 to {MAX_SAMPLE_BYTES_LIMIT}", a.max_sample_bytes);
+        anyhow::bail!(
+            "--max-sample-bytes {}: must be from 1 to {MAX_SAMPLE_BYTES_LIMIT}",
+            a.max_sample_bytes
+        );
     }
     if a.world_size > crate::ring::layout::MAX_RANKS {
-        anyhow::bail!("--world-size {}: a loader serves at most {} ranks", a.world_size, crate::ring::layout::MAX_RANKS);
+        anyhow::bail!(
+            "--world-size {}: a loader serves at most {} ranks",
+            a.world_size,
+            crate::ring::layout::MAX_RANKS
+        );
     }
     if a.world_size == 0 || a.batch_size == 0 || a.epochs == 0 {
         anyhow::bail!(
@@ -178,7 +203,10 @@ fn check(a: &DemoArgs) -> Result<()> {
     }
     let step = u64::from(a.world_size) * u64::from(a.batch_size);
     if a.files < step {
-        anyhow::bail!("--files {} cannot fill one step of W×B = {step} samples; give at least {step} files", a.files);
+        anyhow::bail!(
+            "--files {} cannot fill one step of W×B = {step} samples; give at least {step} files",
+            a.files
+        );
     }
     Ok(())
 }
@@ -208,7 +236,13 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     cfg.check_ring_flags()?;
     let t = Instant::now();
     let total = make_dataset(&data_dir, a.files, a.max_sample_bytes)?;
-    say_out!("demo: wrote {} files ({}) to {} in {:.2} s", a.files, human_bytes(total), data_dir.display(), t.elapsed().as_secs_f64());
+    say_out!(
+        "demo: wrote {} files ({}) to {} in {:.2} s",
+        a.files,
+        human_bytes(total),
+        data_dir.display(),
+        t.elapsed().as_secs_f64()
+    );
     let plan = Plan::new(cfg)?;
     let sampler = plan.sampler().clone();
     // The consumers start first and wait in attach, as trainers started
@@ -218,7 +252,16 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     for r in 0..a.world_size {
         let out = dir.join(format!("rank{r}.bin"));
         let child = Command::new(&exe)
-            .args(["demo-consumer", "--name", &name, "--rank", &r.to_string(), "--max-sample-bytes", &a.max_sample_bytes.to_string(), "--out"])
+            .args([
+                "demo-consumer",
+                "--name",
+                &name,
+                "--rank",
+                &r.to_string(),
+                "--max-sample-bytes",
+                &a.max_sample_bytes.to_string(),
+                "--out",
+            ])
             .arg(&out)
             .stdout(Stdio::piped())
             .spawn()
@@ -263,19 +306,30 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
             let (Some(r), Some(status)) = (failed, failed_status) else {
                 return Err(e.into());
             };
-            let said = if status.code().is_some() { "; its message is above" } else { "" };
+            let said = if status.code().is_some() {
+                "; its message is above"
+            } else {
+                ""
+            };
             bail!("the consumer of rank {r} failed ({status}){said}; the loader stopped");
         }
     };
     let mut first_batch_us = Vec::new();
     for (r, rank) in ranks.iter_mut().enumerate() {
         let stdout = rank.child.stdout.take().context("consumer stdout")?;
-        let line = BufReader::new(stdout).lines().next().transpose()?.unwrap_or_default();
+        let line = BufReader::new(stdout)
+            .lines()
+            .next()
+            .transpose()?
+            .unwrap_or_default();
         let status = rank.child.wait()?;
         if !status.success() {
             bail!("consumer of rank {r} failed ({status})");
         }
-        let fields: Vec<u64> = line.split_whitespace().filter_map(|f| f.parse().ok()).collect();
+        let fields: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|f| f.parse().ok())
+            .collect();
         first_batch_us.push(fields.get(2).copied().unwrap_or(0));
     }
     check_exactly_once(&sampler, &ranks)?;
@@ -297,7 +351,11 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         report.backend,
         human_bytes(ring_bytes),
     );
-    let fb = first_batch_us.iter().map(|us| format!("{:.1} ms", *us as f64 / 1e3)).collect::<Vec<_>>().join(", ");
+    let fb = first_batch_us
+        .iter()
+        .map(|us| format!("{:.1} ms", *us as f64 / 1e3))
+        .collect::<Vec<_>>()
+        .join(", ");
     say_out!("demo: time to first batch per rank, from its consumer's start (waiting in attach for the ring included): {fb}");
     if let (Some(first), Some(all)) = (report.first_publish, report.all_first_published) {
         say_out!(
@@ -324,9 +382,21 @@ fn watch_consumers(pids: &[u32], stop: &AtomicU32, done: &AtomicBool) -> Option<
         for (r, &pid) in pids.iter().enumerate() {
             // SAFETY: waitid writes only into `info`; WNOWAIT reaps nothing.
             let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            let rc = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
+            let rc = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    pid,
+                    &mut info,
+                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                )
+            };
             // SAFETY: after a successful waitid the pid and status fields are set.
-            let (exited, failed) = unsafe { (info.si_pid() != 0, info.si_code != libc::CLD_EXITED || info.si_status() != 0) };
+            let (exited, failed) = unsafe {
+                (
+                    info.si_pid() != 0,
+                    info.si_code != libc::CLD_EXITED || info.si_status() != 0,
+                )
+            };
             if rc == 0 && exited && failed {
                 // The others would only report the loader's stop: end them first.
                 for &other in pids.iter().filter(|&&p| p != pid) {
@@ -346,8 +416,12 @@ fn check_exactly_once(sampler: &crate::sampler::Sampler, ranks: &[RankResult]) -
     let mut expected = Vec::new();
     let mut per_epoch: Vec<HashSet<u64>> = vec![HashSet::new(); sampler.epochs_end() as usize];
     for (r, rank) in ranks.iter().enumerate() {
-        let raw = fs::read(&rank.out).with_context(|| format!("cannot read {}", rank.out.display()))?;
-        let got: Vec<u64> = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+        let raw =
+            fs::read(&rank.out).with_context(|| format!("cannot read {}", rank.out.display()))?;
+        let got: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+            .collect();
         let mut want = Vec::new();
         for epoch in sampler.first_epoch()..sampler.epochs_end() {
             for step in 0..sampler.steps_in_epoch(epoch) {
@@ -358,7 +432,11 @@ fn check_exactly_once(sampler: &crate::sampler::Sampler, ranks: &[RankResult]) -
             }
         }
         if got != want {
-            bail!("rank {r} received {} samples, not the {} the sampler assigns it in order", got.len() / 3, want.len() / 3);
+            bail!(
+                "rank {r} received {} samples, not the {} the sampler assigns it in order",
+                got.len() / 3,
+                want.len() / 3
+            );
         }
         for t in got.chunks_exact(3) {
             if !per_epoch[t[0] as usize].insert(t[2]) {
@@ -366,10 +444,17 @@ fn check_exactly_once(sampler: &crate::sampler::Sampler, ranks: &[RankResult]) -
             }
         }
     }
-    for (epoch, seen) in per_epoch.iter().enumerate().skip(sampler.first_epoch() as usize) {
+    for (epoch, seen) in per_epoch
+        .iter()
+        .enumerate()
+        .skip(sampler.first_epoch() as usize)
+    {
         let want = sampler.steps_in_epoch(epoch as u64) * sampler.step_samples();
         if seen.len() as u64 != want {
-            bail!("epoch {epoch}: {} distinct samples delivered, expected {want}", seen.len());
+            bail!(
+                "epoch {epoch}: {} distinct samples delivered, expected {want}",
+                seen.len()
+            );
         }
     }
     Ok(())

@@ -28,22 +28,34 @@ fn collect_segments() -> Result<()> {
         match o {
             GcOutcome::Removed { name, bytes } => {
                 removed += 1;
-                println!("removed {SHM_DIR}/ringfeed-{name} ({}), its loader is dead", human_bytes(*bytes));
+                println!(
+                    "removed {SHM_DIR}/ringfeed-{name} ({}), its loader is dead",
+                    human_bytes(*bytes)
+                );
             }
-            GcOutcome::Alive { name } => println!("kept    {SHM_DIR}/ringfeed-{name}: its loader is running"),
+            GcOutcome::Alive { name } => {
+                println!("kept    {SHM_DIR}/ringfeed-{name}: its loader is running")
+            }
             GcOutcome::OtherUsers { name, uid } => {
                 println!("skipped {SHM_DIR}/ringfeed-{name}: another user's (uid {uid}); only they or root can remove it")
             }
-            GcOutcome::NotASegment { name, kind } => println!("skipped {SHM_DIR}/ringfeed-{name}: {kind}, not a ringfeed segment"),
+            GcOutcome::NotASegment { name, kind } => {
+                println!("skipped {SHM_DIR}/ringfeed-{name}: {kind}, not a ringfeed segment")
+            }
             GcOutcome::Failed { name, error } => {
                 failed += 1;
                 eprintln!("error   {SHM_DIR}/ringfeed-{name}: {error}");
             }
         }
     }
-    println!("{removed} segment(s) removed, {} kept", outcomes.len() - removed - failed);
+    println!(
+        "{removed} segment(s) removed, {} kept",
+        outcomes.len() - removed - failed
+    );
     if failed > 0 {
-        anyhow::bail!("{failed} segment(s) could not be inspected or removed (the errors above say why)");
+        anyhow::bail!(
+            "{failed} segment(s) could not be inspected or removed (the errors above say why)"
+        );
     }
     Ok(())
 }
@@ -56,7 +68,10 @@ fn collect_manifests(dir: &Path) {
         Ok(entries) => entries,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return,
         Err(err) => {
-            eprintln!("error   cannot list the manifest cache {}: {err}", dir.display());
+            eprintln!(
+                "error   cannot list the manifest cache {}: {err}",
+                dir.display()
+            );
             return;
         }
     };
@@ -70,7 +85,9 @@ fn collect_manifests(dir: &Path) {
             // garbage (ages, not process ids: a writer may be in another
             // PID namespace or on another host sharing the directory).
             match entry.metadata() {
-                Ok(meta) if is_stale_tmp(&meta) => Some("a temporary file left by a writer that stopped".to_owned()),
+                Ok(meta) if is_stale_tmp(&meta) => {
+                    Some("a temporary file left by a writer that stopped".to_owned())
+                }
                 _ => None,
             }
         } else if name.ends_with(".manifest") {
@@ -78,14 +95,22 @@ fn collect_manifests(dir: &Path) {
                 // Only a directory that is certainly gone: an unmounted or
                 // unreadable one may come back.
                 Ok(root) => match fs::symlink_metadata(&root) {
-                    Err(err) if err.kind() == std::io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ENOTDIR) => {
+                    Err(err)
+                        if err.kind() == std::io::ErrorKind::NotFound
+                            || err.raw_os_error() == Some(libc::ENOTDIR) =>
+                    {
                         Some(format!("{} no longer exists", root.display()))
                     }
-                    Ok(meta) if meta.is_file() => Some(format!("{} is now a file, not the directory that was listed", root.display())),
+                    Ok(meta) if meta.is_file() => Some(format!(
+                        "{} is now a file, not the directory that was listed",
+                        root.display()
+                    )),
                     _ => None,
                 },
                 Err(NotACacheFile::NewerVersion(_)) => None,
-                Err(NotACacheFile::Unusable(why)) => Some(format!("not a usable manifest cache file ({why})")),
+                Err(NotACacheFile::Unusable(why)) => {
+                    Some(format!("not a usable manifest cache file ({why})"))
+                }
             }
         } else {
             continue;
@@ -101,5 +126,8 @@ fn collect_manifests(dir: &Path) {
             },
         }
     }
-    println!("{removed} cached manifest(s) removed, {kept} kept ({})", dir.display());
+    println!(
+        "{removed} cached manifest(s) removed, {kept} kept ({})",
+        dir.display()
+    );
 }

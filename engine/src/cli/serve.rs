@@ -95,10 +95,25 @@ pub enum CacheUse {
 }
 
 fn parse_resume(s: &str) -> Result<ResumeState, String> {
-    let (e, c) = s.split_once(':').ok_or_else(|| format!("--resume {s:?}: expected EPOCH:SAMPLES, e.g. 3:81920"))?;
-    let epoch = e.parse().map_err(|_| format!("--resume {s:?}: epoch {e:?} is not a whole number from 0 to {}", u64::MAX))?;
-    let samples_consumed = c.parse().map_err(|_| format!("--resume {s:?}: samples {c:?} is not a whole number from 0 to {}", u64::MAX))?;
-    Ok(ResumeState { epoch, samples_consumed })
+    let (e, c) = s
+        .split_once(':')
+        .ok_or_else(|| format!("--resume {s:?}: expected EPOCH:SAMPLES, e.g. 3:81920"))?;
+    let epoch = e.parse().map_err(|_| {
+        format!(
+            "--resume {s:?}: epoch {e:?} is not a whole number from 0 to {}",
+            u64::MAX
+        )
+    })?;
+    let samples_consumed = c.parse().map_err(|_| {
+        format!(
+            "--resume {s:?}: samples {c:?} is not a whole number from 0 to {}",
+            u64::MAX
+        )
+    })?;
+    Ok(ResumeState {
+        epoch,
+        samples_consumed,
+    })
 }
 
 /// Without a shuffle every epoch drops the same tail, the last samples of
@@ -109,16 +124,31 @@ fn warn_of_a_fixed_tail(plan: &Plan, cfg: &ServeConfig) {
     let tail = n % step;
     // Only a run with a whole epoch after its start: a resumed epoch drops
     // its own tail, which is this one anyway, and says nothing more.
-    if cfg.shuffle || tail == 0 || cfg.start.epoch.saturating_add(u64::from(cfg.start.samples_consumed > 0)) >= cfg.epochs {
+    if cfg.shuffle
+        || tail == 0
+        || cfg
+            .start
+            .epoch
+            .saturating_add(u64::from(cfg.start.samples_consumed > 0))
+            >= cfg.epochs
+    {
         return;
     }
     let first = n - tail;
     let loc = plan.manifest().sample(first);
     let at = match plan.manifest().record_bytes() {
-        Some(_) => format!("from record {first} on, byte {} of {}", loc.offset_bytes, plan.manifest().abs_path(loc.file).display()),
+        Some(_) => format!(
+            "from record {first} on, byte {} of {}",
+            loc.offset_bytes,
+            plan.manifest().abs_path(loc.file).display()
+        ),
         None => format!("from {} on", plan.manifest().abs_path(loc.file).display()),
     };
-    let which = if tail == 1 { format!("sample {first}") } else { format!("samples {first} to {}", n - 1) };
+    let which = if tail == 1 {
+        format!("sample {first}")
+    } else {
+        format!("samples {first} to {}", n - 1)
+    };
     say_err!(
         "ringfeed: warning: with --no-shuffle every epoch drops the same last {tail} of the {n} samples ({which}, {at}), \
          so they are never served: a step takes world size × batch size = {step} samples and {n} is not a multiple of it. \
@@ -157,7 +187,11 @@ pub fn world_size_from(flag: Option<u32>, nnodes: u32) -> Result<u32> {
         return Ok(w);
     }
     if let Some(l) = world_size_env("LOCAL_WORLD_SIZE")? {
-        return l.checked_mul(nnodes).ok_or_else(|| anyhow::anyhow!("LOCAL_WORLD_SIZE={l} x --nnodes {nnodes} is too many ranks; pass --world-size"));
+        return l.checked_mul(nnodes).ok_or_else(|| {
+            anyhow::anyhow!(
+                "LOCAL_WORLD_SIZE={l} x --nnodes {nnodes} is too many ranks; pass --world-size"
+            )
+        });
     }
     bail!("--nnodes {nnodes}: pass --world-size, the ranks of the whole job (e.g. {} for {nnodes} machines of 8 GPUs)", nnodes.saturating_mul(8))
 }
@@ -182,7 +216,10 @@ pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Resul
         );
     }
     if nnodes == 1 {
-        if let (Ok(Some(world)), Ok(Some(local))) = (world_size_env("WORLD_SIZE"), world_size_env("LOCAL_WORLD_SIZE")) {
+        if let (Ok(Some(world)), Ok(Some(local))) = (
+            world_size_env("WORLD_SIZE"),
+            world_size_env("LOCAL_WORLD_SIZE"),
+        ) {
             if world > local && world % local == 0 {
                 tracing::warn!(
                     "WORLD_SIZE={world} and LOCAL_WORLD_SIZE={local} describe a job on {} machines, but this loader serves a job of {job_world_size} rank(s) on this machine alone: \
@@ -200,7 +237,16 @@ pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Resul
         }
         bail!("world size {job_world_size} over --nnodes {nnodes} is {local} ranks per machine, more than the {MAX_RANKS} one loader serves");
     }
-    Ok((local, Job { first_rank: node_rank * local, job_world_size, plan_digest: 0, start: None, order: None }))
+    Ok((
+        local,
+        Job {
+            first_rank: node_rank * local,
+            job_world_size,
+            plan_digest: 0,
+            start: None,
+            order: None,
+        },
+    ))
 }
 
 /// The local directory behind `--source`.
@@ -224,7 +270,11 @@ impl ServeArgs {
             bail!("--epochs 0 serves nothing; pass at least 1");
         }
         if !(1..=crate::reader::QUEUE_DEPTH_MAX).contains(&self.queue_depth) {
-            bail!("--queue-depth {}: must be from 1 to {}", self.queue_depth, crate::reader::QUEUE_DEPTH_MAX);
+            bail!(
+                "--queue-depth {}: must be from 1 to {}",
+                self.queue_depth,
+                crate::reader::QUEUE_DEPTH_MAX
+            );
         }
         cfg.check_ring_flags()?;
         crate::ring::segment::validate_name(&self.name)?;
@@ -263,7 +313,10 @@ impl ServeArgs {
             slots_per_rank: self.slots_per_rank,
             slot_bytes: self.slot_bytes,
             io: self.io,
-            reader: ReaderConfig { queue_depth: self.queue_depth, ..ReaderConfig::default() },
+            reader: ReaderConfig {
+                queue_depth: self.queue_depth,
+                ..ReaderConfig::default()
+            },
             start: self.resume.unwrap_or_default(),
             progress: true,
         })
@@ -293,7 +346,11 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     args.check_before_listing(&cfg)?;
     let listing = std::time::Instant::now();
     let cache = args.manifest_cache();
-    let opts = ManifestOptions { record_bytes: cfg.record_bytes, threads: 0, progress: cfg.progress };
+    let opts = ManifestOptions {
+        record_bytes: cfg.record_bytes,
+        threads: 0,
+        progress: cfg.progress,
+    };
     let relist = args.manifest_cache == CacheUse::Refresh;
     let (manifest, mut origin) = match &cache {
         Some(cache) => {
@@ -302,16 +359,30 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         }
         None => (Manifest::build(&cfg.source, &opts)?, None),
     };
-    let plan = match (Plan::with_manifest(cfg.clone(), Arc::new(manifest)), &cache, &origin) {
+    let plan = match (
+        Plan::with_manifest(cfg.clone(), Arc::new(manifest)),
+        &cache,
+        &origin,
+    ) {
         (Ok(plan), _, _) => plan,
         // A size the cache's checks could not see (past 4,096 files) may be
         // what failed: plan again over a fresh listing before reporting.
         // Sizes set the slot size, and with --record-bytes the number of
         // samples too.
         (Err(err), Some(cache), Some(ManifestOrigin::Cached { path, .. }))
-            if cfg.record_bytes.is_some() || matches!(err, ServeError::SlotTooSmall { .. } | ServeError::SlotSmallerThanBatch { .. } | ServeError::Shape(_)) =>
+            if cfg.record_bytes.is_some()
+                || matches!(
+                    err,
+                    ServeError::SlotTooSmall { .. }
+                        | ServeError::SlotSmallerThanBatch { .. }
+                        | ServeError::Shape(_)
+                ) =>
         {
-            tracing::info!("the manifest from the cache {} cannot be planned ({err}); listing {} again", path.display(), cfg.source.display());
+            tracing::info!(
+                "the manifest from the cache {} cannot be planned ({err}); listing {} again",
+                path.display(),
+                cfg.source.display()
+            );
             let (manifest, listed) = Manifest::build_cached(&cfg.source, &opts, cache, true)?;
             origin = Some(listed);
             Plan::with_manifest(cfg.clone(), Arc::new(manifest))?
@@ -319,11 +390,26 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         (Err(err), _, _) => return Err(err.into()),
     };
     let how = match &origin {
-        Some(ManifestOrigin::Cached { path, dirs_checked, files_checked }) => {
-            let files = if *files_checked > 0 { format!(" and {files_checked} file sizes") } else { String::new() };
-            format!("from the cache {} ({dirs_checked} directories{files} unchanged)", path.display())
+        Some(ManifestOrigin::Cached {
+            path,
+            dirs_checked,
+            files_checked,
+        }) => {
+            let files = if *files_checked > 0 {
+                format!(" and {files_checked} file sizes")
+            } else {
+                String::new()
+            };
+            format!(
+                "from the cache {} ({dirs_checked} directories{files} unchanged)",
+                path.display()
+            )
         }
-        Some(ManifestOrigin::Listed { path, cache_miss, not_stored }) => {
+        Some(ManifestOrigin::Listed {
+            path,
+            cache_miss,
+            not_stored,
+        }) => {
             tracing::info!("manifest cache not used: {cache_miss}");
             match (path, not_stored) {
                 (_, Some(why)) => format!("listed (not cached: {why})"),
@@ -408,8 +494,22 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             Ok(128u8.saturating_add(sig as u8))
         }
         Err(err)
-            if matches!(err, ServeError::Read(ReadError::Vanished { .. } | ReadError::ChangedSize { .. } | ReadError::Grew { .. } | ReadError::SizeAtOpen { .. } | ReadError::NotRegular { .. }))
-                || matches!((&err, &origin), (ServeError::SampleTooLarge { .. }, Some(ManifestOrigin::Cached { .. }))) =>
+            if matches!(
+                err,
+                ServeError::Read(
+                    ReadError::Vanished { .. }
+                        | ReadError::ChangedSize { .. }
+                        | ReadError::Grew { .. }
+                        | ReadError::SizeAtOpen { .. }
+                        | ReadError::NotRegular { .. }
+                )
+            ) || matches!(
+                (&err, &origin),
+                (
+                    ServeError::SampleTooLarge { .. },
+                    Some(ManifestOrigin::Cached { .. })
+                )
+            ) =>
         {
             // A file changed since it was listed (or, from the cache, may
             // have): the cached manifest, if this run used or wrote one, is
@@ -417,7 +517,11 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
             let Some(file) = origin.as_ref().and_then(ManifestOrigin::cache_file) else {
                 return Err(err.into());
             };
-            let came = if matches!(origin, Some(ManifestOrigin::Cached { .. })) { "came from" } else { "was stored in" };
+            let came = if matches!(origin, Some(ManifestOrigin::Cached { .. })) {
+                "came from"
+            } else {
+                "was stored in"
+            };
             match ManifestCache::forget_file(file) {
                 Ok(true) => bail!("{err}; this run's manifest {came} the cache {}, which is now removed, so the next start lists the dataset again", file.display()),
                 Ok(false) => Err(err.into()),
@@ -430,4 +534,3 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         Err(e) => Err(e.into()),
     }
 }
-

@@ -79,7 +79,11 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         }
     };
     // A loader that exited left its last count behind: no read is under way.
-    let in_flight = if s.loader_alive { s.reads_in_flight.to_string() } else { "no".to_string() };
+    let in_flight = if s.loader_alive {
+        s.reads_in_flight.to_string()
+    } else {
+        "no".to_string()
+    };
     println!(
         "loader {name:?} pid {} {} | reader {} ({in_flight} reads in flight) | {} slots/rank × {} | ring {}",
         s.loader_pid,
@@ -105,14 +109,26 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         s.batches_published,
         human_bytes(s.bytes_published)
     );
-    let recent = if secs > 0.0 { format!("waited(last {secs:.1}s)") } else { "waited(recent)".to_owned() };
+    let recent = if secs > 0.0 {
+        format!("waited(last {secs:.1}s)")
+    } else {
+        "waited(recent)".to_owned()
+    };
     println!(
         "  {:>4}  {:<9} {:>7}  {:>15}  {:>9}  {:>9}  {:>8}  {:>14}  {recent:>17}",
         "rank", "consumer", "queued", "published", "consumed", "batches/s", "MB/s", "waited(total)"
     );
     for (i, r) in s.ranks.iter().enumerate() {
-        let consumer = if r.attached { format!("pid {}", r.consumer_pid) } else { "none".to_string() };
-        let expected = if r.batches_expected == u64::MAX { String::new() } else { format!("/{}", r.batches_expected) };
+        let consumer = if r.attached {
+            format!("pid {}", r.consumer_pid)
+        } else {
+            "none".to_string()
+        };
+        let expected = if r.batches_expected == u64::MAX {
+            String::new()
+        } else {
+            format!("/{}", r.batches_expected)
+        };
         let p = prev.ranks.get(i).copied().unwrap_or_default();
         // A consumer built before bytes_consumed existed leaves it 0.
         let mbps = if r.consumed > p.consumed && r.bytes_consumed == p.bytes_consumed {
@@ -123,7 +139,15 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         // A consumer adds its wait when each wait slice ends, so the growth
         // over one interval can exceed it by a slice: it waited all of it.
         let recent = if secs > 0.0 {
-            format!("{:.3}s", recent_wait.get(i).copied().unwrap_or_default().min(dt).as_secs_f64())
+            format!(
+                "{:.3}s",
+                recent_wait
+                    .get(i)
+                    .copied()
+                    .unwrap_or_default()
+                    .min(dt)
+                    .as_secs_f64()
+            )
         } else {
             "-".to_owned()
         };

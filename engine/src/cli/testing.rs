@@ -122,10 +122,18 @@ pub fn run_producer(a: &ProducerArgs) -> Result<()> {
             samples.clear();
             let buf = claim.payload_mut();
             for j in 0..u64::from(a.batch_size) {
-                let index = (s * u64::from(a.world_size) + u64::from(r)) * u64::from(a.batch_size) + j;
+                let index =
+                    (s * u64::from(a.world_size) + u64::from(r)) * u64::from(a.batch_size) + j;
                 let off = j * a.sample_bytes;
-                pattern_fill(index, &mut buf[off as usize..(off + a.sample_bytes) as usize]);
-                samples.push(SampleEntry { offset: off, len: a.sample_bytes, index });
+                pattern_fill(
+                    index,
+                    &mut buf[off as usize..(off + a.sample_bytes) as usize],
+                );
+                samples.push(SampleEntry {
+                    offset: off,
+                    len: a.sample_bytes,
+                    index,
+                });
             }
             p.publish(claim, 0, s, &samples)?;
             progressed = true;
@@ -144,8 +152,12 @@ pub fn run_producer(a: &ProducerArgs) -> Result<()> {
             // Sleep no later than the next reclaim is due. The re-check asks
             // whether a slot came free, so a release that landed after the
             // failed claim but before the sleep is not missed.
-            let until_reclaim = RECLAIM_EVERY.saturating_sub(last_reclaim.elapsed()).max(Duration::from_millis(1));
-            p.wait_for_release(&blocked, until_reclaim, |p| blocked.iter().all(|&r| !p.can_claim(r)));
+            let until_reclaim = RECLAIM_EVERY
+                .saturating_sub(last_reclaim.elapsed())
+                .max(Duration::from_millis(1));
+            p.wait_for_release(&blocked, until_reclaim, |p| {
+                blocked.iter().all(|&r| !p.can_claim(r))
+            });
         }
     }
     p.finish();
@@ -184,7 +196,13 @@ pub struct ConsumerArgs {
 
 /// Takes and checks every batch of one rank; prints "ok N" at the end.
 pub fn run_consumer(a: &ConsumerArgs) -> Result<()> {
-    let mut c = Consumer::attach(&a.name, a.rank, AttachOptions { timeout: Some(Duration::from_millis(a.timeout_ms)) })?;
+    let mut c = Consumer::attach(
+        &a.name,
+        a.rank,
+        AttachOptions {
+            timeout: Some(Duration::from_millis(a.timeout_ms)),
+        },
+    )?;
     if let Some(n) = a.take_and_hang {
         for _ in 0..n {
             match c.next(None)? {
@@ -205,7 +223,8 @@ pub fn run_consumer(a: &ConsumerArgs) -> Result<()> {
             Next::End => break,
             Next::Timeout => bail!("unexpected timeout"),
         };
-        check_batch(&b, a.rank, a.world_size, a.batch_size, a.sample_bytes).with_context(|| format!("batch {n} of rank {}", a.rank))?;
+        check_batch(&b, a.rank, a.world_size, a.batch_size, a.sample_bytes)
+            .with_context(|| format!("batch {n} of rank {}", a.rank))?;
         c.release(b.slot, b.generation)?;
         n += 1;
     }
@@ -218,18 +237,28 @@ pub fn run_consumer(a: &ConsumerArgs) -> Result<()> {
     Ok(())
 }
 
-
 /// Checks one batch against the test pattern.
-pub fn check_batch(b: &crate::ring::BatchRef, rank: u32, world_size: u32, batch_size: u32, sample_bytes: u64) -> Result<()> {
+pub fn check_batch(
+    b: &crate::ring::BatchRef,
+    rank: u32,
+    world_size: u32,
+    batch_size: u32,
+    sample_bytes: u64,
+) -> Result<()> {
     if b.n_samples != batch_size {
         bail!("{} samples, expected {batch_size}", b.n_samples);
     }
     for j in 0..batch_size as usize {
         // SAFETY: the batch is held (not released) and its consumer attached.
         let (entry, bytes) = unsafe { (b.sample_table()[j], b.sample_bytes(j)) };
-        let index = (b.step * u64::from(world_size) + u64::from(rank)) * u64::from(batch_size) + j as u64;
+        let index =
+            (b.step * u64::from(world_size) + u64::from(rank)) * u64::from(batch_size) + j as u64;
         if entry.index != index || entry.len != sample_bytes {
-            bail!("sample {j}: index {} len {}, expected index {index} len {sample_bytes}", entry.index, entry.len);
+            bail!(
+                "sample {j}: index {} len {}, expected index {index} len {sample_bytes}",
+                entry.index,
+                entry.len
+            );
         }
         if b.step != b.seq {
             bail!("step {} delivered as the rank's batch {}", b.step, b.seq);
@@ -253,7 +282,10 @@ mod tests {
         for index in [0u64, 1, 250, 251, 12345, (u64::MAX - 40_000) / 7] {
             let mut v = vec![0u8; 40_000];
             pattern_fill(index, &mut v);
-            assert!(v.iter().enumerate().all(|(p, &b)| b == pattern_byte(index, p as u64)));
+            assert!(v
+                .iter()
+                .enumerate()
+                .all(|(p, &b)| b == pattern_byte(index, p as u64)));
             assert_eq!(pattern_mismatch(index, &v), None);
             v[39_999] ^= 1;
             assert_eq!(pattern_mismatch(index, &v), Some(39_999));

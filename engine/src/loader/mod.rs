@@ -17,9 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::manifest::{Manifest, ManifestError, ManifestOptions};
-use crate::reader::{open_engine, Completion, FileTable, IoChoice, ReadEngine, ReadError, ReadOp, ReaderConfig};
-use crate::ring::segment::{self, human_bytes};
+use crate::reader::{
+    open_engine, Completion, FileTable, IoChoice, ReadEngine, ReadError, ReadOp, ReaderConfig,
+};
 use crate::ring::layout::{GeometryError, Job, RunOrder, RunStart};
+use crate::ring::segment::{self, human_bytes};
 use crate::ring::{CreateError, Layout, Producer, PublishError, RingGeometry};
 use crate::sampler::{ResumeState, Sampler, SamplerConfig, SamplerError};
 
@@ -217,7 +219,13 @@ fn fit_auto_slots(geometry: RingGeometry, free_bytes: Option<u64>) -> u32 {
     let Some(free) = free_bytes else {
         return geometry.slots_per_rank;
     };
-    let bytes = |k| Layout::compute(RingGeometry { slots_per_rank: k, ..geometry }).map_or(u64::MAX, |l| l.segment_bytes);
+    let bytes = |k| {
+        Layout::compute(RingGeometry {
+            slots_per_rank: k,
+            ..geometry
+        })
+        .map_or(u64::MAX, |l| l.segment_bytes)
+    };
     let want = geometry.slots_per_rank;
     let mut k = want;
     while k > AUTO_SLOTS_FLOOR && bytes(k) > free {
@@ -287,7 +295,14 @@ impl ServeConfig {
 impl Plan {
     /// Lists the dataset and plans the run.
     pub fn new(cfg: ServeConfig) -> Result<Plan, ServeError> {
-        let manifest = Manifest::build(&cfg.source, &ManifestOptions { record_bytes: cfg.record_bytes, threads: 0, progress: cfg.progress })?;
+        let manifest = Manifest::build(
+            &cfg.source,
+            &ManifestOptions {
+                record_bytes: cfg.record_bytes,
+                threads: 0,
+                progress: cfg.progress,
+            },
+        )?;
         Self::with_manifest(cfg, Arc::new(manifest))
     }
 
@@ -303,12 +318,16 @@ impl Plan {
             epochs: cfg.epochs,
             start: cfg.start,
         })?;
-        let derived = manifest.largest_samples_total_bytes(cfg.batch_size as usize).max(1);
+        let derived = manifest
+            .largest_samples_total_bytes(cfg.batch_size as usize)
+            .max(1);
         let slot_bytes = cfg.slot_bytes.unwrap_or(derived);
         // A sample larger than a slot fails whichever batch it lands in:
         // say so now, not after the ring is made and hours of training.
         if manifest.max_sample_bytes() > slot_bytes {
-            if let Some(index) = (0..manifest.len()).find(|&i| manifest.sample(i).len_bytes > slot_bytes) {
+            if let Some(index) =
+                (0..manifest.len()).find(|&i| manifest.sample(i).len_bytes > slot_bytes)
+            {
                 let loc = manifest.sample(index);
                 return Err(ServeError::SlotTooSmall {
                     index,
@@ -320,7 +339,11 @@ impl Plan {
             }
         }
         if slot_bytes < derived {
-            return Err(ServeError::SlotSmallerThanBatch { slot_bytes, batch_size: cfg.batch_size, derived });
+            return Err(ServeError::SlotSmallerThanBatch {
+                slot_bytes,
+                batch_size: cfg.batch_size,
+                derived,
+            });
         }
         let batches_per_rank = sampler.total_steps().unwrap_or(u64::MAX);
         if cfg.slots_per_rank == Some(1) && batches_per_rank > 1 {
@@ -335,18 +358,58 @@ impl Plan {
             // Slots past the batches a rank gets are never used; 2 keeps
             // `for batch in feed` (one batch held, one asked for) working.
             let k = u32::try_from(batches_per_rank.max(2)).map_or(k, |most| k.min(most));
-            let g = RingGeometry { world_size: cfg.world_size, slots_per_rank: k, max_samples_per_slot: cfg.batch_size, slot_payload_bytes: slot_bytes };
+            let g = RingGeometry {
+                world_size: cfg.world_size,
+                slots_per_rank: k,
+                max_samples_per_slot: cfg.batch_size,
+                slot_payload_bytes: slot_bytes,
+            };
             fit_auto_slots(g, segment::shm_room_for(&cfg.name).map(|room| room.left()))
         });
-        let geometry = RingGeometry { world_size: cfg.world_size, slots_per_rank, max_samples_per_slot: cfg.batch_size, slot_payload_bytes: slot_bytes };
+        let geometry = RingGeometry {
+            world_size: cfg.world_size,
+            slots_per_rank,
+            max_samples_per_slot: cfg.batch_size,
+            slot_payload_bytes: slot_bytes,
+        };
         if let Err(e) = Layout::compute(geometry) {
-            return Err(ServeError::Shape(shape_problem(&cfg, geometry, manifest.max_sample_bytes(), &e)));
+            return Err(ServeError::Shape(shape_problem(
+                &cfg,
+                geometry,
+                manifest.max_sample_bytes(),
+                &e,
+            )));
         }
-        let files = Arc::new(FileTable::over(manifest.root(), Arc::clone(manifest.files()), cfg.record_bytes.is_some())?);
-        let start = Some(RunStart { epoch: cfg.start.epoch, samples_consumed: cfg.start.samples_consumed, dataset_samples: sampler.config().n_samples });
-        let order = Some(RunOrder { seed: cfg.seed, shuffled: cfg.shuffle });
-        let job = Job { plan_digest: plan_digest(&cfg, &manifest), start, order, ..cfg.job };
-        Ok(Plan { cfg, manifest, sampler, slot_bytes, derived_slot_bytes: derived, slots_per_rank, files, job })
+        let files = Arc::new(FileTable::over(
+            manifest.root(),
+            Arc::clone(manifest.files()),
+            cfg.record_bytes.is_some(),
+        )?);
+        let start = Some(RunStart {
+            epoch: cfg.start.epoch,
+            samples_consumed: cfg.start.samples_consumed,
+            dataset_samples: sampler.config().n_samples,
+        });
+        let order = Some(RunOrder {
+            seed: cfg.seed,
+            shuffled: cfg.shuffle,
+        });
+        let job = Job {
+            plan_digest: plan_digest(&cfg, &manifest),
+            start,
+            order,
+            ..cfg.job
+        };
+        Ok(Plan {
+            cfg,
+            manifest,
+            sampler,
+            slot_bytes,
+            derived_slot_bytes: derived,
+            slots_per_rank,
+            files,
+            job,
+        })
     }
 
     /// What would make the ring fit the room `e` (a `ShmTooSmall`) found:
@@ -368,7 +431,13 @@ impl Plan {
             max_samples_per_slot: self.cfg.batch_size,
             slot_payload_bytes: self.slot_bytes,
         };
-        let bytes = |k| Layout::compute(RingGeometry { slots_per_rank: k, ..geometry }).map_or(u64::MAX, |l| l.segment_bytes);
+        let bytes = |k| {
+            Layout::compute(RingGeometry {
+                slots_per_rank: k,
+                ..geometry
+            })
+            .map_or(u64::MAX, |l| l.segment_bytes)
+        };
         // Fewer than two slots would stall `for batch in feed` (one batch
         // held while the next is asked for).
         match (AUTO_SLOTS_FLOOR..self.slots_per_rank).rev().find(|&k| bytes(k) <= left) {
@@ -484,10 +553,16 @@ impl Loader {
             producer.set_batches_expected(r, per_rank);
         }
         producer.set_reader_info(opened.engine.backend_name(), 0);
-        let cursors = (0..cfg.world_size).map(|_| RankCursor::new(&plan.sampler)).collect();
-        let report = ServeReport { backend: opened.engine.backend_name(), ..Default::default() };
+        let cursors = (0..cfg.world_size)
+            .map(|_| RankCursor::new(&plan.sampler))
+            .collect();
+        let report = ServeReport {
+            backend: opened.engine.backend_name(),
+            ..Default::default()
+        };
         let max_in_flight = opened.engine.max_in_flight();
-        let warm_up_in_flight = (cfg.batch_size as usize).clamp(WARM_UP_IN_FLIGHT_MIN.min(max_in_flight), max_in_flight);
+        let warm_up_in_flight = (cfg.batch_size as usize)
+            .clamp(WARM_UP_IN_FLIGHT_MIN.min(max_in_flight), max_in_flight);
         Ok(Loader {
             plan,
             reader: opened.engine,
@@ -535,7 +610,11 @@ impl Loader {
         if let Err(err) = &result {
             // Trainers learn it now, and the name is free for a new loader,
             // whether or not the reads under way ever return.
-            self.producer.abort(if let ServeError::Signal(sig) = err { *sig } else { 0 });
+            self.producer.abort(if let ServeError::Signal(sig) = err {
+                *sig
+            } else {
+                0
+            });
             self.producer.remove_name();
         }
         self.report.elapsed = self.started.elapsed();
@@ -550,7 +629,9 @@ impl Loader {
     /// in place (the read may still write into it) and this returns; the
     /// process is expected to exit.
     fn shut_down(self, grace: Duration) {
-        let Loader { reader, producer, .. } = self;
+        let Loader {
+            reader, producer, ..
+        } = self;
         let in_flight = reader.in_flight();
         if in_flight == 0 {
             drop(reader);
@@ -558,12 +639,18 @@ impl Loader {
             return;
         }
         let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let spawned = std::thread::Builder::new().name("ringfeed-reader-stop".into()).spawn(move || {
-            drop(reader);
-            let _ = done_tx.send(());
-        });
+        let spawned = std::thread::Builder::new()
+            .name("ringfeed-reader-stop".into())
+            .spawn(move || {
+                drop(reader);
+                let _ = done_tx.send(());
+            });
         // A thread that could not start dropped the reader in this one.
-        let waited = if spawned.is_err() { Ok(()) } else { done_rx.recv_timeout(grace) };
+        let waited = if spawned.is_err() {
+            Ok(())
+        } else {
+            done_rx.recv_timeout(grace)
+        };
         match waited {
             Ok(()) => {
                 drop(producer);
@@ -599,13 +686,15 @@ impl Loader {
                 self.reserving = true;
             }
             let in_flight = self.reader.in_flight();
-            self.producer.set_reader_info(self.reader.backend_name(), in_flight as u32);
+            self.producer
+                .set_reader_info(self.reader.backend_name(), in_flight as u32);
             if in_flight > 0 {
                 // Everything claimable was claimed and everything that fits was
                 // submitted: wait for a completion. The bound lets a release
                 // that frees a slot be noticed while long reads are under way.
                 self.completions.clear();
-                self.reader.reap(&mut self.completions, 1, Some(REAP_WAIT))?;
+                self.reader
+                    .reap(&mut self.completions, 1, Some(REAP_WAIT))?;
                 self.complete()?;
                 self.probe_stalled_files()?;
             }
@@ -629,12 +718,18 @@ impl Loader {
                 // For `stat`: the count above was taken before the reap.
                 self.producer.set_reader_info(self.reader.backend_name(), 0);
                 let cursors = &self.cursors;
-                self.producer.wait_for_release(&blocked, RECLAIM_EVERY, |p| blocked.iter().all(|&r| cursors[r as usize].done() || !p.can_claim(r)));
+                self.producer
+                    .wait_for_release(&blocked, RECLAIM_EVERY, |p| {
+                        blocked
+                            .iter()
+                            .all(|&r| cursors[r as usize].done() || !p.can_claim(r))
+                    });
             }
         }
         // What `stat` shows from here on: the count above was taken before
         // the last completions were reaped.
-        self.producer.set_reader_info(self.reader.backend_name(), self.reader.in_flight() as u32);
+        self.producer
+            .set_reader_info(self.reader.backend_name(), self.reader.in_flight() as u32);
         self.producer.finish();
         tracing::debug!("every batch published; waiting for the trainers to release the last ones");
         let all: Vec<u32> = (0..world).collect();
@@ -645,12 +740,17 @@ impl Loader {
                 last_reclaim = Instant::now();
             }
             if last_progress.elapsed() >= PROGRESS_EVERY {
-                let undrained: Vec<u32> = all.iter().copied().filter(|&r| !self.producer.rank_drained(r)).collect();
+                let undrained: Vec<u32> = all
+                    .iter()
+                    .copied()
+                    .filter(|&r| !self.producer.rank_drained(r))
+                    .collect();
                 self.log_unattached(&undrained, "every batch is published; ");
                 self.watch_name();
                 last_progress = Instant::now();
             }
-            self.producer.wait_for_release(&all, RECLAIM_EVERY, |p| !p.all_released());
+            self.producer
+                .wait_for_release(&all, RECLAIM_EVERY, |p| !p.all_released());
         }
         Ok(())
     }
@@ -672,7 +772,11 @@ impl Loader {
         // claim one batch ahead of the reads in flight only: a claim may
         // allocate its slot first, and the loop must get back to publishing.
         let warming = self.warming;
-        let ahead = if warming { self.warm_up_in_flight } else { self.reader.max_in_flight() };
+        let ahead = if warming {
+            self.warm_up_in_flight
+        } else {
+            self.reader.max_in_flight()
+        };
         let full = |l: &Loader| l.queued.len() >= ahead;
         // Each pass gives every open rank one batch, starting where the last
         // call stopped, so no rank waits behind another's prefetch.
@@ -680,7 +784,10 @@ impl Loader {
             let mut claimed = false;
             for i in 0..world {
                 let r = (self.next_rank + i) % world;
-                if blocked[r as usize] || self.cursors[r as usize].done() || (warming && self.producer.claimed(r) > 0) {
+                if blocked[r as usize]
+                    || self.cursors[r as usize].done()
+                    || (warming && self.producer.claimed(r) > 0)
+                {
                     continue;
                 }
                 if full(self) {
@@ -713,7 +820,9 @@ impl Loader {
             // Page-rounded, so at least slot_bytes: room for spare bytes.
             let payload_bytes = claim.payload_bytes();
             let (epoch, step) = self.cursors[r as usize].advance(&self.plan.sampler);
-            self.plan.sampler.batch_into(epoch, step, self.plan.cfg.job.first_rank + r, batch);
+            self.plan
+                .sampler
+                .batch_into(epoch, step, self.plan.cfg.job.first_rank + r, batch);
             let id = self.pending.add(claim, epoch, step);
             let mut offset = 0u64;
             for &index in batch.iter() {
@@ -728,7 +837,10 @@ impl Loader {
                         epoch,
                         step,
                         rank: r,
-                        needed: batch.iter().map(|&i| self.plan.manifest.sample(i).len_bytes).sum(),
+                        needed: batch
+                            .iter()
+                            .map(|&i| self.plan.manifest.sample(i).len_bytes)
+                            .sum(),
                         slot_bytes,
                     });
                 }
@@ -740,7 +852,14 @@ impl Loader {
                 // byte. An empty sample is read too: one byte, to see that
                 // its file is still empty.
                 let spare_byte = end < payload_bytes;
-                self.queued.push_back(ReadOp { file: loc.file, offset_bytes: loc.offset_bytes, len_bytes: loc.len_bytes, dest, spare_byte, user_data: id as u64 });
+                self.queued.push_back(ReadOp {
+                    file: loc.file,
+                    offset_bytes: loc.offset_bytes,
+                    len_bytes: loc.len_bytes,
+                    dest,
+                    spare_byte,
+                    user_data: id as u64,
+                });
                 self.pending.expect_read(id);
                 offset = end;
             }
@@ -754,7 +873,11 @@ impl Loader {
         // full queue depth the kernel interleaves the reads of several
         // batches and all of them land at the end together (measured with 8
         // ranks: the first rank's batch came 3x later than with this cap).
-        let cap = if self.warming { self.warm_up_in_flight } else { self.reader.max_in_flight() };
+        let cap = if self.warming {
+            self.warm_up_in_flight
+        } else {
+            self.reader.max_in_flight()
+        };
         let room = cap.saturating_sub(self.reader.in_flight());
         let n = room.min(self.queued.len());
         if n == 0 {
@@ -799,7 +922,8 @@ impl Loader {
                 let n = done.samples.len() as u64;
                 let bytes: u64 = done.samples.iter().map(|s| s.len).sum();
                 let rank_starts = self.producer.published(r) == 0;
-                self.producer.publish(done.claim, done.epoch, done.step, &done.samples)?;
+                self.producer
+                    .publish(done.claim, done.epoch, done.step, &done.samples)?;
                 self.pending.recycle(done.samples);
                 self.report.batches += 1;
                 self.report.samples += n;
@@ -827,7 +951,10 @@ impl Loader {
     fn rank_started(&mut self, r: u32, bytes: u64, at: Duration) {
         self.ranks_started += 1;
         self.first_step_bytes += bytes;
-        tracing::debug!("rank {r}: first batch published {:.1} ms after the ring was created", at.as_secs_f64() * 1e3);
+        tracing::debug!(
+            "rank {r}: first batch published {:.1} ms after the ring was created",
+            at.as_secs_f64() * 1e3
+        );
         if self.ranks_started == self.plan.cfg.world_size {
             self.warming = false;
             self.report.all_first_published = Some(at);
@@ -863,7 +990,11 @@ impl Loader {
     /// trainer that crashed before attaching, or a rank-count typo, would
     /// otherwise look like a loader that hangs in silence.
     fn log_unattached(&self, waiting: &[u32], context: &str) {
-        let missing: Vec<u32> = waiting.iter().copied().filter(|&r| !self.producer.consumer_attached(r)).collect();
+        let missing: Vec<u32> = waiting
+            .iter()
+            .copied()
+            .filter(|&r| !self.producer.consumer_attached(r))
+            .collect();
         if missing.is_empty() {
             return;
         }
@@ -916,17 +1047,29 @@ impl Loader {
         for op in &self.queued {
             *reads.entry(op.file).or_default() -= 1;
         }
-        let mut files: Vec<u32> = reads.into_iter().filter(|&(_, n)| n > 0).map(|(file, _)| file).collect();
+        let mut files: Vec<u32> = reads
+            .into_iter()
+            .filter(|&(_, n)| n > 0)
+            .map(|(file, _)| file)
+            .collect();
         files.sort_unstable();
         files.truncate(STALL_PROBE_FILES_MAX);
         let table = Arc::clone(&self.plan.files);
         let (tx, rx) = std::sync::mpsc::channel();
-        let spawned = std::thread::Builder::new().name("ringfeed-stall-probe".into()).spawn(move || {
-            let _ = tx.send(files.iter().try_for_each(|&file| table.check_still_regular(file)));
-        });
+        let spawned = std::thread::Builder::new()
+            .name("ringfeed-stall-probe".into())
+            .spawn(move || {
+                let _ = tx.send(
+                    files
+                        .iter()
+                        .try_for_each(|&file| table.check_still_regular(file)),
+                );
+            });
         match spawned {
             Ok(_) => self.stall_probe = Some(rx),
-            Err(e) => tracing::debug!("cannot start a thread to look at the files of stalled reads: {e}"),
+            Err(e) => {
+                tracing::debug!("cannot start a thread to look at the files of stalled reads: {e}")
+            }
         }
         Ok(())
     }
@@ -941,7 +1084,9 @@ impl Loader {
             return;
         }
         let still = self.reads_moved.elapsed();
-        let quiet = self.stall_warned.is_none_or(|t| t.elapsed() >= READS_STALLED);
+        let quiet = self
+            .stall_warned
+            .is_none_or(|t| t.elapsed() >= READS_STALLED);
         if still >= READS_STALLED && quiet {
             tracing::warn!(
                 "no read has completed for {:.0} s, with {in_flight} in flight (a hung network filesystem, or a FIFO or device in place of a dataset file under {}?)",
@@ -971,17 +1116,29 @@ impl Loader {
     fn log_progress(&self, base: &mut (u64, Instant)) {
         let secs = base.1.elapsed().as_secs_f64();
         let mb = (self.report.bytes - base.0) as f64 / 1e6;
-        let total = self.plan.batches_per_rank().saturating_mul(u64::from(self.plan.cfg.world_size));
+        let total = self
+            .plan
+            .batches_per_rank()
+            .saturating_mul(u64::from(self.plan.cfg.world_size));
         // The epochs of the ranks still going: a rank that is done sits past
         // the last epoch, and ranks whose trainers differ in speed can be
         // in different epochs.
-        let epochs = self.cursors.iter().filter(|c| !c.done()).map(|c| c.position().0);
+        let epochs = self
+            .cursors
+            .iter()
+            .filter(|c| !c.done())
+            .map(|c| c.position().0);
         let epoch = match (epochs.clone().min(), epochs.max()) {
             (Some(lo), Some(hi)) if lo < hi => format!("epochs {lo} to {hi}"),
             (Some(e), _) => format!("epoch {e}"),
             _ => "last epoch".to_owned(),
         };
-        tracing::info!("{epoch}: {}/{} batches published, {:.1} MB/s", self.report.batches, total, mb / secs.max(1e-9));
+        tracing::info!(
+            "{epoch}: {}/{} batches published, {:.1} MB/s",
+            self.report.batches,
+            total,
+            mb / secs.max(1e-9)
+        );
         *base = (self.report.bytes, Instant::now());
     }
 }
@@ -994,13 +1151,29 @@ impl Loader {
 fn plan_digest(cfg: &ServeConfig, manifest: &Manifest) -> u64 {
     let t = std::time::Instant::now();
     let c = cfg;
-    let words = [u64::from(c.shuffle), c.seed, c.batch_size.into(), c.job.job_world_size.into(), c.epochs, c.start.epoch, c.start.samples_consumed];
+    let words = [
+        u64::from(c.shuffle),
+        c.seed,
+        c.batch_size.into(),
+        c.job.job_world_size.into(),
+        c.epochs,
+        c.start.epoch,
+        c.start.samples_consumed,
+    ];
     let digest = crate::manifest::digest_words(manifest.digest(), words).max(1);
-    tracing::debug!("plan digest {digest:016x} in {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    tracing::debug!(
+        "plan digest {digest:016x} in {:.1} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
     digest
 }
 
-fn shape_problem(cfg: &ServeConfig, g: RingGeometry, largest_sample: u64, e: &GeometryError) -> String {
+fn shape_problem(
+    cfg: &ServeConfig,
+    g: RingGeometry,
+    largest_sample: u64,
+    e: &GeometryError,
+) -> String {
     use crate::ring::layout::{MAX_SEGMENT_BYTES, MAX_SLOT_PAYLOAD_BYTES};
     match e {
         GeometryError::OutOfRange { field: "slot_payload_bytes", .. } if largest_sample > MAX_SLOT_PAYLOAD_BYTES => format!(
@@ -1037,7 +1210,9 @@ fn check_stop(stop: &AtomicU32) -> Result<(), ServeError> {
 }
 
 fn blocked_ranks(blocked: &[bool]) -> Vec<u32> {
-    (0..blocked.len() as u32).filter(|&r| blocked[r as usize]).collect()
+    (0..blocked.len() as u32)
+        .filter(|&r| blocked[r as usize])
+        .collect()
 }
 
 #[cfg(test)]
@@ -1092,7 +1267,13 @@ mod tests {
         assert_eq!(plan.files.size_bytes(1), Some(5));
     }
 
-    fn plan_over(samples: usize, batch_size: u32, world_size: u32, epochs: u64, slots_per_rank: Option<u32>) -> Plan {
+    fn plan_over(
+        samples: usize,
+        batch_size: u32,
+        world_size: u32,
+        epochs: u64,
+        slots_per_rank: Option<u32>,
+    ) -> Plan {
         let dir = tempfile::tempdir().unwrap();
         for i in 0..samples {
             std::fs::write(dir.path().join(format!("{i:04}")), [7u8; 16]).unwrap();
@@ -1130,8 +1311,20 @@ mod tests {
 
     #[test]
     fn the_default_slots_shrink_to_fit_dev_shm_down_to_two() {
-        let g = RingGeometry { world_size: 8, slots_per_rank: 8, max_samples_per_slot: 64, slot_payload_bytes: 1 << 20 };
-        let size = |k| Layout::compute(RingGeometry { slots_per_rank: k, ..g }).unwrap().segment_bytes;
+        let g = RingGeometry {
+            world_size: 8,
+            slots_per_rank: 8,
+            max_samples_per_slot: 64,
+            slot_payload_bytes: 1 << 20,
+        };
+        let size = |k| {
+            Layout::compute(RingGeometry {
+                slots_per_rank: k,
+                ..g
+            })
+            .unwrap()
+            .segment_bytes
+        };
         assert_eq!(fit_auto_slots(g, None), 8, "unknown or unlimited /dev/shm");
         assert_eq!(fit_auto_slots(g, Some(size(8))), 8);
         assert_eq!(fit_auto_slots(g, Some(size(8) - 1)), 7);

@@ -15,7 +15,12 @@ pub(super) struct RankCursor {
 
 impl RankCursor {
     pub(super) fn new(s: &Sampler) -> RankCursor {
-        let mut c = RankCursor { epoch: s.first_epoch(), step: 0, steps_in_epoch: s.steps_in_epoch(s.first_epoch()), epochs_end: s.epochs_end() };
+        let mut c = RankCursor {
+            epoch: s.first_epoch(),
+            step: 0,
+            steps_in_epoch: s.steps_in_epoch(s.first_epoch()),
+            epochs_end: s.epochs_end(),
+        };
         c.skip_empty_epochs(s);
         c
     }
@@ -79,7 +84,13 @@ impl Pending {
         }
         let mut samples = self.spare_tables.pop().unwrap_or_default();
         samples.clear();
-        let entry = Entry { claim, epoch, step, samples, reads_left: 0 };
+        let entry = Entry {
+            claim,
+            epoch,
+            step,
+            samples,
+            reads_left: 0,
+        };
         let id = match self.free.pop() {
             Some(id) => {
                 self.entries[id] = Some(entry);
@@ -131,13 +142,22 @@ impl Pending {
         queue.pop_front();
         let e = self.entries[id].take()?;
         self.free.push(id);
-        Some(Done { claim: e.claim, epoch: e.epoch, step: e.step, samples: e.samples })
+        Some(Done {
+            claim: e.claim,
+            epoch: e.epoch,
+            step: e.step,
+            samples: e.samples,
+        })
     }
 
     /// The samples of every batch still waiting for a read (some of them
     /// may have landed: a batch does not count its reads by sample).
     pub(super) fn samples_waiting(&self) -> impl Iterator<Item = &SampleEntry> {
-        self.entries.iter().flatten().filter(|e| e.reads_left > 0).flat_map(|e| e.samples.iter())
+        self.entries
+            .iter()
+            .flatten()
+            .filter(|e| e.reads_left > 0)
+            .flat_map(|e| e.samples.iter())
     }
 
     pub(super) fn recycle(&mut self, table: Vec<SampleEntry>) {

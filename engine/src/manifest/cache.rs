@@ -134,7 +134,11 @@ impl ManifestCache {
     /// `$XDG_CACHE_HOME/ringfeed`, else `$HOME/.cache/ringfeed`. None when
     /// none is set.
     pub fn dir_under(base: Option<&Path>) -> Option<PathBuf> {
-        let nonempty = |var: &str| std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let nonempty = |var: &str| {
+            std::env::var_os(var)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
         let base = match base {
             Some(base) => base.to_path_buf(),
             None => nonempty("RINGFEED_CACHE_DIR")
@@ -146,7 +150,10 @@ impl ManifestCache {
 
     /// The cache file of the directory whose canonical path is `canonical_root`.
     pub fn entry_path(&self, canonical_root: &Path) -> PathBuf {
-        self.dir.join(format!("{:016x}.manifest", fnv1a64(canonical_root.as_os_str().as_bytes())))
+        self.dir.join(format!(
+            "{:016x}.manifest",
+            fnv1a64(canonical_root.as_os_str().as_bytes())
+        ))
     }
 
     /// Looks for a valid cached manifest of `canonical_root`, checking with
@@ -155,15 +162,25 @@ impl ManifestCache {
         let path = self.entry_path(canonical_root);
         let (file, len) = match open_cache_file(&path) {
             Ok((file, meta)) => (file, meta.len()),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Lookup::Miss("no cached manifest".into()),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                return Lookup::Miss("no cached manifest".into())
+            }
             Err(err) => return Lookup::Miss(format!("cannot read {}: {err}", path.display())),
         };
-        let decoded = match decode_from(BufReader::with_capacity(IO_CHUNK_BYTES, file), len, canonical_root.as_os_str().as_bytes()) {
+        let decoded = match decode_from(
+            BufReader::with_capacity(IO_CHUNK_BYTES, file),
+            len,
+            canonical_root.as_os_str().as_bytes(),
+        ) {
             Ok(decoded) => decoded,
             Err(why) => return Lookup::Miss(format!("{} is not usable: {why}", path.display())),
         };
         let check_files = decoded.files.len() <= self.stat_files_max;
-        let mut checks: Vec<Check<'_>> = Vec::with_capacity(decoded.dirs.len() + decoded.links.len() + if check_files { decoded.files.len() } else { 0 });
+        let mut checks: Vec<Check<'_>> = Vec::with_capacity(
+            decoded.dirs.len()
+                + decoded.links.len()
+                + if check_files { decoded.files.len() } else { 0 },
+        );
         checks.extend(decoded.dirs.iter().map(Check::Dir));
         checks.extend(decoded.links.iter().map(Check::Link));
         if check_files {
@@ -191,7 +208,9 @@ impl ManifestCache {
         links: &[LinkStamp],
         files: &FileList,
     ) -> io::Result<Option<String>> {
-        let racy_after = listed_at.checked_sub(self.racy_window).unwrap_or(UNIX_EPOCH);
+        let racy_after = listed_at
+            .checked_sub(self.racy_window)
+            .unwrap_or(UNIX_EPOCH);
         // ctime only: every change sets it to the current time, while mtime
         // may lie in the future (archives unpacked from a skewed clock).
         if let Some(stamp) = dirs.iter().find(|d| time_of(d.ctime) >= racy_after) {
@@ -209,18 +228,38 @@ impl ManifestCache {
                 dir.display()
             )));
         }
-        fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)?;
         let path = self.entry_path(canonical_root);
         // Unique among processes, hosts sharing the directory and threads.
         static STORES: AtomicU64 = AtomicU64::new(0);
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
         let mut tmp_name = path.clone().into_os_string();
-        tmp_name.push(format!(".tmp.{}.{nanos}.{}", std::process::id(), STORES.fetch_add(1, Ordering::Relaxed)));
+        tmp_name.push(format!(
+            ".tmp.{}.{nanos}.{}",
+            std::process::id(),
+            STORES.fetch_add(1, Ordering::Relaxed)
+        ));
         let tmp = PathBuf::from(tmp_name);
         let written = (|| {
-            let file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+            let file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
             let mut out = BufWriter::with_capacity(IO_CHUNK_BYTES, file);
-            encode_to(&mut out, canonical_root.as_os_str().as_bytes(), listed_at, dirs, links, files)?;
+            encode_to(
+                &mut out,
+                canonical_root.as_os_str().as_bytes(),
+                listed_at,
+                dirs,
+                links,
+                files,
+            )?;
             out.into_inner().map_err(io::IntoInnerError::into_error)?;
             fs::rename(&tmp, &path)
         })();
@@ -243,7 +282,12 @@ impl ManifestCache {
         match fs::remove_file(path) {
             Ok(()) => Ok(true),
             // ENOTDIR: a part of the path is a file, so there is no cache file.
-            Err(err) if err.kind() == io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ENOTDIR) => Ok(false),
+            Err(err)
+                if err.kind() == io::ErrorKind::NotFound
+                    || err.raw_os_error() == Some(libc::ENOTDIR) =>
+            {
+                Ok(false)
+            }
             Err(err) => Err(err),
         }
     }
@@ -262,10 +306,18 @@ impl ManifestCache {
             Err(HeaderError::Newer(version)) => {
                 // Its CRC is checked by reading it all; a file whose length
                 // is mostly holes would take that long for nothing.
-                if meta.len() > RESERVE_BYTES_MAX && meta.blocks().saturating_mul(512) < meta.len() / 8 {
-                    return Err(unusable(format!("{} bytes long but {} on disk: not a file ringfeed wrote", meta.len(), meta.blocks() * 512)));
+                if meta.len() > RESERVE_BYTES_MAX
+                    && meta.blocks().saturating_mul(512) < meta.len() / 8
+                {
+                    return Err(unusable(format!(
+                        "{} bytes long but {} on disk: not a file ringfeed wrote",
+                        meta.len(),
+                        meta.blocks() * 512
+                    )));
                 }
-                r.skip_to_crc().and_then(|()| r.finish()).map_err(unusable)?;
+                r.skip_to_crc()
+                    .and_then(|()| r.finish())
+                    .map_err(unusable)?;
                 Err(NotACacheFile::NewerVersion(version))
             }
             Err(HeaderError::Bad(why)) => Err(unusable(why)),
@@ -276,10 +328,16 @@ impl ManifestCache {
 /// Opens a cache file without following a link, without blocking on a FIFO
 /// and only if it is a regular file; returns it and its metadata.
 fn open_cache_file(path: &Path) -> io::Result<(fs::File, fs::Metadata)> {
-    let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
     }
     Ok((file, meta))
 }
@@ -289,7 +347,11 @@ fn open_cache_file(path: &Path) -> io::Result<(fs::File, fs::Metadata)> {
 /// its attribute cache. Links are not followed unless `follow`.
 pub(super) fn dir_metadata(path: &Path, follow: bool) -> io::Result<fs::Metadata> {
     let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
-    fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | nofollow).open(path)?.metadata()
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | nofollow)
+        .open(path)?
+        .metadata()
 }
 
 /// One thing a lookup must find unchanged.
@@ -318,7 +380,13 @@ impl Check<'_> {
                         .filter(|(_, differs)| *differs)
                         .map(|(field, _)| *field)
                         .collect();
-                        (!changed.is_empty()).then(|| format!("directory {} changed since it was listed ({})", abs.display(), changed.join(", ")))
+                        (!changed.is_empty()).then(|| {
+                            format!(
+                                "directory {} changed since it was listed ({})",
+                                abs.display(),
+                                changed.join(", ")
+                            )
+                        })
                     }
                     Err(err) => Some(format!("directory {}: {err}", abs.display())),
                 }
@@ -331,7 +399,12 @@ impl Check<'_> {
                     (Ok(meta), None) => !meta.is_file(),
                     (Err(_), _) => false,
                 };
-                (!same).then(|| format!("the target of link {} changed since it was listed", abs.display()))
+                (!same).then(|| {
+                    format!(
+                        "the target of link {} changed since it was listed",
+                        abs.display()
+                    )
+                })
             }
             Check::File(file) => {
                 let abs = root.join(file.rel_path);
@@ -361,9 +434,15 @@ fn first_failure(root: &Path, checks: &[Check<'_>], threads: usize) -> Option<St
     }
     let chunk = checks.len().div_ceil(threads);
     std::thread::scope(|scope| {
-        let handles: Vec<_> = checks.chunks(chunk).map(|part| scope.spawn(move || part.iter().find_map(|c| c.failure(root)))).collect();
+        let handles: Vec<_> = checks
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().find_map(|c| c.failure(root))))
+            .collect();
         // A thread that cannot be joined panicked: a bug, carried on.
-        handles.into_iter().find_map(|h| h.join().unwrap_or_else(|payload| std::panic::resume_unwind(payload)))
+        handles.into_iter().find_map(|h| {
+            h.join()
+                .unwrap_or_else(|payload| std::panic::resume_unwind(payload))
+        })
     })
 }
 
@@ -377,10 +456,14 @@ fn on_fuse(root: &Path, dirs: &[DirStamp]) -> Option<PathBuf> {
         }
         seen.push(stamp.dev);
         let abs = root.join(&stamp.rel_path);
-        let Ok(c_path) = std::ffi::CString::new(abs.as_os_str().as_bytes()) else { continue };
+        let Ok(c_path) = std::ffi::CString::new(abs.as_os_str().as_bytes()) else {
+            continue;
+        };
         // SAFETY: a NUL-terminated path and a zeroed statfs to fill.
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::statfs(c_path.as_ptr(), &mut st) } == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC {
+        if unsafe { libc::statfs(c_path.as_ptr(), &mut st) } == 0
+            && st.f_type as i64 == FUSE_SUPER_MAGIC
+        {
             return Some(abs);
         }
     }
@@ -408,7 +491,9 @@ pub(crate) struct Decoded {
 /// FNV-1a, 64 bits: the cache file name of a path (collisions are caught by
 /// the root stored inside).
 fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// A writer that keeps the CRC-32 of what went through it.
@@ -440,8 +525,13 @@ pub(crate) fn encode_to<W: Write>(
     links: &[LinkStamp],
     files: &FileList,
 ) -> io::Result<()> {
-    let mut w = CrcWriter { out, crc: crc32fast::Hasher::new() };
-    let listed_secs = listed_at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let mut w = CrcWriter {
+        out,
+        crc: crc32fast::Hasher::new(),
+    };
+    let listed_secs = listed_at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
     w.put(MAGIC)?;
     w.put(&FORMAT_VERSION.to_le_bytes())?;
     w.put(&0u32.to_le_bytes())?;
@@ -477,7 +567,13 @@ pub(crate) fn encode_to<W: Write>(
 
 /// The bytes of a cache file (tests).
 #[cfg(test)]
-pub(crate) fn encode(root: &[u8], listed_at: SystemTime, dirs: &[DirStamp], links: &[LinkStamp], files: &FileList) -> Vec<u8> {
+pub(crate) fn encode(
+    root: &[u8],
+    listed_at: SystemTime,
+    dirs: &[DirStamp],
+    links: &[LinkStamp],
+    files: &FileList,
+) -> Vec<u8> {
     let mut out = Vec::new();
     encode_to(&mut out, root, listed_at, dirs, links, files).expect("writing to a Vec");
     out
@@ -498,7 +594,9 @@ pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
 pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: &[u8]) -> Result<Decoded, String> {
     let mut r = Reader::new(src, len);
     let stored_root = r.header().map_err(|err| match err {
-        HeaderError::Newer(version) => format!("format version {version}, this build reads {FORMAT_VERSION}"),
+        HeaderError::Newer(version) => {
+            format!("format version {version}, this build reads {FORMAT_VERSION}")
+        }
         HeaderError::Bad(why) => why,
     })?;
     if stored_root.as_os_str().as_bytes() != root {
@@ -524,7 +622,11 @@ fn decode_body<R: Read>(r: &mut Reader<R>) -> Result<Decoded, String> {
     if n_dirs == 0 {
         return Err("it has no directory records (there is always the root's)".into());
     }
-    if n_files == 0 || n_files > MAX_FILES || path_bytes / 2 < n_files || least.is_none_or(|least| least > left) {
+    if n_files == 0
+        || n_files > MAX_FILES
+        || path_bytes / 2 < n_files
+        || least.is_none_or(|least| least > left)
+    {
         return Err(format!(
             "{n_dirs} directories, {n_links} links and {n_files} files of {path_bytes} path bytes cannot fit in {left} bytes"
         ));
@@ -556,7 +658,10 @@ fn decode_body<R: Read>(r: &mut Reader<R>) -> Result<Decoded, String> {
             other => return Err(format!("link kind {other} is neither 0 nor 1")),
         };
         let size = r.u64()?;
-        links.push(LinkStamp { rel_path, file_size: to_file.then_some(size) });
+        links.push(LinkStamp {
+            rel_path,
+            file_size: to_file.then_some(size),
+        });
     }
     let names = r.names(path_bytes, n_files)?;
     let sizes = r.u64s(n_files)?;
@@ -567,7 +672,10 @@ fn decode_body<R: Read>(r: &mut Reader<R>) -> Result<Decoded, String> {
         // No NUL: the list split on them.
         check_components(path)?;
         if prev >= path {
-            return Err(format!("files out of order at {}", String::from_utf8_lossy(path)));
+            return Err(format!(
+                "files out of order at {}",
+                String::from_utf8_lossy(path)
+            ));
         }
         prev = path;
     }
@@ -598,7 +706,12 @@ struct Reader<R: Read> {
 
 impl<R: Read> Reader<R> {
     fn new(src: R, len: u64) -> Reader<R> {
-        Reader { src, crc: crc32fast::Hasher::new(), left: len, len }
+        Reader {
+            src,
+            crc: crc32fast::Hasher::new(),
+            left: len,
+            len,
+        }
     }
 
     /// Bytes left before the CRC.
@@ -611,7 +724,9 @@ impl<R: Read> Reader<R> {
         if buf.len() as u64 > self.body_left() {
             return Err(format!("it ends early, at byte {}", self.len));
         }
-        self.src.read_exact(buf).map_err(|err| format!("cannot read it: {err}"))?;
+        self.src
+            .read_exact(buf)
+            .map_err(|err| format!("cannot read it: {err}"))?;
         self.crc.update(buf);
         self.left -= buf.len() as u64;
         Ok(())
@@ -654,11 +769,15 @@ impl<R: Read> Reader<R> {
             }
             nuls += memchr::memchr_iter(0, &out[at..]).count() as u64;
             if nuls > paths {
-                return Err(format!("its paths block holds more than the {paths} paths it claims"));
+                return Err(format!(
+                    "its paths block holds more than the {paths} paths it claims"
+                ));
             }
         }
         if nuls != paths {
-            return Err(format!("its paths block holds {nuls} paths, not the {paths} it claims"));
+            return Err(format!(
+                "its paths block holds {nuls} paths, not the {paths} it claims"
+            ));
         }
         // Past the reservation the buffer grew by doubling: give the spare back.
         out.shrink_to_fit();
@@ -675,7 +794,10 @@ impl<R: Read> Reader<R> {
         while out.len() < n as usize {
             let part = &mut chunk[..(n as usize - out.len()).min(IO_CHUNK_BYTES / 8) * 8];
             self.fill(part)?;
-            out.extend(part.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))));
+            out.extend(
+                part.chunks_exact(8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))),
+            );
         }
         out.shrink_to_fit();
         Ok(out)
@@ -708,14 +830,18 @@ impl<R: Read> Reader<R> {
             return Err(HeaderError::Bad(format!("{} bytes is too short", self.len)));
         }
         if self.array::<8>()? != *MAGIC {
-            return Err(HeaderError::Bad("it is not a ringfeed manifest cache file".into()));
+            return Err(HeaderError::Bad(
+                "it is not a ringfeed manifest cache file".into(),
+            ));
         }
         let version = self.u32()?;
         if version > FORMAT_VERSION {
             return Err(HeaderError::Newer(version));
         }
         if version != FORMAT_VERSION {
-            return Err(HeaderError::Bad(format!("format version {version}, this build reads {FORMAT_VERSION}")));
+            return Err(HeaderError::Bad(format!(
+                "format version {version}, this build reads {FORMAT_VERSION}"
+            )));
         }
         self.u32()?;
         self.i64()?;
@@ -723,7 +849,10 @@ impl<R: Read> Reader<R> {
         // Roots are canonical paths; gc would look a relative one up from
         // wherever it runs.
         if !root.is_absolute() {
-            return Err(HeaderError::Bad(format!("its root {:?} is not an absolute path", root)));
+            return Err(HeaderError::Bad(format!(
+                "its root {:?} is not an absolute path",
+                root
+            )));
         }
         Ok(root)
     }
@@ -732,7 +861,9 @@ impl<R: Read> Reader<R> {
     fn path_bytes(&mut self) -> Result<Vec<u8>, String> {
         let len = self.u32()?;
         if len > PATH_BYTES_MAX {
-            return Err(format!("a path of {len} bytes is longer than any path ringfeed lists"));
+            return Err(format!(
+                "a path of {len} bytes is longer than any path ringfeed lists"
+            ));
         }
         self.bytes(u64::from(len))
     }
@@ -761,7 +892,9 @@ impl<R: Read> Reader<R> {
             return Err(format!("{} bytes after the last file", self.body_left()));
         }
         let mut stored = [0; 4];
-        self.src.read_exact(&mut stored).map_err(|err| format!("cannot read it: {err}"))?;
+        self.src
+            .read_exact(&mut stored)
+            .map_err(|err| format!("cannot read it: {err}"))?;
         if self.crc.clone().finalize() != u32::from_le_bytes(stored) {
             return Err("its checksum does not match (a torn or damaged file)".into());
         }
@@ -777,7 +910,10 @@ impl<R: Read> Reader<R> {
 /// A relative path of plain components; empty only if `may_be_empty`.
 fn check_plain(bytes: &[u8], may_be_empty: bool) -> Result<(), String> {
     if bytes.contains(&0) {
-        return Err(format!("{:?} holds a NUL byte", String::from_utf8_lossy(bytes)));
+        return Err(format!(
+            "{:?} holds a NUL byte",
+            String::from_utf8_lossy(bytes)
+        ));
     }
     if may_be_empty && bytes.is_empty() {
         return Ok(());
@@ -792,7 +928,10 @@ fn check_components(bytes: &[u8]) -> Result<(), String> {
     let mut start = 0;
     for end in memchr::memchr_iter(b'/', bytes).chain(std::iter::once(bytes.len())) {
         if matches!(&bytes[start..end], b"" | b"." | b"..") {
-            return Err(format!("{:?} is not a plain relative path", String::from_utf8_lossy(bytes)));
+            return Err(format!(
+                "{:?} is not a plain relative path",
+                String::from_utf8_lossy(bytes)
+            ));
         }
         start = end + 1;
     }
@@ -803,7 +942,9 @@ fn check_components(bytes: &[u8]) -> Result<(), String> {
 /// writer long gone: older than [`TMP_STALE_AFTER`].
 pub fn is_stale_tmp(meta: &fs::Metadata) -> bool {
     let modified = UNIX_EPOCH + Duration::new(meta.mtime().max(0) as u64, 0);
-    SystemTime::now().duration_since(modified).is_ok_and(|age| age > TMP_STALE_AFTER)
+    SystemTime::now()
+        .duration_since(modified)
+        .is_ok_and(|age| age > TMP_STALE_AFTER)
 }
 
 #[cfg(test)]
@@ -813,12 +954,30 @@ mod tests {
 
     fn sample() -> (Vec<DirStamp>, Vec<LinkStamp>, FileList) {
         let dirs = vec![
-            DirStamp { rel_path: PathBuf::new(), dev: 1, ino: 2, mtime: (1_700_000_000, 5), ctime: (1_700_000_001, 999_999_999) },
-            DirStamp { rel_path: "a/b".into(), dev: 1, ino: 3, mtime: (-3, 0), ctime: (0, 1) },
+            DirStamp {
+                rel_path: PathBuf::new(),
+                dev: 1,
+                ino: 2,
+                mtime: (1_700_000_000, 5),
+                ctime: (1_700_000_001, 999_999_999),
+            },
+            DirStamp {
+                rel_path: "a/b".into(),
+                dev: 1,
+                ino: 3,
+                mtime: (-3, 0),
+                ctime: (0, 1),
+            },
         ];
         let links = vec![
-            LinkStamp { rel_path: "a/b/d".into(), file_size: Some(1000) },
-            LinkStamp { rel_path: "dirlink".into(), file_size: None },
+            LinkStamp {
+                rel_path: "a/b/d".into(),
+                file_size: Some(1000),
+            },
+            LinkStamp {
+                rel_path: "dirlink".into(),
+                file_size: None,
+            },
         ];
         (dirs, links, list(&["a/b/c", "a/b/d", "z", "é"]))
     }
@@ -839,7 +998,10 @@ mod tests {
     #[test]
     fn a_cache_file_reads_back_as_written() {
         let (dirs, links, files) = sample();
-        assert_eq!(decode(&sample_bytes(b"/data/set"), b"/data/set"), Ok(Decoded { dirs, links, files }));
+        assert_eq!(
+            decode(&sample_bytes(b"/data/set"), b"/data/set"),
+            Ok(Decoded { dirs, links, files })
+        );
     }
 
     #[test]
@@ -851,7 +1013,16 @@ mod tests {
     #[test]
     fn paths_that_leave_the_root_or_come_out_of_order_are_refused() {
         let (dirs, links, _) = sample();
-        for bad in [&["a", "../etc/passwd"][..], &["/etc/passwd"], &["b", "a"], &["a", "a"], &["a//b"], &["a/./b"], &[""], &["a/"]] {
+        for bad in [
+            &["a", "../etc/passwd"][..],
+            &["/etc/passwd"],
+            &["b", "a"],
+            &["a", "a"],
+            &["a//b"],
+            &["a/./b"],
+            &[""],
+            &["a/"],
+        ] {
             let files = list(bad);
             let bytes = encode(b"/r", SystemTime::now(), &dirs, &links, &files);
             assert!(decode(&bytes, b"/r").is_err(), "{bad:?} accepted");
@@ -862,7 +1033,10 @@ mod tests {
     fn every_truncation_and_every_flipped_byte_is_refused() {
         let bytes = sample_bytes(b"/r");
         for len in 0..bytes.len() {
-            assert!(decode(&bytes[..len], b"/r").is_err(), "truncated to {len} accepted");
+            assert!(
+                decode(&bytes[..len], b"/r").is_err(),
+                "truncated to {len} accepted"
+            );
         }
         for at in 0..bytes.len() {
             let mut bad = bytes.clone();
@@ -881,9 +1055,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.manifest");
         fs::write(&path, &bytes).unwrap();
-        assert_eq!(ManifestCache::root_of(&path), Err(NotACacheFile::NewerVersion(FORMAT_VERSION + 1)));
+        assert_eq!(
+            ManifestCache::root_of(&path),
+            Err(NotACacheFile::NewerVersion(FORMAT_VERSION + 1))
+        );
         fs::write(&path, b"garbage").unwrap();
-        assert!(matches!(ManifestCache::root_of(&path), Err(NotACacheFile::Unusable(_))));
+        assert!(matches!(
+            ManifestCache::root_of(&path),
+            Err(NotACacheFile::Unusable(_))
+        ));
     }
 
     /// A file whose length is a lie (sparse: zeros up to an enormous
@@ -894,10 +1074,13 @@ mod tests {
         let len: u64 = 1 << 50;
         let left = len - header.len() as u64 - 32 - 4;
         let cases: [([u64; 4], &str); 4] = [
-            ([1, left / LINK_FIXED_BYTES, 1, 2], "cannot fit"),             // links that cannot all fit
-            ([left / DIR_FIXED_BYTES, 0, 1, 2], "not a plain relative path"), // zeros: a second empty directory path
-            ([1, 0, MAX_FILES, MAX_FILES * 2], "empty path"),               // zeros: empty file paths
-            ([1, 0, u64::MAX / 4, u64::MAX / 2], "cannot fit"),             // overflowing sums
+            ([1, left / LINK_FIXED_BYTES, 1, 2], "cannot fit"), // links that cannot all fit
+            (
+                [left / DIR_FIXED_BYTES, 0, 1, 2],
+                "not a plain relative path",
+            ), // zeros: a second empty directory path
+            ([1, 0, MAX_FILES, MAX_FILES * 2], "empty path"),   // zeros: empty file paths
+            ([1, 0, u64::MAX / 4, u64::MAX / 2], "cannot fit"), // overflowing sums
         ];
         for ([dirs, links, files, path_bytes], expected) in cases {
             let mut head = header.to_vec();
@@ -906,7 +1089,10 @@ mod tests {
             }
             let src = io::Read::chain(head.as_slice(), io::repeat(0));
             let err = decode_from(src, len, b"/r").unwrap_err();
-            assert!(err.contains(expected), "{dirs}/{links}/{files}/{path_bytes}: {err}");
+            assert!(
+                err.contains(expected),
+                "{dirs}/{links}/{files}/{path_bytes}: {err}"
+            );
         }
     }
 
@@ -918,7 +1104,10 @@ mod tests {
         for n in [300_000, 16_384, 32_768, 16_385] {
             let mut files = FileList::new();
             for i in 0..n {
-                files.push(format!("d{:04}/f{:04}.bin", i / 10_000, i % 10_000).as_bytes(), i as u64);
+                files.push(
+                    format!("d{:04}/f{:04}.bin", i / 10_000, i % 10_000).as_bytes(),
+                    i as u64,
+                );
             }
             let bytes = encode(b"/r", SystemTime::now(), &dirs, &links, &files);
             let decoded = decode(&bytes, b"/r").unwrap();
@@ -930,11 +1119,16 @@ mod tests {
     fn a_relative_root_is_refused() {
         for root in [&b""[..], b"relative/dir"] {
             let bytes = sample_bytes(root);
-            assert!(decode(&bytes, root).unwrap_err().contains("not an absolute path"));
+            assert!(decode(&bytes, root)
+                .unwrap_err()
+                .contains("not an absolute path"));
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("x.manifest");
             fs::write(&path, &bytes).unwrap();
-            assert!(matches!(ManifestCache::root_of(&path), Err(NotACacheFile::Unusable(_))));
+            assert!(matches!(
+                ManifestCache::root_of(&path),
+                Err(NotACacheFile::Unusable(_))
+            ));
         }
     }
 
@@ -954,7 +1148,10 @@ mod tests {
             Err(NotACacheFile::Unusable(why)) => assert!(why.contains("on disk"), "{why}"),
             other => panic!("expected unusable, got {other:?}"),
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "read the holes");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "read the holes"
+        );
     }
 
     #[test]
@@ -964,7 +1161,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.manifest");
         fs::write(&path, &bytes).unwrap();
-        assert!(matches!(ManifestCache::root_of(&path), Err(NotACacheFile::Unusable(_))));
+        assert!(matches!(
+            ManifestCache::root_of(&path),
+            Err(NotACacheFile::Unusable(_))
+        ));
     }
 
     /// A body with a valid CRC.

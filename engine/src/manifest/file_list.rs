@@ -82,7 +82,12 @@ impl FileList {
     /// # Panics
     /// If `dir` or `name` holds a NUL byte.
     pub fn push_joined(&mut self, dir: &[u8], name: &[u8], size_bytes: u64) {
-        assert!(!dir.contains(&0) && !name.contains(&0), "a path holds a NUL byte: {:?}/{:?}", OsStr::from_bytes(dir), OsStr::from_bytes(name));
+        assert!(
+            !dir.contains(&0) && !name.contains(&0),
+            "a path holds a NUL byte: {:?}/{:?}",
+            OsStr::from_bytes(dir),
+            OsStr::from_bytes(name)
+        );
         if !dir.is_empty() {
             self.names.extend_from_slice(dir);
             self.names.push(b'/');
@@ -116,7 +121,12 @@ impl FileList {
         let total: usize = parts.iter().map(FileList::len).sum();
         let n = u32::try_from(total).expect("at most u32::MAX files to sort");
         // firsts[k]: the number, across all parts, of part k's first file.
-        let firsts: Vec<u32> = parts.iter().scan(0u32, |next, p| Some(std::mem::replace(next, *next + p.len() as u32))).collect();
+        let firsts: Vec<u32> = parts
+            .iter()
+            .scan(0u32, |next, p| {
+                Some(std::mem::replace(next, *next + p.len() as u32))
+            })
+            .collect();
         let mut order: Vec<u32> = (0..n).collect();
         {
             let path = |f: u32| {
@@ -170,7 +180,10 @@ impl FileList {
     /// # Panics
     /// If `i >= len()`.
     pub fn get(&self, i: usize) -> FileRef<'_> {
-        FileRef { rel_path: self.path(i), size_bytes: self.sizes[i] }
+        FileRef {
+            rel_path: self.path(i),
+            size_bytes: self.sizes[i],
+        }
     }
 
     /// Every file, in order.
@@ -246,7 +259,11 @@ impl FileList {
 /// most `max` paths.
 fn ends_of(names: &[u8], max: usize) -> Vec<u64> {
     let mut ends = Vec::with_capacity(max.min(names.len()));
-    ends.extend(memchr::memchr_iter(0, names).take(max).map(|at| at as u64 + 1));
+    ends.extend(
+        memchr::memchr_iter(0, names)
+            .take(max)
+            .map(|at| at as u64 + 1),
+    );
     ends
 }
 
@@ -261,7 +278,11 @@ impl fmt::Debug for FileList {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const SHOWN: usize = 8;
         let mut list = f.debug_list();
-        list.entries(self.iter().take(SHOWN).map(|file| (file.rel_path, file.size_bytes)));
+        list.entries(
+            self.iter()
+                .take(SHOWN)
+                .map(|file| (file.rel_path, file.size_bytes)),
+        );
         if self.len() > SHOWN {
             list.entry(&format_args!("... {} files in all", self.len()));
         }
@@ -282,12 +303,21 @@ mod tests {
         assert_eq!(list.len(), 3);
         assert_eq!(list.path(1), Path::new("a/y"));
         assert_eq!(list.c_path(2).to_bytes(), b"z");
-        assert_eq!(list.get(0), FileRef { rel_path: Path::new("b/x"), size_bytes: 3 });
+        assert_eq!(
+            list.get(0),
+            FileRef {
+                rel_path: Path::new("b/x"),
+                size_bytes: 3
+            }
+        );
         let sorted = list.clone().sorted();
         let paths: Vec<&Path> = sorted.iter().map(|f| f.rel_path).collect();
         assert_eq!(paths, [Path::new("a/y"), Path::new("b/x"), Path::new("z")]);
         assert_eq!(sorted.sizes(), [0, 3, 7]);
-        assert_eq!(FileList::from_names(sorted.names().to_vec(), sorted.sizes().to_vec()), Ok(sorted));
+        assert_eq!(
+            FileList::from_names(sorted.names().to_vec(), sorted.sizes().to_vec()),
+            Ok(sorted)
+        );
     }
 
     #[test]
@@ -306,13 +336,30 @@ mod tests {
             part(&[("b/1", 3), ("a/z", 5), ("c", 6)]),
         ];
         let union = FileList::sorted_union(parts);
-        let all: Vec<(&[u8], u64)> = union.paths_bytes().zip(union.sizes().iter().copied()).collect();
+        let all: Vec<(&[u8], u64)> = union
+            .paths_bytes()
+            .zip(union.sizes().iter().copied())
+            .collect();
         // Byte order: '.' (0x2e) sorts before '/' (0x2f).
-        let want: [(&[u8], u64); 7] = [(b"a", 1), (b"a.txt", 4), (b"a/z", 5), (b"b", 9), (b"b/1", 3), (b"b/2", 2), (b"c", 6)];
+        let want: [(&[u8], u64); 7] = [
+            (b"a", 1),
+            (b"a.txt", 4),
+            (b"a/z", 5),
+            (b"b", 9),
+            (b"b/1", 3),
+            (b"b/2", 2),
+            (b"c", 6),
+        ];
         assert_eq!(all, want);
-        assert_eq!(FileList::from_names(union.names().to_vec(), union.sizes().to_vec()), Ok(union));
+        assert_eq!(
+            FileList::from_names(union.names().to_vec(), union.sizes().to_vec()),
+            Ok(union)
+        );
         assert_eq!(FileList::sorted_union(Vec::new()), FileList::new());
-        assert_eq!(FileList::sorted_union(vec![FileList::new(), FileList::new()]), FileList::new());
+        assert_eq!(
+            FileList::sorted_union(vec![FileList::new(), FileList::new()]),
+            FileList::new()
+        );
     }
 
     #[test]
@@ -320,7 +367,10 @@ mod tests {
         assert!(FileList::from_names(b"a\0b\0".to_vec(), vec![1]).is_err());
         assert!(FileList::from_names(b"a\0b".to_vec(), vec![1, 2]).is_err());
         assert!(FileList::from_names(b"a\0".to_vec(), vec![1, 2]).is_err());
-        assert_eq!(FileList::from_names(Vec::new(), Vec::new()), Ok(FileList::new()));
+        assert_eq!(
+            FileList::from_names(Vec::new(), Vec::new()),
+            Ok(FileList::new())
+        );
     }
 
     #[test]

@@ -27,8 +27,11 @@ mod cache;
 mod file_list;
 mod walk;
 
+pub use cache::{
+    is_stale_tmp, ManifestCache, NotACacheFile, DEFAULT_RACY_WINDOW, DEFAULT_STAT_FILES_MAX,
+    TMP_STALE_AFTER,
+};
 pub use file_list::{FileList, FileRef};
-pub use cache::{is_stale_tmp, ManifestCache, NotACacheFile, DEFAULT_RACY_WINDOW, DEFAULT_STAT_FILES_MAX, TMP_STALE_AFTER};
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -137,7 +140,11 @@ impl ManifestOrigin {
     pub fn cache_file(&self) -> Option<&Path> {
         match self {
             ManifestOrigin::Cached { path, .. } => Some(path),
-            ManifestOrigin::Listed { path: Some(path), not_stored: None, .. } => Some(path),
+            ManifestOrigin::Listed {
+                path: Some(path),
+                not_stored: None,
+                ..
+            } => Some(path),
             ManifestOrigin::Listed { .. } => None,
         }
     }
@@ -275,7 +282,14 @@ impl Manifest {
             Err(err) => {
                 let why = format!("cannot resolve {}: {err}", root.display());
                 let manifest = Self::build(root, opts)?;
-                return Ok((manifest, ManifestOrigin::Listed { path: None, cache_miss: why.clone(), not_stored: Some(why) }));
+                return Ok((
+                    manifest,
+                    ManifestOrigin::Listed {
+                        path: None,
+                        cache_miss: why.clone(),
+                        not_stored: Some(why),
+                    },
+                ));
             }
         };
         let entry = cache.entry_path(&canonical);
@@ -283,13 +297,28 @@ impl Manifest {
             "asked to list again".to_owned()
         } else {
             match cache.lookup(&canonical, list_threads(opts.threads)) {
-                cache::Lookup::Hit { files, links, dirs_checked, files_checked } => match Self::from_sorted_files(root, files, opts.record_bytes) {
+                cache::Lookup::Hit {
+                    files,
+                    links,
+                    dirs_checked,
+                    files_checked,
+                } => match Self::from_sorted_files(root, files, opts.record_bytes) {
                     Ok(manifest) => {
                         // The listing said it once; say it at every start.
                         // (Sockets, FIFOs and devices are not kept in the
                         // cache: only the listing names those.)
-                        walk::warn_left_out(root, walk::links_not_followed(root, &links).into_iter().collect());
-                        return Ok((manifest, ManifestOrigin::Cached { path: entry, dirs_checked, files_checked }));
+                        walk::warn_left_out(
+                            root,
+                            walk::links_not_followed(root, &links).into_iter().collect(),
+                        );
+                        return Ok((
+                            manifest,
+                            ManifestOrigin::Cached {
+                                path: entry,
+                                dirs_checked,
+                                files_checked,
+                            },
+                        ));
                     }
                     // Sizes the checks could not see may be stale: a
                     // listing decides.
@@ -303,7 +332,13 @@ impl Manifest {
         // Check the files before storing them: a listing that is not a
         // manifest is not cached.
         let manifest = Self::from_sorted_files(root, listing.files, opts.record_bytes)?;
-        let not_stored = match cache.store(&canonical, listed_at, &listing.dirs, &listing.links, &manifest.files) {
+        let not_stored = match cache.store(
+            &canonical,
+            listed_at,
+            &listing.dirs,
+            &listing.links,
+            &manifest.files,
+        ) {
             Ok(None) => None,
             Ok(Some(why)) => Some(why),
             Err(err) => {
@@ -319,10 +354,20 @@ impl Manifest {
         if not_stored.is_some() {
             // An older entry must not outlive a listing that replaced it.
             if let Err(err) = cache.forget(&canonical) {
-                tracing::warn!("cannot remove the stale manifest cache {}: {err}; remove it by hand", entry.display());
+                tracing::warn!(
+                    "cannot remove the stale manifest cache {}: {err}; remove it by hand",
+                    entry.display()
+                );
             }
         }
-        Ok((manifest, ManifestOrigin::Listed { path: Some(entry), cache_miss, not_stored }))
+        Ok((
+            manifest,
+            ManifestOrigin::Listed {
+                path: Some(entry),
+                cache_miss,
+                not_stored,
+            },
+        ))
     }
 
     /// The walk, its files in manifest order.
@@ -369,7 +414,8 @@ impl Manifest {
         match record_bytes {
             None => {
                 manifest.len = manifest.files.len() as u64;
-                manifest.max_sample_bytes = manifest.files.sizes().iter().copied().max().unwrap_or(0);
+                manifest.max_sample_bytes =
+                    manifest.files.sizes().iter().copied().max().unwrap_or(0);
             }
             Some(record_bytes) => {
                 manifest.first_record = manifest.record_starts(record_bytes)?;
@@ -481,7 +527,10 @@ impl Manifest {
     pub fn digest(&self) -> u64 {
         let names = digest_bytes(0x6d61_6e69_6665_7374, self.files.names());
         let sizes = digest_words(names, self.files.sizes().iter().copied());
-        digest_words(sizes, [self.files.len() as u64, self.record_bytes.unwrap_or(0)])
+        digest_words(
+            sizes,
+            [self.files.len() as u64, self.record_bytes.unwrap_or(0)],
+        )
     }
 
     /// Sum of every file's size.
@@ -558,7 +607,12 @@ fn check_root(root: &Path) -> Result<(), ManifestError> {
 /// different datasets apart by accident, not against an adversary.
 pub fn digest_words(seed: u64, words: impl IntoIterator<Item = u64>) -> u64 {
     use crate::sampler::mix64;
-    let mut lanes = [seed, seed ^ 0x9E37_79B9_7F4A_7C15, seed ^ 0x3C6E_F372_FE94_F82A, seed ^ 0xDAA6_6D2C_7DDF_743F];
+    let mut lanes = [
+        seed,
+        seed ^ 0x9E37_79B9_7F4A_7C15,
+        seed ^ 0x3C6E_F372_FE94_F82A,
+        seed ^ 0xDAA6_6D2C_7DDF_743F,
+    ];
     let mut count = 0u64;
     for w in words {
         let lane = &mut lanes[(count % 4) as usize];
@@ -576,7 +630,10 @@ pub fn digest_bytes(seed: u64, bytes: &[u8]) -> u64 {
     let mut last = [0u8; 8];
     last[..tail.len()].copy_from_slice(tail);
     let words = chunks.map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
-    digest_words(seed ^ bytes.len() as u64, words.chain(std::iter::once(u64::from_le_bytes(last))))
+    digest_words(
+        seed ^ bytes.len() as u64,
+        words.chain(std::iter::once(u64::from_le_bytes(last))),
+    )
 }
 
 #[cfg(test)]
@@ -599,7 +656,12 @@ mod tests {
             elsewhere.push(format!("f{i:03}").as_bytes(), size);
         }
         // Another machine's copy, under another root: the same digest.
-        assert_eq!(Manifest::from_sorted_files(Path::new("/mnt/copy"), elsewhere, Some(4)).unwrap().digest(), base);
+        assert_eq!(
+            Manifest::from_sorted_files(Path::new("/mnt/copy"), elsewhere, Some(4))
+                .unwrap()
+                .digest(),
+            base
+        );
         // A size, a file, or the record size changed: another digest.
         assert_ne!(manifest(&[8, 0, 12, 8], Some(4)).unwrap().digest(), base);
         assert_ne!(manifest(&[8, 0, 12, 4, 0], Some(4)).unwrap().digest(), base);
@@ -608,7 +670,12 @@ mod tests {
         for (i, size) in [8, 0, 12, 4].into_iter().enumerate() {
             renamed.push(format!("g{i:03}").as_bytes(), size);
         }
-        assert_ne!(Manifest::from_sorted_files(Path::new("/data"), renamed, Some(4)).unwrap().digest(), base);
+        assert_ne!(
+            Manifest::from_sorted_files(Path::new("/data"), renamed, Some(4))
+                .unwrap()
+                .digest(),
+            base
+        );
         // Paths that only move bytes between names still differ.
         assert_ne!(digest_bytes(1, b"ab\0c\0"), digest_bytes(1, b"a\0bc\0"));
     }

@@ -52,7 +52,10 @@ enum Job {
     /// Read a directory (relative to the root).
     Dir(PathBuf),
     /// Stat these files and links (true: a link) of a directory.
-    Stat { rel_dir: Arc<Path>, names: Vec<(OsString, bool)> },
+    Stat {
+        rel_dir: Arc<Path>,
+        names: Vec<(OsString, bool)>,
+    },
 }
 
 /// What every listing thread shares.
@@ -170,8 +173,16 @@ fn warn_skipped(walk: &Walk<'_>, links: &[LinkStamp]) {
     let mut what: Vec<String> = links_not_followed(walk.root, links).into_iter().collect();
     let special = walk.skipped_special.load(Ordering::Relaxed);
     if special > 0 {
-        let first = walk.first_special.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
-        what.push(format!("{special} socket(s), FIFO(s) or device(s) (one: {})", first.display()));
+        let first = walk
+            .first_special
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default();
+        what.push(format!(
+            "{special} socket(s), FIFO(s) or device(s) (one: {})",
+            first.display()
+        ));
     }
     warn_left_out(walk.root, what);
 }
@@ -181,7 +192,11 @@ fn warn_skipped(walk: &Walk<'_>, links: &[LinkStamp]) {
 pub(super) fn links_not_followed(root: &Path, links: &[LinkStamp]) -> Option<String> {
     let not_files: Vec<&LinkStamp> = links.iter().filter(|l| l.file_size.is_none()).collect();
     let first = not_files.iter().map(|l| &l.rel_path).min()?;
-    Some(format!("{} link(s) to a directory or other non-file, not followed (first: {})", not_files.len(), root.join(first).display()))
+    Some(format!(
+        "{} link(s) to a directory or other non-file, not followed (first: {})",
+        not_files.len(),
+        root.join(first).display()
+    ))
 }
 
 /// The warning for what a manifest of `root` leaves out, `what` in words;
@@ -243,7 +258,11 @@ fn report_progress(
 impl Walk<'_> {
     /// One listing thread: take directories until none is left anywhere.
     fn run_thread(&self, local: &Worker<Job>) -> Listing {
-        let mut found = Listing { files: FileList::new(), dirs: Vec::new(), links: Vec::new() };
+        let mut found = Listing {
+            files: FileList::new(),
+            dirs: Vec::new(),
+            links: Vec::new(),
+        };
         let mut idle_rounds = 0u32;
         while !self.stop.load(Ordering::Relaxed) {
             let Some(job) = self.find_job(local) else {
@@ -292,7 +311,12 @@ impl Walk<'_> {
     /// Lists one directory: subdirectories and chunks of names to stat
     /// become jobs (the last chunk is stat'ed here); the directory's own
     /// stamp goes to `found`.
-    fn list_dir(&self, local: &Worker<Job>, rel_dir: PathBuf, found: &mut Listing) -> Result<(), ManifestError> {
+    fn list_dir(
+        &self,
+        local: &Worker<Job>,
+        rel_dir: PathBuf,
+        found: &mut Listing,
+    ) -> Result<(), ManifestError> {
         let abs_dir = self.root.join(&rel_dir);
         let read_dir_error = |source| ManifestError::ReadDir {
             path: abs_dir.clone(),
@@ -303,7 +327,8 @@ impl Walk<'_> {
         // is found stale later. The root may be a link; the others are not
         // followed (the parent saw a directory; one replaced by a link since
         // is ELOOP here). Read through a descriptor, as the cache's check does.
-        let meta = super::cache::dir_metadata(&abs_dir, rel_dir.as_os_str().is_empty()).map_err(read_dir_error)?;
+        let meta = super::cache::dir_metadata(&abs_dir, rel_dir.as_os_str().is_empty())
+            .map_err(read_dir_error)?;
         found.dirs.push(DirStamp::of(rel_dir.clone(), &meta));
         let rel_dir: Arc<Path> = Arc::from(rel_dir);
         let mut names = Vec::new();
@@ -311,7 +336,12 @@ impl Walk<'_> {
             let entry = entry.map_err(read_dir_error)?;
             // `file_type` does not follow links (and needs no stat where the
             // filesystem reports types in the directory, as most do).
-            let file_type = entry.file_type().map_err(|source| ManifestError::Metadata { path: entry.path(), source })?;
+            let file_type = entry
+                .file_type()
+                .map_err(|source| ManifestError::Metadata {
+                    path: entry.path(),
+                    source,
+                })?;
             if file_type.is_dir() {
                 self.pending_jobs.fetch_add(1, Ordering::Relaxed);
                 local.push(Job::Dir(rel_dir.join(entry.file_name())));
@@ -322,7 +352,10 @@ impl Walk<'_> {
                     if local.len() < self.stat_backlog_max {
                         // SYNC POINT: counted before pushed, as a directory is.
                         self.pending_jobs.fetch_add(1, Ordering::Relaxed);
-                        local.push(Job::Stat { rel_dir: Arc::clone(&rel_dir), names: chunk });
+                        local.push(Job::Stat {
+                            rel_dir: Arc::clone(&rel_dir),
+                            names: chunk,
+                        });
                     } else {
                         // The others do not keep up (stats are slower than
                         // reading names): stat here rather than hold every
@@ -336,7 +369,8 @@ impl Walk<'_> {
             } else {
                 tracing::debug!(path = %entry.path().display(), "skipping a socket, FIFO or device");
                 if self.skipped_special.fetch_add(1, Ordering::Relaxed) == 0 {
-                    *self.first_special.lock().unwrap_or_else(|p| p.into_inner()) = Some(entry.path());
+                    *self.first_special.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(entry.path());
                 }
             }
         }
@@ -345,16 +379,27 @@ impl Walk<'_> {
 
     /// Stats the files and links `names` of `rel_dir` into `found`: a file
     /// with its size; a link followed once, to learn whether it names a file.
-    fn stat_names(&self, rel_dir: &Path, names: Vec<(OsString, bool)>, found: &mut Listing) -> Result<(), ManifestError> {
+    fn stat_names(
+        &self,
+        rel_dir: &Path,
+        names: Vec<(OsString, bool)>,
+        found: &mut Listing,
+    ) -> Result<(), ManifestError> {
         let abs_dir = self.root.join(rel_dir);
         let mut files = 0u64;
         for (name, is_link) in names {
             let path = abs_dir.join(&name);
-            let metadata_error = |source| ManifestError::Metadata { path: path.clone(), source };
+            let metadata_error = |source| ManifestError::Metadata {
+                path: path.clone(),
+                source,
+            };
             let size_bytes = if is_link {
                 let target = fs::metadata(&path).map_err(metadata_error)?;
                 let file_size = target.is_file().then_some(target.len());
-                found.links.push(LinkStamp { rel_path: rel_dir.join(&name), file_size });
+                found.links.push(LinkStamp {
+                    rel_path: rel_dir.join(&name),
+                    file_size,
+                });
                 let Some(size) = file_size else {
                     tracing::debug!(path = %path.display(), "skipping a link that is not to a regular file");
                     continue;
@@ -364,7 +409,9 @@ impl Walk<'_> {
                 fs::symlink_metadata(&path).map_err(metadata_error)?.len()
             };
             // Joined in place: no path is allocated per file.
-            found.files.push_joined(rel_dir.as_os_str().as_bytes(), name.as_bytes(), size_bytes);
+            found
+                .files
+                .push_joined(rel_dir.as_os_str().as_bytes(), name.as_bytes(), size_bytes);
             files += 1;
         }
         self.count_found(files)

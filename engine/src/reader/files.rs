@@ -14,12 +14,21 @@ use crate::manifest::FileList;
 
 /// Opens `root` as a directory for `openat`, kept for the table's life.
 fn open_dir(root: &Path) -> Result<OwnedFd, ReadError> {
-    let c_root = CString::new(root.as_os_str().as_bytes())
-        .map_err(|_| ReadError::InvalidFileTable { reason: format!("{}: path holds a NUL byte", root.display()) })?;
+    let c_root =
+        CString::new(root.as_os_str().as_bytes()).map_err(|_| ReadError::InvalidFileTable {
+            reason: format!("{}: path holds a NUL byte", root.display()),
+        })?;
     // SAFETY: `c_root` is NUL-terminated; the result is checked.
-    let fd = unsafe { libc::open(c_root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    let fd = unsafe {
+        libc::open(
+            c_root.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
     if fd < 0 {
-        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        let errno = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
         return Err(ReadError::from_errno(root.to_path_buf(), "open", errno));
     }
     // SAFETY: open just returned this descriptor and nobody else owns it.
@@ -65,12 +74,20 @@ impl FileTable {
     ///
     /// Refused: lengths that differ, more than `u32::MAX` files, a path that
     /// is not absolute or holds a NUL byte.
-    pub fn new(paths: Vec<PathBuf>, sizes: Vec<u64>, keep_open: bool) -> Result<FileTable, ReadError> {
+    pub fn new(
+        paths: Vec<PathBuf>,
+        sizes: Vec<u64>,
+        keep_open: bool,
+    ) -> Result<FileTable, ReadError> {
         let invalid = |reason: String| ReadError::InvalidFileTable { reason };
         if let Some(p) = paths.iter().find(|p| !p.is_absolute()) {
             return Err(invalid(format!("{}: path is not absolute", p.display())));
         }
-        let files = Self::list(Path::new(""), paths.iter().map(|p| p.as_os_str().as_bytes()), sizes)?;
+        let files = Self::list(
+            Path::new(""),
+            paths.iter().map(|p| p.as_os_str().as_bytes()),
+            sizes,
+        )?;
         Self::build(None, PathBuf::new(), Arc::new(files), keep_open)
     }
 
@@ -93,11 +110,22 @@ impl FileTable {
 
     /// Like [`FileTable::under_root`], over the list `files` itself (a
     /// manifest's): nothing is copied.
-    pub fn over(root: &Path, files: Arc<FileList>, keep_open: bool) -> Result<FileTable, ReadError> {
+    pub fn over(
+        root: &Path,
+        files: Arc<FileList>,
+        keep_open: bool,
+    ) -> Result<FileTable, ReadError> {
         let dir = open_dir(root)?;
-        if let Some(path) = files.paths_bytes().find(|p| matches!(p.first(), None | Some(b'/'))) {
+        if let Some(path) = files
+            .paths_bytes()
+            .find(|p| matches!(p.first(), None | Some(b'/')))
+        {
             return Err(ReadError::InvalidFileTable {
-                reason: format!("{:?}: not a path relative to {}", OsStr::from_bytes(path), root.display()),
+                reason: format!(
+                    "{:?}: not a path relative to {}",
+                    OsStr::from_bytes(path),
+                    root.display()
+                ),
             });
         }
         Self::build(Some(dir), root.to_path_buf(), files, keep_open)
@@ -112,7 +140,11 @@ impl FileTable {
     ) -> Result<FileList, ReadError> {
         let invalid = |reason: String| ReadError::InvalidFileTable { reason };
         if paths.len() != sizes.len() {
-            return Err(invalid(format!("{} paths but {} sizes", paths.len(), sizes.len())));
+            return Err(invalid(format!(
+                "{} paths but {} sizes",
+                paths.len(),
+                sizes.len()
+            )));
         }
         let mut files = FileList::with_capacity(sizes.len(), 0);
         for (path, size) in paths.zip(sizes) {
@@ -125,13 +157,23 @@ impl FileTable {
         Ok(files)
     }
 
-    fn build(dir: Option<OwnedFd>, root: PathBuf, files: Arc<FileList>, keep_open: bool) -> Result<FileTable, ReadError> {
+    fn build(
+        dir: Option<OwnedFd>,
+        root: PathBuf,
+        files: Arc<FileList>,
+        keep_open: bool,
+    ) -> Result<FileTable, ReadError> {
         if u32::try_from(files.len()).is_err() {
             return Err(ReadError::InvalidFileTable {
                 reason: format!("{} files, more than the limit of {}", files.len(), u32::MAX),
             });
         }
-        Ok(FileTable { dir, root, files, keep_open })
+        Ok(FileTable {
+            dir,
+            root,
+            files,
+            keep_open,
+        })
     }
 
     /// Number of files.
@@ -178,7 +220,8 @@ impl FileTable {
 
     /// Owned full path for an error message. `file` must have passed `check_op`.
     pub(crate) fn path_buf(&self, file: u32) -> PathBuf {
-        self.root.join(OsStr::from_bytes(self.c_path(file).to_bytes()))
+        self.root
+            .join(OsStr::from_bytes(self.c_path(file).to_bytes()))
     }
 
     /// Whether `op`'s range ends at the recorded end of its file, so that
@@ -260,10 +303,24 @@ impl FileTable {
                 // of waiting for the lease to be given up. A FIFO never
                 // fails this way, so wait like any open.
                 Some(libc::EAGAIN) if flags & libc::O_NONBLOCK != 0 => flags &= !libc::O_NONBLOCK,
-                errno => return Err(ReadError::from_errno(self.path_buf(file), "open", errno.unwrap_or(libc::EIO))),
+                errno => {
+                    return Err(ReadError::from_errno(
+                        self.path_buf(file),
+                        "open",
+                        errno.unwrap_or(libc::EIO),
+                    ))
+                }
             }
         };
-        let errno = |what| ReadError::from_errno(self.path_buf(file), what, io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
+        let errno = |what| {
+            ReadError::from_errno(
+                self.path_buf(file),
+                what,
+                io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO),
+            )
+        };
         // SAFETY: stat is plain old data; fstat fills it.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `fd` is open and `st` a valid out-pointer.
@@ -271,13 +328,18 @@ impl FileTable {
             return Err(errno("stat"));
         }
         if let Some(kind) = not_regular(st.st_mode) {
-            return Err(ReadError::NotRegular { path: self.path_buf(file), kind });
+            return Err(ReadError::NotRegular {
+                path: self.path_buf(file),
+                kind,
+            });
         }
         // Reads through io_uring honour O_NONBLOCK on a regular file too
         // (EAGAIN for bytes not in the page cache): clear it. O_NONBLOCK is
         // the only status flag the open set, so no F_GETFL is needed.
         // SAFETY: F_SETFL on an open descriptor.
-        if flags & libc::O_NONBLOCK != 0 && unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, 0) } < 0 {
+        if flags & libc::O_NONBLOCK != 0
+            && unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, 0) } < 0
+        {
             return Err(errno("fcntl"));
         }
         Ok((fd, st))
@@ -297,7 +359,10 @@ impl FileTable {
             return Ok(());
         }
         match not_regular(st.st_mode) {
-            Some(kind) => Err(ReadError::NotRegular { path: self.path_buf(file), kind }),
+            Some(kind) => Err(ReadError::NotRegular {
+                path: self.path_buf(file),
+                kind,
+            }),
             None => Ok(()),
         }
     }
@@ -312,7 +377,11 @@ impl FileTable {
         let expected_bytes = self.size_bytes(file).unwrap_or(0);
         let actual_bytes = st.st_size as u64;
         if actual_bytes != expected_bytes {
-            return Err(ReadError::SizeAtOpen { path: self.path_buf(file), expected_bytes, actual_bytes });
+            return Err(ReadError::SizeAtOpen {
+                path: self.path_buf(file),
+                expected_bytes,
+                actual_bytes,
+            });
         }
         Ok(fd)
     }
@@ -375,7 +444,11 @@ impl KeptFiles {
     /// The kept descriptor of file `file`, opening (checked against the
     /// recorded size) and keeping it now if it is not yet; None when the
     /// limit is reached and the file is not kept: open it for this read.
-    pub(crate) fn kept<'a>(&'a self, files: &FileTable, file: u32) -> Result<Option<BorrowedFd<'a>>, ReadError> {
+    pub(crate) fn kept<'a>(
+        &'a self,
+        files: &FileTable,
+        file: u32,
+    ) -> Result<Option<BorrowedFd<'a>>, ReadError> {
         let Some(cell) = self.fds.get(file as usize) else {
             return Ok(None);
         };
@@ -393,7 +466,10 @@ impl KeptFiles {
             Err(ReadError::Io { source, .. }) if source.raw_os_error() == Some(libc::EMFILE) => {
                 // The descriptor table is full: keep no more files, and let
                 // this read open its own (which says so if it fails too).
-                self.max.store(self.count.fetch_sub(1, Ordering::Relaxed) - 1, Ordering::Relaxed);
+                self.max.store(
+                    self.count.fetch_sub(1, Ordering::Relaxed) - 1,
+                    Ordering::Relaxed,
+                );
                 return Ok(None);
             }
             Err(e) => {

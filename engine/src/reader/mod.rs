@@ -274,9 +274,18 @@ pub trait ReadEngine: Send {
 
 /// The all-or-none admission check both backends run at the top of
 /// `submit`: room for every read, and every read valid for the file table.
-pub(crate) fn admit(in_flight: usize, max_in_flight: usize, ops: &[ReadOp], files: &FileTable) -> Result<(), ReadError> {
+pub(crate) fn admit(
+    in_flight: usize,
+    max_in_flight: usize,
+    ops: &[ReadOp],
+    files: &FileTable,
+) -> Result<(), ReadError> {
     if in_flight + ops.len() > max_in_flight {
-        return Err(ReadError::Busy { in_flight, requested: ops.len(), max_in_flight });
+        return Err(ReadError::Busy {
+            in_flight,
+            requested: ops.len(),
+            max_in_flight,
+        });
     }
     ops.iter().try_for_each(|op| files.check_op(op))
 }

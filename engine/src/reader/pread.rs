@@ -18,8 +18,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::files::{KeptFiles, ReadFd};
 use super::{
-    Completion, FileTable, ReadEngine, ReadError, ReadOp, ReaderConfig,
-    READ_CHUNK_BYTES_MAX, SHORT_READS_MAX,
+    Completion, FileTable, ReadEngine, ReadError, ReadOp, ReaderConfig, READ_CHUNK_BYTES_MAX,
+    SHORT_READS_MAX,
 };
 
 const BACKEND: &str = "pread";
@@ -268,7 +268,9 @@ fn read_op(pool: &Pool, op: &ReadOp) -> Result<(), ReadError> {
         // whole call.
         let n = unsafe {
             match (wants_probe, op.spare_byte) {
-                (true, true) => libc::pread(fd.raw(), iov[0].iov_base, chunk_bytes as usize + 1, offset),
+                (true, true) => {
+                    libc::pread(fd.raw(), iov[0].iov_base, chunk_bytes as usize + 1, offset)
+                }
                 (true, false) => libc::preadv(fd.raw(), iov.as_ptr(), 2, offset),
                 (false, _) => libc::pread(fd.raw(), iov[0].iov_base, chunk_bytes as usize, offset),
             }
@@ -334,7 +336,9 @@ fn file_fd(pool: &Pool, file: u32) -> Result<ReadFd<'_>, ReadError> {
             pool.files.open(file).map(ReadFd::Owned)
         };
         match fd {
-            Err(ReadError::Io { ref source, .. }) if source.raw_os_error() == Some(libc::EMFILE) => {
+            Err(ReadError::Io { ref source, .. })
+                if source.raw_os_error() == Some(libc::EMFILE) =>
+            {
                 let since = *full_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= DESCRIPTOR_PATIENCE || pool.shutdown.load(Ordering::Relaxed) {
                     return fd;

@@ -14,7 +14,9 @@ use std::sync::atomic::AtomicI32;
 use std::time::{Duration, Instant};
 
 use crate::ring::futex;
-use crate::ring::layout::{state, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
+use crate::ring::layout::{
+    state, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES,
+};
 use crate::ring::protocol::{self, ReleaseRefusal};
 use crate::ring::segment::{self, NameError, LOADER_LOCK_BYTE};
 use crate::ring::view::View;
@@ -70,7 +72,9 @@ extern "C" fn in_forked_child() {
 /// then keeps its copy until it exits, as before the table existed).
 fn register_lock_fd(fd: i32) -> Option<usize> {
     use std::sync::atomic::Ordering::Relaxed;
-    LOCK_FDS.iter().position(|entry| entry.compare_exchange(-1, fd, Relaxed, Relaxed).is_ok())
+    LOCK_FDS
+        .iter()
+        .position(|entry| entry.compare_exchange(-1, fd, Relaxed, Relaxed).is_ok())
 }
 
 /// The number of forks so far, registering the counter on first use.
@@ -381,7 +385,10 @@ pub struct Consumer {
 unsafe impl Send for Consumer {}
 
 fn corrupt(path: &str, what: impl Into<String>) -> AttachError {
-    AttachError::Corrupt { path: path.to_string(), what: what.into() }
+    AttachError::Corrupt {
+        path: path.to_string(),
+        what: what.into(),
+    }
 }
 
 /// Validates a mapped header against the mapping's real size and returns the
@@ -389,19 +396,33 @@ fn corrupt(path: &str, what: impl Into<String>) -> AttachError {
 /// Exposed for the fuzz target.
 pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), AttachError> {
     if (bytes.len() as u64) < HEADER_BYTES {
-        return Err(corrupt(path, format!("it is {} bytes, smaller than a ring header ({HEADER_BYTES})", bytes.len())));
+        return Err(corrupt(
+            path,
+            format!(
+                "it is {} bytes, smaller than a ring header ({HEADER_BYTES})",
+                bytes.len()
+            ),
+        ));
     }
-    let u32_at = |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+    let u32_at =
+        |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
     let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
     if u64_at(0) != MAGIC {
         return Err(corrupt(path, "bad magic (not made by ringfeed)"));
     }
     let abi = u32_at(8);
     if abi != ABI_VERSION {
-        return Err(AttachError::AbiMismatch { path: path.to_string(), found: abi, expected: ABI_VERSION });
+        return Err(AttachError::AbiMismatch {
+            path: path.to_string(),
+            found: abi,
+            expected: ABI_VERSION,
+        });
     }
     if u64::from(u32_at(12)) != HEADER_BYTES || u64::from(u32_at(28)) != PAGE_BYTES {
-        return Err(corrupt(path, "header or page size differs from this version's"));
+        return Err(corrupt(
+            path,
+            "header or page size differs from this version's",
+        ));
     }
     let geometry = RingGeometry {
         world_size: u32_at(16),
@@ -414,18 +435,52 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
         return Err(corrupt(path, "slot payload size is not page-aligned"));
     }
     let stored = [u64_at(40), u64_at(48), u64_at(56), u64_at(64), u64_at(72)];
-    let computed = [layout.segment_bytes, layout.rank_table_offset, layout.slot_table_offset, layout.payload_offset, layout.slot_meta_bytes];
+    let computed = [
+        layout.segment_bytes,
+        layout.rank_table_offset,
+        layout.slot_table_offset,
+        layout.payload_offset,
+        layout.slot_meta_bytes,
+    ];
     if stored != computed {
-        return Err(corrupt(path, format!("stored offsets {stored:?} differ from those computed from its counts {computed:?}")));
+        return Err(corrupt(
+            path,
+            format!(
+                "stored offsets {stored:?} differ from those computed from its counts {computed:?}"
+            ),
+        ));
     }
     if layout.segment_bytes != bytes.len() as u64 {
-        return Err(corrupt(path, format!("header says {} bytes but the segment is {} bytes (truncated?)", layout.segment_bytes, bytes.len())));
+        return Err(corrupt(
+            path,
+            format!(
+                "header says {} bytes but the segment is {} bytes (truncated?)",
+                layout.segment_bytes,
+                bytes.len()
+            ),
+        ));
     }
-    let start = (u32_at(84) & crate::ring::layout::flags::START_KNOWN != 0)
-        .then(|| crate::ring::layout::RunStart { epoch: u64_at(112), samples_consumed: u64_at(120), dataset_samples: u64_at(176) });
-    let order = (u32_at(84) & crate::ring::layout::flags::ORDER_KNOWN != 0)
-        .then(|| crate::ring::layout::RunOrder { seed: u64_at(184), shuffled: u64_at(192) != 0 });
-    let job = Job::from_header(u32_at(100), u32_at(96), geometry.world_size, u64_at(104), start).map_err(|e| corrupt(path, e))?;
+    let start = (u32_at(84) & crate::ring::layout::flags::START_KNOWN != 0).then(|| {
+        crate::ring::layout::RunStart {
+            epoch: u64_at(112),
+            samples_consumed: u64_at(120),
+            dataset_samples: u64_at(176),
+        }
+    });
+    let order = (u32_at(84) & crate::ring::layout::flags::ORDER_KNOWN != 0).then(|| {
+        crate::ring::layout::RunOrder {
+            seed: u64_at(184),
+            shuffled: u64_at(192) != 0,
+        }
+    });
+    let job = Job::from_header(
+        u32_at(100),
+        u32_at(96),
+        geometry.world_size,
+        u64_at(104),
+        start,
+    )
+    .map_err(|e| corrupt(path, e))?;
     let job = Job { order, ..job };
     Ok((layout, job))
 }
@@ -438,8 +493,16 @@ impl Consumer {
         let path = segment::shm_path(name).display().to_string();
         let start = Instant::now();
         let expired = || opts.timeout.is_some_and(|t| start.elapsed() >= t);
-        let timeout_err = || AttachError::Timeout { name: name.to_string(), path: path.clone(), waited_ms: start.elapsed().as_millis() as u64 };
-        let remaining = || opts.timeout.map_or(ATTACH_POLL, |t| t.saturating_sub(start.elapsed()).min(ATTACH_POLL));
+        let timeout_err = || AttachError::Timeout {
+            name: name.to_string(),
+            path: path.clone(),
+            waited_ms: start.elapsed().as_millis() as u64,
+        };
+        let remaining = || {
+            opts.timeout.map_or(ATTACH_POLL, |t| {
+                t.saturating_sub(start.elapsed()).min(ATTACH_POLL)
+            })
+        };
         // Made on the first miss; None after that if inotify is unavailable.
         let mut watch: Option<Option<segment::ShmWatch>> = None;
         let mut retry_pause = ATTACH_RETRY_FIRST;
@@ -461,8 +524,16 @@ impl Consumer {
                     }
                     continue;
                 }
-                Err(_) if segment::is_a_directory(name) => return Err(corrupt(&path, "it is a directory")),
-                Err(e) => return Err(AttachError::Io { what: "cannot open", path, source: e }),
+                Err(_) if segment::is_a_directory(name) => {
+                    return Err(corrupt(&path, "it is a directory"))
+                }
+                Err(e) => {
+                    return Err(AttachError::Io {
+                        what: "cannot open",
+                        path,
+                        source: e,
+                    })
+                }
             };
             if let Some(kind) = segment::not_regular(&fd) {
                 // Not a file at all: no loader will ever make this one ready.
@@ -494,7 +565,13 @@ impl Consumer {
 
     fn attach_fd(fd: OwnedFd, name: &str, rank: u32) -> Result<Consumer, Retry> {
         let path = segment::shm_path(name).display().to_string();
-        let io_err = |what, source| Retry::Never(AttachError::Io { what, path: path.clone(), source });
+        let io_err = |what, source| {
+            Retry::Never(AttachError::Io {
+                what,
+                path: path.clone(),
+                source,
+            })
+        };
         let size = segment::file_size(&fd).map_err(|e| io_err("cannot stat", e))?;
         if size < HEADER_BYTES {
             // Either a loader between shm_open and fallocate, or garbage. An
@@ -503,8 +580,15 @@ impl Consumer {
             // in one step), so it is retried too; garbage still fails at
             // the timeout, with this message.
             let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
-            let e = corrupt(&path, format!("it is {size} bytes, smaller than a ring header ({HEADER_BYTES})"));
-            return Err(if alive || size == 0 { Retry::Later(Some(e)) } else { Retry::Never(e) });
+            let e = corrupt(
+                &path,
+                format!("it is {size} bytes, smaller than a ring header ({HEADER_BYTES})"),
+            );
+            return Err(if alive || size == 0 {
+                Retry::Later(Some(e))
+            } else {
+                Retry::Never(e)
+            });
         }
         // Not through `fd`: the rank lock taken on `fd` below must end when
         // the descriptor is closed, even in a forked child that keeps the
@@ -523,25 +607,44 @@ impl Consumer {
         // other magic is a foreign file, refused at once.
         let magic = header.magic.load(Ordering::Relaxed);
         if magic != 0 && magic != MAGIC {
-            return Err(Retry::Never(corrupt(&path, "bad magic (not made by ringfeed)")));
+            return Err(Retry::Never(corrupt(
+                &path,
+                "bad magic (not made by ringfeed)",
+            )));
         }
         if st == state::CREATING {
             let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
-            let e = corrupt(&path, "the loader died before it finished creating the segment");
-            return Err(if alive { Retry::Later(None) } else { Retry::Never(e) });
+            let e = corrupt(
+                &path,
+                "the loader died before it finished creating the segment",
+            );
+            return Err(if alive {
+                Retry::Later(None)
+            } else {
+                Retry::Never(e)
+            });
         }
         let (layout, job) = validate_header(bytes, &path).map_err(Retry::Never)?;
         let world_size = layout.geometry.world_size;
         if rank >= world_size {
-            return Err(Retry::Never(AttachError::RankOutOfRange { name: name.to_string(), rank, world_size }));
+            return Err(Retry::Never(AttachError::RankOutOfRange {
+                name: name.to_string(),
+                rank,
+                world_size,
+            }));
         }
         let view = View::new(map, layout);
         let loader_pid = view.header().loader_pid.load(Ordering::Relaxed);
-        if !segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|e| io_err("cannot check the loader lock of", e))? {
+        if !segment::byte_is_locked(&fd, LOADER_LOCK_BYTE)
+            .map_err(|e| io_err("cannot check the loader lock of", e))?
+        {
             // A dead loader's segment: a loader restarted under the same
             // name replaces it, so wait for that within the timeout, as for
             // a loader not started yet.
-            return Err(Retry::Later(Some(AttachError::LoaderGone { name: name.to_string(), pid: loader_pid })));
+            return Err(Retry::Later(Some(AttachError::LoaderGone {
+                name: name.to_string(),
+                pid: loader_pid,
+            })));
         }
         let block = view.rank(rank);
         match segment::try_lock_byte(&fd, segment::rank_lock_byte(rank)) {
@@ -553,9 +656,17 @@ impl Consumer {
                 // consumer whose pid we were given again while the loader
                 // reclaims its slots: only an attachment on record here is ours.
                 if pid == std::process::id() && held_here(&fd, rank) {
-                    return Err(Retry::Never(AttachError::RankHeldByThisProcess { name: name.to_string(), rank, pid }));
+                    return Err(Retry::Never(AttachError::RankHeldByThisProcess {
+                        name: name.to_string(),
+                        rank,
+                        pid,
+                    }));
                 }
-                return Err(Retry::Later(Some(AttachError::RankBusy { name: name.to_string(), rank, pid })));
+                return Err(Retry::Later(Some(AttachError::RankBusy {
+                    name: name.to_string(),
+                    rank,
+                    pid,
+                })));
             }
             Err(e) => return Err(io_err("cannot lock", e)),
         }
@@ -568,7 +679,9 @@ impl Consumer {
             futex::wake_all(&block.release_futex);
         }
         let consumed = block.consumed.load(Ordering::Relaxed);
-        block.consumer_pid.store(std::process::id(), Ordering::Relaxed);
+        block
+            .consumer_pid
+            .store(std::process::id(), Ordering::Relaxed);
         block.attach_count.fetch_add(1, Ordering::Relaxed);
         block.consumer_sleeping.store(0, Ordering::Relaxed);
         let k = layout.geometry.slots_per_rank as usize;
@@ -618,7 +731,8 @@ impl Consumer {
     /// `epoch` (see [`Job::resume_state_after`]): what `serve --resume`
     /// takes to go on with the next step.
     pub fn resume_state_after(&self, epoch: u64, step: u64) -> Option<(u64, u64)> {
-        self.job.resume_state_after(self.layout().geometry.max_samples_per_slot, epoch, step)
+        self.job
+            .resume_state_after(self.layout().geometry.max_samples_per_slot, epoch, step)
     }
 
     /// The ring's layout (world size, slot sizes).
@@ -637,7 +751,11 @@ impl Consumer {
 
     /// Batches this rank gets in the whole run, if the loader said.
     pub fn batches_expected(&self) -> Option<u64> {
-        let v = self.view.rank(self.rank).batches_expected.load(Ordering::Relaxed);
+        let v = self
+            .view
+            .rank(self.rank)
+            .batches_expected
+            .load(Ordering::Relaxed);
         (v != u64::MAX).then_some(v)
     }
 
@@ -661,19 +779,31 @@ impl Consumer {
         }
         let k = u64::from(self.view.layout().geometry.slots_per_rank);
         if published - self.consumed > k {
-            return Err(self.corrupt(format!("{published} batches published but only {} taken and {k} slots", self.consumed)));
+            return Err(self.corrupt(format!(
+                "{published} batches published but only {} taken and {k} slots",
+                self.consumed
+            )));
         }
         let batch = self.read_slot(self.consumed)?;
         self.consumed += 1;
         let block = self.view.rank(self.rank);
         // Only the rank's holder writes it; `stat` reads it.
-        block.bytes_consumed.store(block.bytes_consumed.load(Ordering::Relaxed).wrapping_add(batch.data_len), Ordering::Relaxed);
+        block.bytes_consumed.store(
+            block
+                .bytes_consumed
+                .load(Ordering::Relaxed)
+                .wrapping_add(batch.data_len),
+            Ordering::Relaxed,
+        );
         block.consumed.store(self.consumed, Ordering::Release);
         Ok(Some(batch))
     }
 
     fn corrupt(&self, what: String) -> NextError {
-        NextError::Corrupt { name: self.name.clone(), what }
+        NextError::Corrupt {
+            name: self.name.clone(),
+            what,
+        }
     }
 
     /// Copies and checks the sample table of batch `seq`.
@@ -684,13 +814,17 @@ impl Consumer {
         let meta = self.view.slot(slot);
         let found = meta.generation.load(Ordering::Relaxed);
         if found != generation {
-            return Err(self.corrupt(format!("slot {slot} holds generation {found}, expected {generation}")));
+            return Err(self.corrupt(format!(
+                "slot {slot} holds generation {found}, expected {generation}"
+            )));
         }
         let n = meta.n_samples.load(Ordering::Relaxed);
         let used = meta.payload_used_bytes.load(Ordering::Relaxed);
         let payload_bytes = l.geometry.slot_payload_bytes;
         if n > l.geometry.max_samples_per_slot || used > payload_bytes {
-            return Err(self.corrupt(format!("slot {slot} claims {n} samples and {used} bytes, beyond its capacity")));
+            return Err(self.corrupt(format!(
+                "slot {slot} claims {n} samples and {used} bytes, beyond its capacity"
+            )));
         }
         let local = (slot - self.rank * l.geometry.slots_per_rank) as usize;
         let mut table = std::mem::take(&mut self.tables[local]);
@@ -705,7 +839,10 @@ impl Consumer {
             };
             if s.offset.checked_add(s.len).is_none_or(|end| end > used) {
                 self.tables[local] = table;
-                return Err(self.corrupt(format!("slot {slot} sample {i} (offset {}, {} bytes) lies outside its {used} bytes", s.offset, s.len)));
+                return Err(self.corrupt(format!(
+                    "slot {slot} sample {i} (offset {}, {} bytes) lies outside its {used} bytes",
+                    s.offset, s.len
+                )));
             }
             table.push(s);
         }
@@ -737,13 +874,18 @@ impl Consumer {
         }
         // SYNC POINT: Acquire pairs with the Release of ABORTED in `abort`.
         let header = self.view.header();
-        if header.state.load(Ordering::Acquire) == state::ABORTED && protocol::published_for(block) <= self.consumed {
+        if header.state.load(Ordering::Acquire) == state::ABORTED
+            && protocol::published_for(block) <= self.consumed
+        {
             let code = header.abort_code.load(Ordering::Relaxed);
             let reason = match code {
                 0 => "it stopped on an error; see its log".to_string(),
                 c => format!("it received signal {c}"),
             };
-            return Some(Err(NextError::Aborted { name: self.name.clone(), reason }));
+            return Some(Err(NextError::Aborted {
+                name: self.name.clone(),
+                reason,
+            }));
         }
         None
     }
@@ -770,11 +912,19 @@ impl Consumer {
     fn count_wait(&self, counted: &mut Instant) {
         let now = Instant::now();
         let waited = now.duration_since(*counted).as_nanos() as u64;
-        self.view.rank(self.rank).wait_ns_total.fetch_add(waited, Ordering::Relaxed);
+        self.view
+            .rank(self.rank)
+            .wait_ns_total
+            .fetch_add(waited, Ordering::Relaxed);
         *counted = now;
     }
 
-    fn wait_next(&mut self, start: Instant, timeout: Option<Duration>, counted: &mut Instant) -> Result<Next, NextError> {
+    fn wait_next(
+        &mut self,
+        start: Instant,
+        timeout: Option<Duration>,
+        counted: &mut Instant,
+    ) -> Result<Next, NextError> {
         let deadline = timeout.map(|t| start + t);
         let spin_until = start + SPIN_BEFORE_SLEEP;
         if let Some(r) = self.end_or_abort() {
@@ -785,7 +935,10 @@ impl Consumer {
         if let Some(e) = self.next_slot_held() {
             // A dead loader is the bigger news, and ends the run anyway.
             if !self.loader_alive() {
-                return Err(NextError::LoaderGone { name: self.name.clone(), pid: self.loader_pid });
+                return Err(NextError::LoaderGone {
+                    name: self.name.clone(),
+                    pid: self.loader_pid,
+                });
             }
             return Err(e);
         }
@@ -808,7 +961,11 @@ impl Consumer {
             // once, and at least once a wait slice across calls, so one that
             // polls with no timeout (and never sleeps) learns it too.
             let first_sleep = !checked_this_call && !out_of_time;
-            if first_sleep || self.last_liveness.is_none_or(|t| now.duration_since(t) >= WAIT_SLICE) {
+            if first_sleep
+                || self
+                    .last_liveness
+                    .is_none_or(|t| now.duration_since(t) >= WAIT_SLICE)
+            {
                 checked_this_call = true;
                 if !self.loader_alive() {
                     // One more look: a loader that published its last batch and
@@ -819,14 +976,19 @@ impl Consumer {
                     if let Some(r) = self.end_or_abort() {
                         return r;
                     }
-                    return Err(NextError::LoaderGone { name: self.name.clone(), pid: self.loader_pid });
+                    return Err(NextError::LoaderGone {
+                        name: self.name.clone(),
+                        pid: self.loader_pid,
+                    });
                 }
                 self.last_liveness = Some(now);
             }
             if out_of_time {
                 return Ok(Next::Timeout);
             }
-            let slice = deadline.map_or(WAIT_SLICE, |d| d.saturating_duration_since(now).min(WAIT_SLICE));
+            let slice = deadline.map_or(WAIT_SLICE, |d| {
+                d.saturating_duration_since(now).min(WAIT_SLICE)
+            });
             self.sleep(slice);
             self.count_wait(counted);
         }
@@ -891,17 +1053,30 @@ impl Consumer {
     /// pointer (the C API's `rf_batch`): a handle of another feed, whose slot
     /// and generation may well name a batch this feed holds, is refused
     /// (`OtherFeed`) instead of giving that batch back.
-    pub fn release_handle(&mut self, slot: u32, generation: u64, data: *const u8) -> Result<(), ReleaseError> {
+    pub fn release_handle(
+        &mut self,
+        slot: u32,
+        generation: u64,
+        data: *const u8,
+    ) -> Result<(), ReleaseError> {
         self.release_checked(slot, generation, Some(data))
     }
 
-    fn release_checked(&mut self, slot: u32, generation: u64, data: Option<*const u8>) -> Result<(), ReleaseError> {
+    fn release_checked(
+        &mut self,
+        slot: u32,
+        generation: u64,
+        data: Option<*const u8>,
+    ) -> Result<(), ReleaseError> {
         if let Some(f) = self.forked() {
             return Err(f.into());
         }
         let k = self.view.layout().geometry.slots_per_rank;
         if slot / k != self.rank || slot >= self.view.layout().slot_count() {
-            return Err(ReleaseError::NotOurs { slot, rank: self.rank });
+            return Err(ReleaseError::NotOurs {
+                slot,
+                rank: self.rank,
+            });
         }
         if data.is_some_and(|d| d != self.view.payload(slot)) {
             return Err(ReleaseError::OtherFeed { slot });
@@ -909,13 +1084,21 @@ impl Consumer {
         // Releasing a published batch that `next` has not handed out would let
         // the loader overwrite it unseen: the batch would be lost.
         let local = u64::from(slot % k);
-        let taken = generation.checked_sub(1).and_then(|g| g.checked_mul(u64::from(k))).and_then(|s| s.checked_add(local));
+        let taken = generation
+            .checked_sub(1)
+            .and_then(|g| g.checked_mul(u64::from(k)))
+            .and_then(|s| s.checked_add(local));
         if taken.is_none_or(|seq| seq >= self.consumed) {
             return Err(ReleaseError::NotTaken { slot, generation });
         }
         let block = self.view.rank(self.rank);
         let header = self.view.header();
-        match protocol::release(block, self.view.slot(slot), generation, &header.producer_sleeping) {
+        match protocol::release(
+            block,
+            self.view.slot(slot),
+            generation,
+            &header.producer_sleeping,
+        ) {
             Ok(wake) => {
                 block.released_total.fetch_add(1, Ordering::Relaxed);
                 if wake {
@@ -923,8 +1106,14 @@ impl Consumer {
                 }
                 Ok(())
             }
-            Err(ReleaseRefusal::Stale { current }) => Err(ReleaseError::Stale { slot, generation, current }),
-            Err(ReleaseRefusal::AlreadyReleased) => Err(ReleaseError::AlreadyReleased { slot, generation }),
+            Err(ReleaseRefusal::Stale { current }) => Err(ReleaseError::Stale {
+                slot,
+                generation,
+                current,
+            }),
+            Err(ReleaseRefusal::AlreadyReleased) => {
+                Err(ReleaseError::AlreadyReleased { slot, generation })
+            }
         }
     }
 
@@ -972,7 +1161,9 @@ impl Drop for Consumer {
 static HELD_HERE: std::sync::Mutex<Vec<(u64, u64, u32)>> = std::sync::Mutex::new(Vec::new());
 
 fn held_here_list() -> std::sync::MutexGuard<'static, Vec<(u64, u64, u32)>> {
-    HELD_HERE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    HELD_HERE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// True if this process attached `rank` of the segment open as `fd` and has

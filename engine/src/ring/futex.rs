@@ -41,7 +41,15 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 pub fn wake_all(word: &AtomicU32) {
     // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE does not write memory.
     unsafe {
-        libc::syscall(libc::SYS_futex, word as *const AtomicU32, libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32);
+        libc::syscall(
+            libc::SYS_futex,
+            word as *const AtomicU32,
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            0usize,
+            0usize,
+            0u32,
+        );
     }
 }
 
@@ -64,9 +72,17 @@ pub fn wait_any(words: &[(&AtomicU32, u32)], timeout: Duration) {
     debug_assert!(!words.is_empty() && words.len() <= WAITV_MAX);
     let waiters: Vec<FutexWaitv> = words
         .iter()
-        .map(|(w, v)| FutexWaitv { val: u64::from(*v), uaddr: *w as *const AtomicU32 as u64, flags: FUTEX2_SIZE_U32, reserved: 0 })
+        .map(|(w, v)| FutexWaitv {
+            val: u64::from(*v),
+            uaddr: *w as *const AtomicU32 as u64,
+            flags: FUTEX2_SIZE_U32,
+            reserved: 0,
+        })
         .collect();
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `now` is a valid out-pointer for clock_gettime.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     let deadline = Duration::new(now.tv_sec as u64, now.tv_nsec as u32) + timeout;
@@ -74,7 +90,14 @@ pub fn wait_any(words: &[(&AtomicU32, u32)], timeout: Duration) {
     // SAFETY: `waiters` holds valid, aligned u32 addresses of live atomics and
     // outlives the call; `abs` is a valid timespec; the kernel only reads both.
     let rc = unsafe {
-        libc::syscall(SYS_FUTEX_WAITV, waiters.as_ptr(), waiters.len() as u32, 0u32, &abs as *const libc::timespec, libc::CLOCK_MONOTONIC)
+        libc::syscall(
+            SYS_FUTEX_WAITV,
+            waiters.as_ptr(),
+            waiters.len() as u32,
+            0u32,
+            &abs as *const libc::timespec,
+            libc::CLOCK_MONOTONIC,
+        )
     };
     if rc < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
         if let Some((word, value)) = words.first() {

@@ -50,7 +50,12 @@ pub enum GcOutcome {
 pub fn collect() -> io::Result<Vec<GcOutcome>> {
     let mut names: Vec<String> = std::fs::read_dir(SHM_DIR)?
         .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix(SEGMENT_PREFIX)).map(str::to_string))
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix(SEGMENT_PREFIX))
+                .map(str::to_string)
+        })
         .collect();
     names.sort();
     Ok(names.into_iter().map(|name| inspect(&name)).collect())
@@ -73,35 +78,67 @@ fn inspect(name: &str) -> GcOutcome {
             } else {
                 "not a regular file"
             };
-            return GcOutcome::NotASegment { name: name.to_string(), kind: kind.to_string() };
+            return GcOutcome::NotASegment {
+                name: name.to_string(),
+                kind: kind.to_string(),
+            };
         }
         // SAFETY: geteuid has no preconditions.
         Ok(meta) if meta.uid() != unsafe { libc::geteuid() } && !is_root() => {
-            return GcOutcome::OtherUsers { name: name.to_string(), uid: meta.uid() };
+            return GcOutcome::OtherUsers {
+                name: name.to_string(),
+                uid: meta.uid(),
+            };
         }
         Ok(_) => {}
-        Err(error) => return GcOutcome::Failed { name: name.to_string(), error },
+        Err(error) => {
+            return GcOutcome::Failed {
+                name: name.to_string(),
+                error,
+            }
+        }
     }
     let fd = match segment::shm_open(name, libc::O_RDONLY, 0) {
         Ok(fd) => fd,
-        Err(error) => return GcOutcome::Failed { name: name.to_string(), error },
+        Err(error) => {
+            return GcOutcome::Failed {
+                name: name.to_string(),
+                error,
+            }
+        }
     };
     if let Some(kind) = segment::not_a_segment(&fd) {
-        return GcOutcome::NotASegment { name: name.to_string(), kind };
+        return GcOutcome::NotASegment {
+            name: name.to_string(),
+            kind,
+        };
     }
     match segment::byte_is_locked(&fd, LOADER_LOCK_BYTE) {
-        Ok(true) => GcOutcome::Alive { name: name.to_string() },
+        Ok(true) => GcOutcome::Alive {
+            name: name.to_string(),
+        },
         // An empty, unlocked segment younger than a few seconds is a loader
         // between its shm_open and its lock: leave it alone.
-        Ok(false) if segment::is_fresh_and_empty(&fd) => GcOutcome::Alive { name: name.to_string() },
+        Ok(false) if segment::is_fresh_and_empty(&fd) => GcOutcome::Alive {
+            name: name.to_string(),
+        },
         Ok(false) => {
             let bytes = segment::file_size(&fd).unwrap_or(0);
             match segment::shm_unlink(name) {
-                Ok(()) => GcOutcome::Removed { name: name.to_string(), bytes },
-                Err(error) => GcOutcome::Failed { name: name.to_string(), error },
+                Ok(()) => GcOutcome::Removed {
+                    name: name.to_string(),
+                    bytes,
+                },
+                Err(error) => GcOutcome::Failed {
+                    name: name.to_string(),
+                    error,
+                },
             }
         }
-        Err(error) => GcOutcome::Failed { name: name.to_string(), error },
+        Err(error) => GcOutcome::Failed {
+            name: name.to_string(),
+            error,
+        },
     }
 }
 

@@ -113,7 +113,13 @@ pub struct RunStart {
 impl Job {
     /// A job that is all on this machine: ring ranks are job ranks.
     pub fn single(world_size: u32) -> Job {
-        Job { first_rank: 0, job_world_size: world_size, plan_digest: 0, start: None, order: None }
+        Job {
+            first_rank: 0,
+            job_world_size: world_size,
+            plan_digest: 0,
+            start: None,
+            order: None,
+        }
     }
 
     /// The resume state once every rank of the job has taken its batch of
@@ -132,7 +138,10 @@ impl Job {
             std::cmp::Ordering::Greater => 0,
         };
         let per_step = u64::from(self.job_world_size).checked_mul(u64::from(batch_size))?;
-        let done = step.checked_add(1)?.checked_mul(per_step)?.checked_add(before)?;
+        let done = step
+            .checked_add(1)?
+            .checked_mul(per_step)?
+            .checked_add(before)?;
         if done.checked_add(per_step)? > start.dataset_samples {
             return Some((epoch.checked_add(1)?, 0));
         }
@@ -147,15 +156,34 @@ impl Job {
     /// Reads the header's fields for a ring of `world_size` ranks: zeros
     /// (a loader that predates them) mean [`Job::single`]. Refuses a
     /// run of ranks that does not lie inside the job.
-    pub fn from_header(first_rank: u32, job_world_size: u32, world_size: u32, plan_digest: u64, start: Option<RunStart>) -> Result<Job, String> {
+    pub fn from_header(
+        first_rank: u32,
+        job_world_size: u32,
+        world_size: u32,
+        plan_digest: u64,
+        start: Option<RunStart>,
+    ) -> Result<Job, String> {
         if job_world_size == 0 && first_rank == 0 {
-            return Ok(Job { plan_digest, start, ..Job::single(world_size) });
+            return Ok(Job {
+                plan_digest,
+                start,
+                ..Job::single(world_size)
+            });
         }
         let end = u64::from(first_rank) + u64::from(world_size);
         if end > u64::from(job_world_size) {
-            return Err(format!("it serves job ranks {first_rank} to {} of a job of {job_world_size} ranks", end - 1));
+            return Err(format!(
+                "it serves job ranks {first_rank} to {} of a job of {job_world_size} ranks",
+                end - 1
+            ));
         }
-        Ok(Job { first_rank, job_world_size, plan_digest, start, order: None })
+        Ok(Job {
+            first_rank,
+            job_world_size,
+            plan_digest,
+            start,
+            order: None,
+        })
     }
 }
 
@@ -487,29 +515,53 @@ impl Layout {
     /// overflow or panic.
     pub fn compute(g: RingGeometry) -> Result<Layout, GeometryError> {
         in_range("world_size", g.world_size.into(), MAX_RANKS.into())?;
-        in_range("slots_per_rank", g.slots_per_rank.into(), MAX_SLOTS_PER_RANK.into())?;
-        in_range("max_samples_per_slot", g.max_samples_per_slot.into(), MAX_SAMPLES_PER_SLOT.into())?;
-        in_range("slot_payload_bytes", g.slot_payload_bytes, MAX_SLOT_PAYLOAD_BYTES)?;
+        in_range(
+            "slots_per_rank",
+            g.slots_per_rank.into(),
+            MAX_SLOTS_PER_RANK.into(),
+        )?;
+        in_range(
+            "max_samples_per_slot",
+            g.max_samples_per_slot.into(),
+            MAX_SAMPLES_PER_SLOT.into(),
+        )?;
+        in_range(
+            "slot_payload_bytes",
+            g.slot_payload_bytes,
+            MAX_SLOT_PAYLOAD_BYTES,
+        )?;
         let too_large = |what| GeometryError::TooLarge { what };
-        let slot_payload_bytes = round_up(g.slot_payload_bytes, PAGE_BYTES).ok_or(too_large("payload"))?;
+        let slot_payload_bytes =
+            round_up(g.slot_payload_bytes, PAGE_BYTES).ok_or(too_large("payload"))?;
         let slots = u64::from(g.world_size) * u64::from(g.slots_per_rank);
         let rank_table_offset = HEADER_BYTES;
         let rank_table_bytes = u64::from(g.world_size) * RANK_BLOCK_BYTES;
-        let slot_table_offset = round_up(rank_table_offset + rank_table_bytes, PAGE_BYTES).ok_or(too_large("rank table"))?;
+        let slot_table_offset = round_up(rank_table_offset + rank_table_bytes, PAGE_BYTES)
+            .ok_or(too_large("rank table"))?;
         let samples_bytes = u64::from(g.max_samples_per_slot) * SAMPLE_ENTRY_BYTES;
-        let slot_meta_bytes = round_up(SLOT_META_FIXED_BYTES + samples_bytes, 64).ok_or(too_large("slot meta"))?;
-        let slot_table_bytes = slots.checked_mul(slot_meta_bytes).ok_or(too_large("slot table"))?;
+        let slot_meta_bytes =
+            round_up(SLOT_META_FIXED_BYTES + samples_bytes, 64).ok_or(too_large("slot meta"))?;
+        let slot_table_bytes = slots
+            .checked_mul(slot_meta_bytes)
+            .ok_or(too_large("slot table"))?;
         let payload_offset = slot_table_offset
             .checked_add(slot_table_bytes)
             .and_then(|end| round_up(end, PAGE_BYTES))
             .ok_or(too_large("slot table"))?;
-        let payloads_bytes = slots.checked_mul(slot_payload_bytes).ok_or(too_large("payloads"))?;
-        let segment_bytes = payload_offset.checked_add(payloads_bytes).ok_or(too_large("payloads"))?;
+        let payloads_bytes = slots
+            .checked_mul(slot_payload_bytes)
+            .ok_or(too_large("payloads"))?;
+        let segment_bytes = payload_offset
+            .checked_add(payloads_bytes)
+            .ok_or(too_large("payloads"))?;
         if segment_bytes > MAX_SEGMENT_BYTES {
             return Err(too_large("segment"));
         }
         Ok(Layout {
-            geometry: RingGeometry { slot_payload_bytes, ..g },
+            geometry: RingGeometry {
+                slot_payload_bytes,
+                ..g
+            },
             rank_table_offset,
             slot_table_offset,
             slot_meta_bytes,
@@ -559,22 +611,49 @@ mod tests {
     fn the_resume_state_after_a_step_adds_the_loaders_start_in_its_first_epoch_only() {
         // Two machines of 4 ranks, B = 8: a step is 64 samples of the job;
         // 1000 samples: epoch 2 from 100 has 14 steps, later ones 15.
-        let start = RunStart { epoch: 2, samples_consumed: 100, dataset_samples: 1000 };
-        let job = Job { first_rank: 4, job_world_size: 8, plan_digest: 0, start: Some(start), order: None };
+        let start = RunStart {
+            epoch: 2,
+            samples_consumed: 100,
+            dataset_samples: 1000,
+        };
+        let job = Job {
+            first_rank: 4,
+            job_world_size: 8,
+            plan_digest: 0,
+            start: Some(start),
+            order: None,
+        };
         assert_eq!(job.resume_state_after(8, 2, 0), Some((2, 164)));
         assert_eq!(job.resume_state_after(8, 2, 3), Some((2, 356)));
         assert_eq!(job.resume_state_after(8, 2, 12), Some((2, 932)));
-        assert_eq!(job.resume_state_after(8, 2, 13), Some((3, 0)), "the last step of an epoch: its tail of 4 is not carried over");
+        assert_eq!(
+            job.resume_state_after(8, 2, 13),
+            Some((3, 0)),
+            "the last step of an epoch: its tail of 4 is not carried over"
+        );
         assert_eq!(job.resume_state_after(8, 3, 0), Some((3, 64)));
         assert_eq!(job.resume_state_after(8, 3, 13), Some((3, 896)));
         assert_eq!(job.resume_state_after(8, 3, 14), Some((4, 0)));
-        assert_eq!(job.resume_state_after(8, 1, 0), None, "an epoch before the start is not this loader's");
+        assert_eq!(
+            job.resume_state_after(8, 1, 0),
+            None,
+            "an epoch before the start is not this loader's"
+        );
         assert_eq!(job.resume_state_after(8, 2, u64::MAX), None, "overflow");
-        assert_eq!(Job { start: None, ..job }.resume_state_after(8, 2, 0), None, "start not known");
+        assert_eq!(
+            Job { start: None, ..job }.resume_state_after(8, 2, 0),
+            None,
+            "start not known"
+        );
     }
 
     fn geometry(w: u32, k: u32, m: u32, s: u64) -> RingGeometry {
-        RingGeometry { world_size: w, slots_per_rank: k, max_samples_per_slot: m, slot_payload_bytes: s }
+        RingGeometry {
+            world_size: w,
+            slots_per_rank: k,
+            max_samples_per_slot: m,
+            slot_payload_bytes: s,
+        }
     }
 
     #[test]
@@ -596,7 +675,12 @@ mod tests {
         assert!(Layout::compute(geometry(1, 0, 1, 1)).is_err());
         assert!(Layout::compute(geometry(1, 1, u32::MAX, 1)).is_err());
         assert!(Layout::compute(geometry(1, 1, 1, u64::MAX)).is_err());
-        let huge = Layout::compute(geometry(MAX_RANKS, MAX_SLOTS_PER_RANK, MAX_SAMPLES_PER_SLOT, MAX_SLOT_PAYLOAD_BYTES));
+        let huge = Layout::compute(geometry(
+            MAX_RANKS,
+            MAX_SLOTS_PER_RANK,
+            MAX_SAMPLES_PER_SLOT,
+            MAX_SLOT_PAYLOAD_BYTES,
+        ));
         assert!(matches!(huge, Err(GeometryError::TooLarge { .. })));
     }
 }

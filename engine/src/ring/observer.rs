@@ -92,24 +92,51 @@ impl Observer {
         // a writer forever.
         let fd = segment::shm_open(name, libc::O_RDONLY | libc::O_NONBLOCK, 0).map_err(|e| {
             if e.raw_os_error() == Some(libc::ENOENT) {
-                AttachError::Timeout { name: name.to_string(), path: path.clone(), waited_ms: 0 }
+                AttachError::Timeout {
+                    name: name.to_string(),
+                    path: path.clone(),
+                    waited_ms: 0,
+                }
             } else {
-                AttachError::Io { what: "cannot open", path: path.clone(), source: e }
+                AttachError::Io {
+                    what: "cannot open",
+                    path: path.clone(),
+                    source: e,
+                }
             }
         })?;
         if let Some(what) = segment::not_a_segment(&fd) {
-            return Err(AttachError::Corrupt { path, what: format!("it is {what}") });
+            return Err(AttachError::Corrupt {
+                path,
+                what: format!("it is {what}"),
+            });
         }
-        let size = segment::file_size(&fd).map_err(|e| AttachError::Io { what: "cannot stat", path: path.clone(), source: e })?;
-        let file = std::fs::File::from(fd.try_clone().map_err(|e| AttachError::Io { what: "cannot dup", path: path.clone(), source: e })?);
+        let size = segment::file_size(&fd).map_err(|e| AttachError::Io {
+            what: "cannot stat",
+            path: path.clone(),
+            source: e,
+        })?;
+        let file = std::fs::File::from(fd.try_clone().map_err(|e| AttachError::Io {
+            what: "cannot dup",
+            path: path.clone(),
+            source: e,
+        })?);
         let map = MmapOptions::new()
             .len(size as usize)
             .map_raw_read_only(&file)
-            .map_err(|e| AttachError::Io { what: "cannot map", path: path.clone(), source: e })?;
+            .map_err(|e| AttachError::Io {
+                what: "cannot map",
+                path: path.clone(),
+                source: e,
+            })?;
         // SAFETY: the mapping is `size` bytes long and lives for this borrow.
         let bytes = unsafe { std::slice::from_raw_parts(map.as_ptr(), size as usize) };
         let (layout, job) = validate_header(bytes, &path)?;
-        Ok(Observer { fd, view: View::new(map, layout), job })
+        Ok(Observer {
+            fd,
+            view: View::new(map, layout),
+            job,
+        })
     }
 
     /// Reads every counter now.
@@ -121,7 +148,9 @@ impl Observer {
         for cell in &h.reader_backend {
             backend.extend_from_slice(&cell.load(r).to_le_bytes());
         }
-        let backend = String::from_utf8_lossy(&backend).trim_end_matches('\0').to_string();
+        let backend = String::from_utf8_lossy(&backend)
+            .trim_end_matches('\0')
+            .to_string();
         let ranks = (0..l.geometry.world_size)
             .map(|rank| {
                 let b = self.view.rank(rank);
@@ -132,7 +161,8 @@ impl Observer {
                     bytes_consumed: b.bytes_consumed.load(r),
                     batches_expected: b.batches_expected.load(r),
                     wait: Duration::from_nanos(b.wait_ns_total.load(r)),
-                    attached: segment::byte_is_locked(&self.fd, segment::rank_lock_byte(rank)).unwrap_or(false),
+                    attached: segment::byte_is_locked(&self.fd, segment::rank_lock_byte(rank))
+                        .unwrap_or(false),
                     consumer_pid: b.consumer_pid.load(r),
                     finished: b.finished.load(r) != 0,
                 }

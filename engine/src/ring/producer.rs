@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::ring::futex;
-use crate::ring::layout::{state, GeometryError, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES};
+use crate::ring::layout::{
+    state, GeometryError, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES,
+};
 use crate::ring::protocol;
 use crate::ring::segment::{self, human_bytes, NameError, LOADER_LOCK_BYTE};
 use crate::ring::view::View;
@@ -237,7 +239,11 @@ impl Backing {
         if flag.load(O::Acquire) {
             return Ok(());
         }
-        segment::allocate(fd, layout.payload_offset_of(slot), layout.geometry.slot_payload_bytes)?;
+        segment::allocate(
+            fd,
+            layout.payload_offset_of(slot),
+            layout.geometry.slot_payload_bytes,
+        )?;
         flag.store(true, O::Release);
         Ok(())
     }
@@ -263,7 +269,12 @@ fn reserve_slots(fd: &OwnedFd, backing: &Backing, layout: &Layout) {
 /// `ShmTooSmall` for a ring of `needed_bytes` with only `room`.
 fn shm_too_small(path: &str, needed_bytes: u64, room: segment::Room) -> CreateError {
     let suggest_mib = suggest_shm_mib(needed_bytes, &room);
-    CreateError::ShmTooSmall { path: path.to_string(), needed_bytes, room, suggest_mib }
+    CreateError::ShmTooSmall {
+        path: path.to_string(),
+        needed_bytes,
+        room,
+        suggest_mib,
+    }
 }
 
 /// A /dev/shm size in MiB: what it holds now, the rings promised, this
@@ -272,7 +283,9 @@ fn shm_too_small(path: &str, needed_bytes: u64, room: segment::Room) -> CreateEr
 fn suggest_shm_mib(needed_bytes: u64, room: &segment::Room) -> u64 {
     let (mib, gib) = (1u64 << 20, 1u64 << 30);
     let used = room.size_bytes.saturating_sub(room.free_bytes);
-    let want = used.saturating_add(room.promised_bytes()).saturating_add(needed_bytes);
+    let want = used
+        .saturating_add(room.promised_bytes())
+        .saturating_add(needed_bytes);
     let want = want.saturating_add(want / 4);
     if want < 4 * gib {
         want.div_ceil(256 * mib).max(1) * 256
@@ -283,20 +296,36 @@ fn suggest_shm_mib(needed_bytes: u64, room: &segment::Room) -> u64 {
 
 /// `mib` as `docker run --shm-size` takes it ("768m", "6g").
 fn docker_size(mib: u64) -> String {
-    if mib.is_multiple_of(1024) { format!("{}g", mib / 1024) } else { format!("{mib}m") }
+    if mib.is_multiple_of(1024) {
+        format!("{}g", mib / 1024)
+    } else {
+        format!("{mib}m")
+    }
 }
 
 /// `mib` as a Kubernetes quantity ("768Mi", "6Gi"): there "m" is a
 /// thousandth, and "768m" would be under one byte.
 fn kubernetes_size(mib: u64) -> String {
-    if mib.is_multiple_of(1024) { format!("{}Gi", mib / 1024) } else { format!("{mib}Mi") }
+    if mib.is_multiple_of(1024) {
+        format!("{}Gi", mib / 1024)
+    } else {
+        format!("{mib}Mi")
+    }
 }
 
 /// "R (r bytes) are free" (or "left", when other rings take part of the
 /// free bytes) for `ShmTooSmall`.
 fn room_left(room: &segment::Room) -> String {
     let left = room.left();
-    format!("{} ({left} bytes) are {}", human_bytes(left), if room.promised.is_empty() { "free" } else { "left" })
+    format!(
+        "{} ({left} bytes) are {}",
+        human_bytes(left),
+        if room.promised.is_empty() {
+            "free"
+        } else {
+            "left"
+        }
+    )
 }
 
 /// Empty, or the clause of `ShmTooSmall` that says where the free bytes
@@ -305,7 +334,11 @@ fn others_clause(room: &segment::Room) -> String {
     if room.promised.is_empty() {
         return String::new();
     }
-    let rings: Vec<String> = room.promised.iter().map(|p| format!("{} {}", p.path.display(), human_bytes(p.bytes))).collect();
+    let rings: Vec<String> = room
+        .promised
+        .iter()
+        .map(|p| format!("{} {}", p.path.display(), human_bytes(p.bytes)))
+        .collect();
     format!(
         ": {} are free, of which {} are promised to the rings of other running loaders, allocated as their slots fill ({})",
         human_bytes(room.free_bytes),
@@ -317,15 +350,26 @@ fn others_clause(room: &segment::Room) -> String {
 /// The error for a failed allocation of part of the segment.
 fn alloc_error(path: &str, fd: &OwnedFd, needed_bytes: u64, e: io::Error) -> CreateError {
     if e.raw_os_error() == Some(libc::ENOSPC) {
-        let room = segment::room_of(fd).unwrap_or(segment::Room { size_bytes: 0, free_bytes: 0, promised: Vec::new() });
+        let room = segment::room_of(fd).unwrap_or(segment::Room {
+            size_bytes: 0,
+            free_bytes: 0,
+            promised: Vec::new(),
+        });
         shm_too_small(path, needed_bytes, room)
     } else {
-        CreateError::Io { what: "cannot allocate", path: path.to_string(), source: e }
+        CreateError::Io {
+            what: "cannot allocate",
+            path: path.to_string(),
+            source: e,
+        }
     }
 }
 
 fn now_unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 impl Producer {
@@ -338,14 +382,28 @@ impl Producer {
 
     /// [`Producer::create`] for a loader that serves part of a job spread
     /// over several machines: its ranks are the job's `job.first_rank..`.
-    pub fn create_in_job(name: &str, geometry: RingGeometry, job: Job) -> Result<Producer, CreateError> {
+    pub fn create_in_job(
+        name: &str,
+        geometry: RingGeometry,
+        job: Job,
+    ) -> Result<Producer, CreateError> {
         segment::validate_name(name)?;
-        if let Err(e) = Job::from_header(job.first_rank, job.job_world_size, geometry.world_size, job.plan_digest, job.start) {
+        if let Err(e) = Job::from_header(
+            job.first_rank,
+            job.job_world_size,
+            geometry.world_size,
+            job.plan_digest,
+            job.start,
+        ) {
             return Err(CreateError::Job(e));
         }
         let layout = Layout::compute(geometry)?;
         let path = segment::shm_path(name).display().to_string();
-        let io_err = |what, source| CreateError::Io { what, path: path.clone(), source };
+        let io_err = |what, source| CreateError::Io {
+            what,
+            path: path.clone(),
+            source,
+        };
         // Held from before the name is taken to the sizing: another loader
         // (or `ringfeed gc`) never sees this segment between its shm_open and
         // its lock, where it would look dead, and the room check below and
@@ -355,14 +413,20 @@ impl Producer {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 Self::remove_if_dead(name)?;
-                segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600).map_err(|e| io_err("cannot create", e))?
+                segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600)
+                    .map_err(|e| io_err("cannot create", e))?
             }
             Err(e) => return Err(io_err("cannot create", e)),
         };
         let created = CreatedGuard { name };
         match segment::try_lock_byte(&fd, LOADER_LOCK_BYTE) {
             Ok(true) => {}
-            Ok(false) => return Err(io_err("cannot lock", io::Error::from_raw_os_error(libc::EAGAIN))),
+            Ok(false) => {
+                return Err(io_err(
+                    "cannot lock",
+                    io::Error::from_raw_os_error(libc::EAGAIN),
+                ))
+            }
             Err(e) => return Err(io_err("cannot lock", e)),
         }
         // Room for the whole ring must be free now, less what other loaders'
@@ -375,16 +439,37 @@ impl Producer {
         }
         segment::set_len(&fd, layout.segment_bytes).map_err(|e| io_err("cannot size", e))?;
         drop(shm_lock);
-        segment::allocate(&fd, 0, layout.payload_offset).map_err(|e| alloc_error(&path, &fd, layout.segment_bytes, e))?;
+        segment::allocate(&fd, 0, layout.payload_offset)
+            .map_err(|e| alloc_error(&path, &fd, layout.segment_bytes, e))?;
         let map = segment::map(&fd, layout.segment_bytes).map_err(|e| io_err("cannot map", e))?;
         let view = View::new(map, layout);
         Self::write_header(&view, job);
         let w = layout.geometry.world_size as usize;
-        let backing = Arc::new(Backing { allocated: (0..layout.slot_count()).map(|_| AtomicBool::new(false)).collect(), stop: AtomicBool::new(false) });
-        let producer = Producer { name: name.to_string(), path, fd, view, next_claim: vec![0; w], published: vec![0; w], abandoned: false, name_removed: false, backing, reserver: None };
+        let backing = Arc::new(Backing {
+            allocated: (0..layout.slot_count())
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            stop: AtomicBool::new(false),
+        });
+        let producer = Producer {
+            name: name.to_string(),
+            path,
+            fd,
+            view,
+            next_claim: vec![0; w],
+            published: vec![0; w],
+            abandoned: false,
+            name_removed: false,
+            backing,
+            reserver: None,
+        };
         // SYNC POINT: Release pairs with the consumer's Acquire of `state` in
         // attach: a consumer that reads READY sees every header field.
-        producer.view.header().state.store(state::READY, Ordering::Release);
+        producer
+            .view
+            .header()
+            .state
+            .store(state::READY, Ordering::Release);
         std::mem::forget(created);
         Ok(producer)
     }
@@ -395,9 +480,19 @@ impl Producer {
         self.backing.allocate_slot(&self.fd, l, slot).map_err(|e| {
             if matches!(e.raw_os_error(), Some(libc::ENOSPC)) {
                 let free_bytes = segment::free_bytes(&self.fd).unwrap_or(0);
-                CreateError::ShmFull { path: self.path.clone(), slot, slot_size: human_bytes(l.geometry.slot_payload_bytes), free_bytes, free: human_bytes(free_bytes) }
+                CreateError::ShmFull {
+                    path: self.path.clone(),
+                    slot,
+                    slot_size: human_bytes(l.geometry.slot_payload_bytes),
+                    free_bytes,
+                    free: human_bytes(free_bytes),
+                }
             } else {
-                CreateError::Io { what: "cannot allocate", path: self.path.clone(), source: e }
+                CreateError::Io {
+                    what: "cannot allocate",
+                    path: self.path.clone(),
+                    source: e,
+                }
             }
         })
     }
@@ -428,7 +523,9 @@ impl Producer {
     /// Stops and joins the thread `reserve_rest` started: a stopping loader
     /// allocates no more of the ring.
     fn stop_reserving(&mut self) {
-        self.backing.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.backing
+            .stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(t) = self.reserver.take() {
             let _ = t.join();
         }
@@ -449,20 +546,35 @@ impl Producer {
         let fd = match segment::shm_open(name, libc::O_RDWR, 0) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
-            Err(_) if segment::is_a_directory(name) => return Err(CreateError::NotASegment { path, what: "a directory".into() }),
+            Err(_) if segment::is_a_directory(name) => {
+                return Err(CreateError::NotASegment {
+                    path,
+                    what: "a directory".into(),
+                })
+            }
             Err(e) => return Err(open_existing_error(&path, e)),
         };
         if let Some(what) = segment::not_a_segment(&fd) {
             return Err(CreateError::NotASegment { path, what });
         }
-        if segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|source| CreateError::Io { what: "cannot check", path, source })? {
+        if segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|source| CreateError::Io {
+            what: "cannot check",
+            path,
+            source,
+        })? {
             let pid = read_loader_pid(&fd).unwrap_or(0);
-            return Err(CreateError::AlreadyRunning { name: name.to_string(), pid });
+            return Err(CreateError::AlreadyRunning {
+                name: name.to_string(),
+                pid,
+            });
         }
         if segment::is_fresh_and_empty(&fd) {
             // A loader that could not take the /dev/shm lock, between its
             // shm_open and its own lock.
-            return Err(CreateError::AlreadyRunning { name: name.to_string(), pid: 0 });
+            return Err(CreateError::AlreadyRunning {
+                name: name.to_string(),
+                pid: 0,
+            });
         }
         Ok(true)
     }
@@ -473,7 +585,11 @@ impl Producer {
         }
         let path = segment::shm_path(name).display().to_string();
         tracing::warn!("removing {path}, left behind by a loader that died");
-        segment::shm_unlink(name).map_err(|source| CreateError::Io { what: "cannot remove stale", path, source })
+        segment::shm_unlink(name).map_err(|source| CreateError::Io {
+            what: "cannot remove stale",
+            path,
+            source,
+        })
     }
 
     fn write_header(view: &View, job: Job) {
@@ -530,7 +646,10 @@ impl Producer {
 
     /// Records how many batches `rank` gets in the whole run (for progress).
     pub fn set_batches_expected(&self, rank: u32, batches: u64) {
-        self.view.rank(rank).batches_expected.store(batches, Ordering::Relaxed);
+        self.view
+            .rank(rank)
+            .batches_expected
+            .store(batches, Ordering::Relaxed);
     }
 
     /// Records the reader backend and reads in flight (for `ringfeed stat`).
@@ -561,7 +680,14 @@ impl Producer {
         }
         self.ensure_allocated(slot)?;
         self.next_claim[rank as usize] = seq + 1;
-        Ok(Some(SlotClaim { rank, seq, slot, generation, payload: self.view.payload(slot), payload_bytes: l.geometry.slot_payload_bytes }))
+        Ok(Some(SlotClaim {
+            rank,
+            seq,
+            slot,
+            generation,
+            payload: self.view.payload(slot),
+            payload_bytes: l.geometry.slot_payload_bytes,
+        }))
     }
 
     /// True when rank's next slot is free (`try_claim` would take it, unless
@@ -584,21 +710,42 @@ impl Producer {
 
     /// Publishes a filled slot. `samples` give each sample's place in the
     /// payload and its manifest index. Claims of one rank publish in order.
-    pub fn publish(&mut self, claim: SlotClaim, epoch: u64, step: u64, samples: &[SampleEntry]) -> Result<(), PublishError> {
+    pub fn publish(
+        &mut self,
+        claim: SlotClaim,
+        epoch: u64,
+        step: u64,
+        samples: &[SampleEntry],
+    ) -> Result<(), PublishError> {
         let l = *self.view.layout();
         let r = claim.rank as usize;
         if claim.seq != self.published[r] {
-            return Err(PublishError::OutOfOrder { rank: claim.rank, seq: claim.seq, expected: self.published[r] });
+            return Err(PublishError::OutOfOrder {
+                rank: claim.rank,
+                seq: claim.seq,
+                expected: self.published[r],
+            });
         }
         if samples.len() > l.geometry.max_samples_per_slot as usize {
-            return Err(PublishError::TooManySamples { n: samples.len(), max: l.geometry.max_samples_per_slot });
+            return Err(PublishError::TooManySamples {
+                n: samples.len(),
+                max: l.geometry.max_samples_per_slot,
+            });
         }
         let payload_bytes = l.geometry.slot_payload_bytes;
         let mut used_bytes = 0;
         for (i, s) in samples.iter().enumerate() {
-            let end = s.offset.checked_add(s.len).filter(|&end| end <= payload_bytes);
+            let end = s
+                .offset
+                .checked_add(s.len)
+                .filter(|&end| end <= payload_bytes);
             let Some(end) = end else {
-                return Err(PublishError::SampleOutOfBounds { i, offset: s.offset, len: s.len, payload_bytes });
+                return Err(PublishError::SampleOutOfBounds {
+                    i,
+                    offset: s.offset,
+                    len: s.len,
+                    payload_bytes,
+                });
             };
             used_bytes = used_bytes.max(end);
             let cell = self.view.sample_cell(claim.slot, i as u32);
@@ -609,7 +756,8 @@ impl Producer {
         let meta = self.view.slot(claim.slot);
         meta.epoch.store(epoch, Ordering::Relaxed);
         meta.step.store(step, Ordering::Relaxed);
-        meta.n_samples.store(samples.len() as u32, Ordering::Relaxed);
+        meta.n_samples
+            .store(samples.len() as u32, Ordering::Relaxed);
         meta.payload_used_bytes.store(used_bytes, Ordering::Relaxed);
         let rank = self.view.rank(claim.rank);
         if protocol::publish(rank, meta, claim.seq, claim.generation) {
@@ -636,7 +784,10 @@ impl Producer {
         for rank in 0..self.view.layout().geometry.world_size {
             self.finish_rank(rank);
         }
-        self.view.header().state.store(state::ENDED, Ordering::Release);
+        self.view
+            .header()
+            .state
+            .store(state::ENDED, Ordering::Release);
     }
 
     /// Stops the run early: consumers get an "aborted" error once they have
@@ -672,8 +823,13 @@ impl Producer {
             let _ = segment::unlock_byte(&self.fd, byte);
             if n > 0 {
                 let expected = block.batches_expected.load(Ordering::Relaxed);
-                let took_every_batch = expected != u64::MAX && block.consumed.load(Ordering::Relaxed) >= expected;
-                out.push(Reclaimed { rank, batches: n, took_every_batch });
+                let took_every_batch =
+                    expected != u64::MAX && block.consumed.load(Ordering::Relaxed) >= expected;
+                out.push(Reclaimed {
+                    rank,
+                    batches: n,
+                    took_every_batch,
+                });
             }
         }
         out
@@ -713,7 +869,12 @@ impl Producer {
     /// Sleeps until a consumer of one of `ranks` releases a slot, or `timeout`.
     /// `still_blocked` is re-checked after announcing the sleep, so a release
     /// that raced with it is never missed.
-    pub fn wait_for_release(&self, ranks: &[u32], timeout: Duration, still_blocked: impl Fn(&Self) -> bool) {
+    pub fn wait_for_release(
+        &self,
+        ranks: &[u32],
+        timeout: Duration,
+        still_blocked: impl Fn(&Self) -> bool,
+    ) {
         let h = self.view.header();
         let words: Vec<_> = ranks
             .iter()
@@ -837,7 +998,11 @@ fn open_existing_error(path: &str, e: io::Error) -> CreateError {
             };
         }
     }
-    CreateError::Io { what: "cannot open existing", path: path.to_string(), source: e }
+    CreateError::Io {
+        what: "cannot open existing",
+        path: path.to_string(),
+        source: e,
+    }
 }
 
 /// Reads the loader pid of an existing segment, if it is big enough to hold one.
@@ -866,26 +1031,48 @@ mod tests {
     }
 
     #[test]
-    fn the_suggested_shm_size_holds_what_is_there_the_promised_rings_and_this_one_with_room_to_spare() {
+    fn the_suggested_shm_size_holds_what_is_there_the_promised_rings_and_this_one_with_room_to_spare(
+    ) {
         let mib = 1u64 << 20;
         let room = |size_bytes, free_bytes, promised: &[u64]| segment::Room {
             size_bytes,
             free_bytes,
-            promised: promised.iter().map(|&bytes| segment::Promised { path: "/dev/shm/ringfeed-x".into(), bytes }).collect(),
+            promised: promised
+                .iter()
+                .map(|&bytes| segment::Promised {
+                    path: "/dev/shm/ringfeed-x".into(),
+                    bytes,
+                })
+                .collect(),
         };
         let both = |needed, room| {
             let mib = suggest_shm_mib(needed, &room);
             (docker_size(mib), kubernetes_size(mib))
         };
         // Docker's default 64 MiB, 60 of them used: an 8 MiB ring needs 68, and a quarter more.
-        assert_eq!(both(8 * mib, room(64 * mib, 4 * mib, &[])), ("256m".into(), "256Mi".into()));
+        assert_eq!(
+            both(8 * mib, room(64 * mib, 4 * mib, &[])),
+            ("256m".into(), "256Mi".into())
+        );
         // A 700 MiB ring, 200 MiB promised: 900 x 1.25 = 1125 MiB, 1280 in steps of 256.
-        assert_eq!(both(700 * mib, room(64 * mib, 64 * mib, &[200 * mib])), ("1280m".into(), "1280Mi".into()));
-        assert_eq!(both(3 << 30, room(1 << 30, 0, &[])), ("5g".into(), "5Gi".into()));
+        assert_eq!(
+            both(700 * mib, room(64 * mib, 64 * mib, &[200 * mib])),
+            ("1280m".into(), "1280Mi".into())
+        );
+        assert_eq!(
+            both(3 << 30, room(1 << 30, 0, &[])),
+            ("5g".into(), "5Gi".into())
+        );
         // 1 GiB exactly, in steps of 256 MiB: said in GiB.
-        assert_eq!(both(800 * mib, room(0, 0, &[])), ("1g".into(), "1Gi".into()));
+        assert_eq!(
+            both(800 * mib, room(0, 0, &[])),
+            ("1g".into(), "1Gi".into())
+        );
         // Unknown room (a failed statvfs): the ring alone.
-        assert_eq!(both(8 * mib, room(0, 0, &[])), ("256m".into(), "256Mi".into()));
+        assert_eq!(
+            both(8 * mib, room(0, 0, &[])),
+            ("256m".into(), "256Mi".into())
+        );
     }
 
     #[test]
@@ -894,16 +1081,27 @@ mod tests {
         // tmpfs with huge pages too, give or take one 2 MiB page.
         let slot = 4u64 << 20;
         let slack = 2u64 << 20;
-        let g = RingGeometry { world_size: 2, slots_per_rank: 3, max_samples_per_slot: 4, slot_payload_bytes: slot };
+        let g = RingGeometry {
+            world_size: 2,
+            slots_per_rank: 3,
+            max_samples_per_slot: 4,
+            slot_payload_bytes: slot,
+        };
         let mut p = Producer::create(&format!("lazy-alloc-{}", std::process::id()), g).unwrap();
         let l = *p.layout();
         assert_eq!(segment::file_size(&p.fd).unwrap(), l.segment_bytes);
         let base = allocated_bytes(&p.fd);
-        assert!(base >= l.payload_offset && base <= l.payload_offset + slack, "{base} bytes allocated at create");
+        assert!(
+            base >= l.payload_offset && base <= l.payload_offset + slack,
+            "{base} bytes allocated at create"
+        );
         let c0 = p.try_claim(0).unwrap().unwrap();
         let c1 = p.try_claim(1).unwrap().unwrap();
         let two = allocated_bytes(&p.fd);
-        assert!(two >= base + 2 * slot - slack && two <= base + 2 * slot + slack, "{two} after two claims");
+        assert!(
+            two >= base + 2 * slot - slack && two <= base + 2 * slot + slack,
+            "{two} after two claims"
+        );
         p.publish(c0, 0, 0, &[]).unwrap();
         p.publish(c1, 0, 0, &[]).unwrap();
         // The rest of the ring, on request, in the background.
@@ -912,28 +1110,54 @@ mod tests {
         while allocated_bytes(&p.fd) < l.segment_bytes && t.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(allocated_bytes(&p.fd) >= l.segment_bytes, "{} of {} bytes allocated", allocated_bytes(&p.fd), l.segment_bytes);
+        assert!(
+            allocated_bytes(&p.fd) >= l.segment_bytes,
+            "{} of {} bytes allocated",
+            allocated_bytes(&p.fd),
+            l.segment_bytes
+        );
         // Claims of slots the reserver allocated allocate nothing more.
         let mut c0 = p.try_claim(0).unwrap().unwrap();
         c0.payload_mut().fill(7);
     }
 
     #[test]
-    fn a_ring_not_yet_allocated_counts_against_the_room_of_the_next_until_it_is_or_its_loader_dies() {
+    fn a_ring_not_yet_allocated_counts_against_the_room_of_the_next_until_it_is_or_its_loader_dies()
+    {
         let slot = 4u64 << 20;
         let slack = 2u64 << 20;
-        let g = RingGeometry { world_size: 2, slots_per_rank: 3, max_samples_per_slot: 4, slot_payload_bytes: slot };
+        let g = RingGeometry {
+            world_size: 2,
+            slots_per_rank: 3,
+            max_samples_per_slot: 4,
+            slot_payload_bytes: slot,
+        };
         let name = format!("promised-{}", std::process::id());
         let path = segment::shm_path(&name);
-        let promised = || segment::promised_to_other_rings("some-other-loader").into_iter().find(|p| p.path == path);
+        let promised = || {
+            segment::promised_to_other_rings("some-other-loader")
+                .into_iter()
+                .find(|p| p.path == path)
+        };
         let mut p = Producer::create(&name, g).unwrap();
         let holes = promised().expect("a live ring with holes is listed").bytes;
-        assert!(holes + slack >= 6 * slot && holes <= 6 * slot, "{holes} bytes promised");
-        assert!(segment::promised_to_other_rings(&name).iter().all(|p| p.path != path), "a ring is not promised to itself");
+        assert!(
+            holes + slack >= 6 * slot && holes <= 6 * slot,
+            "{holes} bytes promised"
+        );
+        assert!(
+            segment::promised_to_other_rings(&name)
+                .iter()
+                .all(|p| p.path != path),
+            "a ring is not promised to itself"
+        );
         let c = p.try_claim(0).unwrap().unwrap();
         p.publish(c, 0, 0, &[]).unwrap();
         let after_claim = promised().unwrap().bytes;
-        assert!(after_claim + slack >= 5 * slot && after_claim <= 5 * slot, "{after_claim} bytes promised after a claim");
+        assert!(
+            after_claim + slack >= 5 * slot && after_claim <= 5 * slot,
+            "{after_claim} bytes promised after a claim"
+        );
         // A dead loader's ring never grows: it is not counted.
         p.abandon();
         assert!(path.exists());

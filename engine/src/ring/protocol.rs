@@ -33,13 +33,18 @@ pub fn slot_is_free(slot: &SlotMeta, generation: u64) -> bool {
 /// when the consumer is asleep and must be woken with a futex wake on
 /// `publish_futex`.
 pub fn publish(rank: &RankBlock, slot: &SlotMeta, seq: u64, generation: u64) -> bool {
-    debug_assert_eq!(rank.published.load(Ordering::Relaxed), seq, "batches are published in order");
+    debug_assert_eq!(
+        rank.published.load(Ordering::Relaxed),
+        seq,
+        "batches are published in order"
+    );
     slot.generation.store(generation, Ordering::Relaxed);
     // SYNC POINT: Release pairs with the consumer's Acquire load of
     // `published` in `published_for`: a consumer that sees `seq + 1` sees the
     // whole batch (payload, sample table, epoch, step, generation).
     rank.published.store(seq + 1, Ordering::Release);
-    rank.publish_futex.store((seq + 1) as u32, Ordering::Release);
+    rank.publish_futex
+        .store((seq + 1) as u32, Ordering::Release);
     // SYNC POINT: SeqCst fence against the consumer's fence in its sleep path
     // (Dekker): either we see `consumer_sleeping` set, or it sees the new
     // `published` before it sleeps.
@@ -86,7 +91,12 @@ pub enum ReleaseRefusal {
 /// Releases generation `generation` of `slot`, then bumps the rank's release
 /// futex. Returns whether the loader is asleep and must be woken on
 /// `release_futex`.
-pub fn release(rank: &RankBlock, slot: &SlotMeta, generation: u64, producer_sleeping: &AtomicU32) -> Result<bool, ReleaseRefusal> {
+pub fn release(
+    rank: &RankBlock,
+    slot: &SlotMeta,
+    generation: u64,
+    producer_sleeping: &AtomicU32,
+) -> Result<bool, ReleaseRefusal> {
     let current = slot.generation.load(Ordering::Relaxed);
     if current != generation {
         return Err(ReleaseRefusal::Stale { current });
@@ -102,7 +112,8 @@ pub fn release(rank: &RankBlock, slot: &SlotMeta, generation: u64, producer_slee
 
 fn bump_release_futex(rank: &RankBlock, producer_sleeping: &AtomicU32) -> bool {
     let v = rank.release_futex.load(Ordering::Relaxed);
-    rank.release_futex.store(v.wrapping_add(1), Ordering::Release);
+    rank.release_futex
+        .store(v.wrapping_add(1), Ordering::Release);
     // SYNC POINT: SeqCst fence against the loader's fence in its sleep path.
     fence(Ordering::SeqCst);
     producer_sleeping.load(Ordering::Relaxed) != 0
@@ -112,12 +123,19 @@ fn bump_release_futex(rank: &RankBlock, producer_sleeping: &AtomicU32) -> bool {
 /// Only the holder of the rank lock may call this (it writes the consumer's
 /// fields). `slots` are the rank's K slots in order. Returns how many batches
 /// were reclaimed and whether the loader must be woken.
-pub fn reclaim(rank: &RankBlock, slots: &[&SlotMeta], producer_sleeping: &AtomicU32) -> (u64, bool) {
+pub fn reclaim(
+    rank: &RankBlock,
+    slots: &[&SlotMeta],
+    producer_sleeping: &AtomicU32,
+) -> (u64, bool) {
     let k = slots.len() as u64;
     // A consumer can only have taken what was published: a larger `consumed`
     // (a process that wrote over the segment) must not release batches
     // nobody took, which the loader would then overwrite unread.
-    let consumed = rank.consumed.load(Ordering::Acquire).min(rank.published.load(Ordering::Acquire));
+    let consumed = rank
+        .consumed
+        .load(Ordering::Acquire)
+        .min(rank.published.load(Ordering::Acquire));
     let mut reclaimed = 0;
     for seq in consumed.saturating_sub(k)..consumed {
         let slot = slots[(seq % k) as usize];
@@ -155,8 +173,13 @@ mod tests {
         }
         rank.consumed.store(1_000_000, Ordering::Relaxed);
         let (reclaimed, _) = reclaim(&rank, &slots, &sleeping);
-        assert_eq!(reclaimed, 2, "only the two published batches can have been taken");
-        assert!(slots.iter().all(|s| s.released.load(Ordering::Relaxed) == 1));
+        assert_eq!(
+            reclaimed, 2,
+            "only the two published batches can have been taken"
+        );
+        assert!(slots
+            .iter()
+            .all(|s| s.released.load(Ordering::Relaxed) == 1));
         // A `released` of all ones neither overflows nor wraps to "not free".
         slots[0].released.store(u64::MAX, Ordering::Relaxed);
         assert!(slot_is_free(slots[0], u64::MAX));

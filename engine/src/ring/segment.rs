@@ -35,11 +35,16 @@ pub struct NameError {
 /// Checks a loader name.
 pub fn validate_name(name: &str) -> Result<(), NameError> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    let ok = !name.is_empty() && name.len() <= NAME_MAX_BYTES && name.chars().all(ok_char) && !name.starts_with('.');
+    let ok = !name.is_empty()
+        && name.len() <= NAME_MAX_BYTES
+        && name.chars().all(ok_char)
+        && !name.starts_with('.');
     if ok {
         Ok(())
     } else {
-        Err(NameError { name: name.to_string() })
+        Err(NameError {
+            name: name.to_string(),
+        })
     }
 }
 
@@ -150,7 +155,11 @@ pub fn free_bytes(fd: &OwnedFd) -> Option<u64> {
 pub fn room_of(fd: &OwnedFd) -> Option<Room> {
     // SAFETY: `fd` is open and `sv` is a valid out-pointer.
     let (size_bytes, free_bytes) = space_of(|sv| unsafe { libc::fstatvfs(fd.as_raw_fd(), sv) })?;
-    Some(Room { size_bytes, free_bytes, promised: Vec::new() })
+    Some(Room {
+        size_bytes,
+        free_bytes,
+        promised: Vec::new(),
+    })
 }
 
 /// The room /dev/shm has for a new ring.
@@ -167,7 +176,9 @@ pub struct Room {
 impl Room {
     /// Bytes the other rings will still take.
     pub fn promised_bytes(&self) -> u64 {
-        self.promised.iter().fold(0u64, |sum, p| sum.saturating_add(p.bytes))
+        self.promised
+            .iter()
+            .fold(0u64, |sum, p| sum.saturating_add(p.bytes))
     }
 
     /// Bytes a new ring may take: free less promised.
@@ -186,7 +197,11 @@ pub fn shm_room_for(name: &str) -> Option<Room> {
     let promised = promised_to_other_rings(name);
     // SAFETY: `dir` is NUL-terminated and `sv` a valid out-pointer.
     let (size_bytes, free_bytes) = space_of(|sv| unsafe { libc::statvfs(dir.as_ptr(), sv) })?;
-    Some(Room { size_bytes, free_bytes, promised })
+    Some(Room {
+        size_bytes,
+        free_bytes,
+        promised,
+    })
 }
 
 /// (size, free bytes) from a statvfs call; None when it failed or reports
@@ -227,7 +242,10 @@ pub fn promised_to_other_rings(except: &str) -> Vec<Promised> {
     let mut promised = Vec::new();
     for entry in entries.filter_map(Result::ok) {
         let file_name = entry.file_name();
-        let Some(name) = file_name.to_str().and_then(|n| n.strip_prefix(SEGMENT_PREFIX)) else {
+        let Some(name) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SEGMENT_PREFIX))
+        else {
             continue;
         };
         if name == except {
@@ -244,15 +262,26 @@ pub fn promised_to_other_rings(except: &str) -> Vec<Promised> {
             Ok(fd) => byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => false,
             Err(_) => {
-                let id = FileId { major: libc::major(meta.dev()), minor: libc::minor(meta.dev()), inode: meta.ino() };
-                match others_locks.get_or_insert_with(|| std::fs::read_to_string("/proc/locks").ok().map(|t| ofd_locks_at_byte_zero(&t))) {
+                let id = FileId {
+                    major: libc::major(meta.dev()),
+                    minor: libc::minor(meta.dev()),
+                    inode: meta.ino(),
+                };
+                match others_locks.get_or_insert_with(|| {
+                    std::fs::read_to_string("/proc/locks")
+                        .ok()
+                        .map(|t| ofd_locks_at_byte_zero(&t))
+                }) {
                     Some(locked) => locked.contains(&id),
                     None => true,
                 }
             }
         };
         if alive {
-            promised.push(Promised { path: entry.path(), bytes });
+            promised.push(Promised {
+                path: entry.path(),
+                bytes,
+            });
         }
     }
     promised.sort_by(|a, b| a.path.cmp(&b.path));
@@ -285,7 +314,11 @@ fn ofd_locks_at_byte_zero(text: &str) -> std::collections::HashSet<FileId> {
         let major = u32::from_str_radix(parts.next()?, 16).ok()?;
         let minor = u32::from_str_radix(parts.next()?, 16).ok()?;
         let inode = parts.next()?.parse().ok()?;
-        Some(FileId { major, minor, inode })
+        Some(FileId {
+            major,
+            minor,
+            inode,
+        })
     };
     text.lines().filter_map(parse).collect()
 }
@@ -343,7 +376,11 @@ pub fn is_fresh_and_empty(fd: &OwnedFd) -> bool {
     let Ok(st) = fstat(fd) else {
         return false;
     };
-    let modified = std::time::UNIX_EPOCH + Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.clamp(0, 999_999_999) as u32);
+    let modified = std::time::UNIX_EPOCH
+        + Duration::new(
+            st.st_mtime.max(0) as u64,
+            st.st_mtime_nsec.clamp(0, 999_999_999) as u32,
+        );
     let age = modified.elapsed().ok();
     st.st_size == 0 && age.is_some_and(|a| a < CREATION_GRACE)
 }
@@ -409,7 +446,8 @@ pub fn same_file(fd: &OwnedFd, path: &Path) -> io::Result<bool> {
 
 /// Sets the file's size (its bytes are holes until allocated).
 pub fn set_len(fd: &OwnedFd, bytes: u64) -> io::Result<()> {
-    let len = libc::off_t::try_from(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    let len =
+        libc::off_t::try_from(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
     // SAFETY: `fd` is open; ftruncate touches only the file.
     if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } == 0 {
         Ok(())
@@ -440,7 +478,12 @@ pub fn allocate(fd: &OwnedFd, offset: u64, len: u64) -> io::Result<()> {
 
 /// Maps `len` bytes of `fd`, shared, read-write.
 pub fn map(fd: &OwnedFd, len: u64) -> io::Result<MmapRaw> {
-    let len = usize::try_from(len).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment larger than the address space"))?;
+    let len = usize::try_from(len).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "segment larger than the address space",
+        )
+    })?;
     // Borrow the descriptor as a File without taking ownership of it.
     let dup = fd.try_clone()?;
     let file = File::from(dup);
@@ -454,7 +497,11 @@ pub fn map(fd: &OwnedFd, len: u64) -> io::Result<MmapRaw> {
 /// its copy of `fd` but keeps the mapping (and the views into it) does not
 /// keep the lock. Without /proc, maps through `fd` itself.
 pub fn map_apart(fd: &OwnedFd, len: u64) -> io::Result<MmapRaw> {
-    let reopened = File::options().read(true).write(true).open(format!("/proc/self/fd/{}", fd.as_raw_fd())).map(OwnedFd::from);
+    let reopened = File::options()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(OwnedFd::from);
     map(reopened.as_ref().unwrap_or(fd), len)
 }
 
@@ -480,7 +527,9 @@ pub struct ShmWatch {
 static IDLE_WATCHES: std::sync::Mutex<Vec<OwnedFd>> = std::sync::Mutex::new(Vec::new());
 
 fn idle_watches() -> std::sync::MutexGuard<'static, Vec<OwnedFd>> {
-    IDLE_WATCHES.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    IDLE_WATCHES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Drop for ShmWatch {
@@ -515,7 +564,13 @@ impl ShmWatch {
         };
         let dir = CString::new(SHM_DIR).unwrap_or_default();
         // SAFETY: `fd` is an inotify descriptor and `dir` a valid C string.
-        let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), dir.as_ptr(), libc::IN_CREATE | libc::IN_MOVED_TO) };
+        let wd = unsafe {
+            libc::inotify_add_watch(
+                fd.as_raw_fd(),
+                dir.as_ptr(),
+                libc::IN_CREATE | libc::IN_MOVED_TO,
+            )
+        };
         if wd < 0 {
             let e = io::Error::last_os_error();
             idle_watches().push(fd);
@@ -535,7 +590,11 @@ impl ShmWatch {
     /// entry: the caller looks for its own), or `timeout`. Returns true when
     /// one was.
     pub fn wait(&self, timeout: Duration) -> bool {
-        let mut pfd = libc::pollfd { fd: self.raw_fd(), events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd: self.raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
         // SAFETY: `pfd` is one valid pollfd.
         let ready = unsafe { libc::poll(&mut pfd, 1, ms) } > 0;
@@ -585,8 +644,20 @@ mod tests {
                     4: OFDLCK ADVISORY  READ -1 fe:10:99 0 EOF\n\
                     garbage\n";
         let ids = ofd_locks_at_byte_zero(text);
-        let want: std::collections::HashSet<FileId> =
-            [FileId { major: 0, minor: 0x1a, inode: 4242 }, FileId { major: 0xfe, minor: 0x10, inode: 99 }].into_iter().collect();
+        let want: std::collections::HashSet<FileId> = [
+            FileId {
+                major: 0,
+                minor: 0x1a,
+                inode: 4242,
+            },
+            FileId {
+                major: 0xfe,
+                minor: 0x10,
+                inode: 99,
+            },
+        ]
+        .into_iter()
+        .collect();
         assert_eq!(ids, want);
 
         // The kernel's own text, for a segment whose byte 0 this process locks.
@@ -594,8 +665,14 @@ mod tests {
         let name = format!("proc-locks-{}", std::process::id());
         let fd = shm_open(&name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600).unwrap();
         let meta = std::fs::metadata(shm_path(&name)).unwrap();
-        let id = FileId { major: libc::major(meta.dev()), minor: libc::minor(meta.dev()), inode: meta.ino() };
-        let locked = || ofd_locks_at_byte_zero(&std::fs::read_to_string("/proc/locks").unwrap()).contains(&id);
+        let id = FileId {
+            major: libc::major(meta.dev()),
+            minor: libc::minor(meta.dev()),
+            inode: meta.ino(),
+        };
+        let locked = || {
+            ofd_locks_at_byte_zero(&std::fs::read_to_string("/proc/locks").unwrap()).contains(&id)
+        };
         assert!(try_lock_byte(&fd, rank_lock_byte(0)).unwrap());
         assert!(!locked(), "a rank's lock is not the loader's");
         assert!(try_lock_byte(&fd, LOADER_LOCK_BYTE).unwrap());
@@ -625,15 +702,27 @@ mod tests {
         // wait must end with an event, long before its 10 s run out.
         let t = std::time::Instant::now();
         while !path.exists() {
-            assert!(watch.wait(Duration::from_secs(10)), "no event for {}", path.display());
+            assert!(
+                watch.wait(Duration::from_secs(10)),
+                "no event for {}",
+                path.display()
+            );
         }
-        assert!(t.elapsed() < Duration::from_secs(5), "woke after {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "woke after {:?}",
+            t.elapsed()
+        );
         creator.join().unwrap();
         std::fs::remove_file(&path).unwrap();
         // A wait with nothing to report ends at its timeout.
         let t = std::time::Instant::now();
         watch.wait(Duration::from_millis(50));
-        assert!(t.elapsed() < Duration::from_secs(2), "returned after {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "returned after {:?}",
+            t.elapsed()
+        );
     }
 
     #[test]
@@ -641,7 +730,16 @@ mod tests {
         for ok in ["job1", "a", "A.b_c-9", &"x".repeat(64)] {
             assert!(validate_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "a/b", "..", ".hidden", "sp ace", "é", &"x".repeat(65), "a\0b"] {
+        for bad in [
+            "",
+            "a/b",
+            "..",
+            ".hidden",
+            "sp ace",
+            "é",
+            &"x".repeat(65),
+            "a\0b",
+        ] {
             assert!(validate_name(bad).is_err(), "{bad:?}");
         }
     }

@@ -14,7 +14,10 @@ pub(crate) struct View {
 impl View {
     /// Wraps a mapping. The caller has checked `map.len() >= layout.segment_bytes`.
     pub(crate) fn new(map: MmapRaw, layout: Layout) -> View {
-        assert!(map.len() as u64 >= layout.segment_bytes, "mapping smaller than its layout");
+        assert!(
+            map.len() as u64 >= layout.segment_bytes,
+            "mapping smaller than its layout"
+        );
         View { map, layout }
     }
 
@@ -63,7 +66,10 @@ impl View {
     pub(crate) fn payload(&self, slot: u32) -> *mut u8 {
         assert!(slot < self.layout.slot_count());
         // SAFETY: the payload region of slot < W·K lies inside the mapping.
-        unsafe { self.base().add(self.layout.payload_offset_of(slot) as usize) }
+        unsafe {
+            self.base()
+                .add(self.layout.payload_offset_of(slot) as usize)
+        }
     }
 
     /// The rank's K slots, in order.

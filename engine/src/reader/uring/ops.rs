@@ -66,12 +66,13 @@ impl Ring {
         })?;
         // No O_CLOEXEC: the kernel refuses it for direct descriptors, which
         // are never inherited anyway.
-        Ok(
-            opcode::OpenAt::new(types::Fd(self.files.dir_fd()), self.files.c_path(file).as_ptr())
-                .file_index(Some(dest_slot))
-                .flags(libc::O_RDONLY)
-                .build(),
+        Ok(opcode::OpenAt::new(
+            types::Fd(self.files.dir_fd()),
+            self.files.c_path(file).as_ptr(),
         )
+        .file_index(Some(dest_slot))
+        .flags(libc::O_RDONLY)
+        .build())
     }
 
     /// The next read of op `idx`: where it lands, where it reads, how long.

@@ -320,7 +320,10 @@ impl Ring {
     /// Submits what is queued and waits for `want` CQEs.
     fn wait(&mut self, want: usize) -> Result<(), ReadError> {
         // On a transient error: handle the CQEs there are, then wait again.
-        Self::entered(self.ring.submitter().submit_and_wait(want), "io_uring_enter (wait)")
+        Self::entered(
+            self.ring.submitter().submit_and_wait(want),
+            "io_uring_enter (wait)",
+        )
     }
 
     /// An `io_uring_enter` result: interrupted, or out of room for now
@@ -328,7 +331,14 @@ impl Ring {
     /// other error is the engine failing.
     fn entered(result: std::io::Result<usize>, what: &'static str) -> Result<(), ReadError> {
         match result {
-            Err(e) if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => Err(Self::engine_error(what, e)),
+            Err(e)
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                ) =>
+            {
+                Err(Self::engine_error(what, e))
+            }
             _ => Ok(()),
         }
     }
