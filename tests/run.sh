@@ -34,7 +34,7 @@ step "reader fallback: the same reader tests with io_uring disabled"
 RINGFEED_IO_URING_DISABLE=1 cargo test --release --locked -p ringfeed --test reader
 
 step "loom model of the slot handoff"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p ringfeed --test loom_handoff
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p ringfeed-ring --test loom_handoff
 
 step "python binding: pip install ./bindings/python, then pytest"
 .venv/bin/python -m pip install -q --force-reinstall --no-deps ./bindings/python

@@ -12,6 +12,5 @@ pub mod cli;
 pub mod loader;
 pub mod manifest;
 pub mod reader;
-pub mod ring;
+pub use ringfeed_ring as ring;
 pub mod sampler;
-pub mod sync;

@@ -1,7 +1,7 @@
 //! The C ABI of ringfeed (`libringfeed.so`, `libringfeed.a`), described by the
 //! generated header `include/ringfeed.h`.
 //!
-//! A thin layer: every function converts arguments, calls the engine's
+//! A thin layer: every function converts arguments, calls the ring crate's
 //! consumer, and turns errors into a negative code plus a thread-local message
 //! (`rf_last_error`). No logic lives here. Panics never cross the boundary.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -12,7 +12,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use engine::ring::{
+use ring::{
     AttachError, AttachOptions, Consumer, Next, NextError, ReleaseError, SampleEntry,
 };
 
@@ -603,5 +603,5 @@ pub extern "C" fn rf_last_error() -> *const c_char {
 /// Version of the ring ABI this library speaks.
 #[no_mangle]
 pub extern "C" fn rf_abi_version() -> u32 {
-    engine::ring::layout::ABI_VERSION
+    ring::layout::ABI_VERSION
 }

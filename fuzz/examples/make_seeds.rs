@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ringfeed::ring::{segment, AttachOptions, Consumer, Next, Producer, RingGeometry, SampleEntry};
+use ringfeed_ring::{segment, AttachOptions, Consumer, Next, Producer, RingGeometry, SampleEntry};
 
 fn geometry(world_size: u32, slots_per_rank: u32, max_samples_per_slot: u32) -> RingGeometry {
     RingGeometry {

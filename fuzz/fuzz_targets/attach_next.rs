@@ -26,8 +26,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use ringfeed::ring::segment::{self, LOADER_LOCK_BYTE};
-use ringfeed::ring::{BatchRef, Consumer, Next};
+use ringfeed_ring::segment::{self, LOADER_LOCK_BYTE};
+use ringfeed_ring::{BatchRef, Consumer, Next};
 
 /// Largest segment the "fit" flag makes.
 const FIT_MAX_BYTES: u64 = 1 << 20;

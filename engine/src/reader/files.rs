@@ -498,15 +498,6 @@ impl KeptFiles {
     }
 }
 
-/// What a file of mode `mode` is, in words, unless it is a regular file.
-pub(crate) fn not_regular(mode: libc::mode_t) -> Option<&'static str> {
-    match mode & libc::S_IFMT {
-        libc::S_IFREG => None,
-        libc::S_IFDIR => Some("a directory"),
-        libc::S_IFIFO => Some("a FIFO"),
-        libc::S_IFCHR => Some("a character device"),
-        libc::S_IFBLK => Some("a block device"),
-        libc::S_IFSOCK => Some("a socket"),
-        _ => Some("not a regular file"),
-    }
-}
+/// What a file of mode `mode` is, in words, unless it is a regular file (one
+/// wording with the ring's checks of its segments).
+pub(crate) use ringfeed_ring::segment::not_regular_mode as not_regular;

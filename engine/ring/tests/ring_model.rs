@@ -8,8 +8,8 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use ringfeed::ring::observer::Observer;
-use ringfeed::ring::{
+use ringfeed_ring::observer::Observer;
+use ringfeed_ring::{
     AttachOptions, BatchRef, Consumer, Next, NextError, Producer, ReleaseError, RingGeometry,
     SampleEntry,
 };

@@ -13,7 +13,7 @@
 //! contents are the loader's; `consumed` and `released` belong to the holder
 //! of the rank lock (the consumer, or the loader while reclaiming a dead one).
 
-use crate::ring::layout::{RankBlock, SlotMeta};
+use crate::layout::{RankBlock, SlotMeta};
 use crate::sync::{fence, AtomicU32, Ordering};
 
 /// True when the slot may be filled with generation `generation`.
@@ -155,7 +155,7 @@ pub fn reclaim(
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::ring::layout::{RankBlock, SlotMeta};
+    use crate::layout::{RankBlock, SlotMeta};
 
     /// `consumed` and `released` are written by another process: values no
     /// correct consumer writes must not make the loader overwrite batches

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use memmap2::MmapOptions;
 
-use crate::ring::consumer::{validate_header, AttachError};
-use crate::ring::layout::{state, Job};
-use crate::ring::segment::{self, LOADER_LOCK_BYTE};
-use crate::ring::view::View;
+use crate::consumer::{validate_header, AttachError};
+use crate::layout::{state, Job};
+use crate::segment::{self, LOADER_LOCK_BYTE};
+use crate::view::View;
 use crate::sync::Ordering;
 
 /// Counters of one rank at one instant.

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use ringfeed::ring::segment::ShmWatch;
+use ringfeed_ring::segment::ShmWatch;
 
 /// This process's inotify descriptors.
 fn inotify_fds() -> Vec<PathBuf> {

@@ -17,8 +17,8 @@ use loom::sync::atomic::{fence, AtomicU32, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-use ringfeed::ring::layout::{RankBlock, SlotMeta};
-use ringfeed::ring::protocol;
+use ringfeed_ring::layout::{RankBlock, SlotMeta};
+use ringfeed_ring::protocol;
 
 /// Slots per rank in the models.
 const K: u64 = 2;

@@ -394,7 +394,7 @@ pub fn is_a_directory(name: &str) -> bool {
 /// What the object open on `fd` is, unless it is a regular file (or cannot
 /// be told).
 pub fn not_regular(fd: &OwnedFd) -> Option<&'static str> {
-    crate::reader::files::not_regular(fstat(fd).ok()?.st_mode)
+    not_regular_mode(fstat(fd).ok()?.st_mode)
 }
 
 /// Why the object open on `fd` is not a ringfeed segment, if it cannot be
@@ -405,7 +405,7 @@ pub fn not_regular(fd: &OwnedFd) -> Option<&'static str> {
 /// never removed: something else made it, and may still use it.
 pub fn not_a_segment(fd: &OwnedFd) -> Option<String> {
     let st = fstat(fd).ok()?;
-    if let Some(kind) = crate::reader::files::not_regular(st.st_mode) {
+    if let Some(kind) = not_regular_mode(st.st_mode) {
         return Some(kind.into());
     }
     let mut magic = [0u8; 8];
@@ -415,7 +415,7 @@ pub fn not_a_segment(fd: &OwnedFd) -> Option<String> {
         return None; // shorter than a magic: a segment being sized, or empty
     }
     let found = u64::from_le_bytes(magic);
-    (found != 0 && found != crate::ring::layout::MAGIC).then(|| format!("a file of {} bytes that ringfeed did not write (its first bytes are not a ringfeed header)", st.st_size))
+    (found != 0 && found != crate::layout::MAGIC).then(|| format!("a file of {} bytes that ringfeed did not write (its first bytes are not a ringfeed header)", st.st_size))
 }
 
 /// `fstat` of `fd`, without a second descriptor: with the descriptor table
@@ -628,6 +628,19 @@ pub fn human_bytes(bytes: u64) -> String {
         format!("{bytes} B")
     } else {
         format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// What a file of mode `mode` is, in words, unless it is a regular file.
+pub fn not_regular_mode(mode: libc::mode_t) -> Option<&'static str> {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => None,
+        libc::S_IFDIR => Some("a directory"),
+        libc::S_IFIFO => Some("a FIFO"),
+        libc::S_IFCHR => Some("a character device"),
+        libc::S_IFBLK => Some("a block device"),
+        libc::S_IFSOCK => Some("a socket"),
+        _ => Some("not a regular file"),
     }
 }
 

@@ -6,6 +6,12 @@
 //! - [`segment`]: the POSIX shared-memory object and the kernel liveness locks.
 //! - [`producer`] / [`consumer`]: the loader's and the trainer's API.
 //! - [`gc`]: removal of segments whose loader died.
+//! - [`sync`]: the one door to atomics, so that loom can model the handoff.
+//!
+//! This crate is all that `libringfeed` (ffi/) and so every trainer builds:
+//! no tokio, no TLS, no object store client.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
 
 pub mod consumer;
 pub mod futex;
@@ -15,6 +21,7 @@ pub mod observer;
 pub mod producer;
 pub mod protocol;
 pub mod segment;
+pub mod sync;
 mod view;
 
 pub use consumer::{AttachError, AttachOptions, BatchRef, Consumer, Next, NextError, ReleaseError};

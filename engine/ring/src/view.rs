@@ -2,7 +2,7 @@
 
 use memmap2::MmapRaw;
 
-use crate::ring::layout::{Header, Layout, RankBlock, SampleEntryCell, SlotMeta};
+use crate::layout::{Header, Layout, RankBlock, SampleEntryCell, SlotMeta};
 
 /// A mapping whose size and layout were checked against each other, so every
 /// accessor below stays inside it for any in-range rank, slot and entry.

@@ -13,14 +13,14 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::AtomicI32;
 use std::time::{Duration, Instant};
 
-use crate::ring::futex;
-use crate::ring::layout::{
+use crate::futex;
+use crate::layout::{
     state, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES,
 };
-use crate::ring::protocol::{self, ReleaseRefusal};
-use crate::ring::segment::{self, NameError, LOADER_LOCK_BYTE};
-use crate::ring::view::View;
-use crate::ring::SampleEntry;
+use crate::protocol::{self, ReleaseRefusal};
+use crate::segment::{self, NameError, LOADER_LOCK_BYTE};
+use crate::view::View;
+use crate::SampleEntry;
 use crate::sync::Ordering;
 
 /// How long `next` spins before it sleeps. A futex wake costs 35–40 µs here,
@@ -460,15 +460,15 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
             ),
         ));
     }
-    let start = (u32_at(84) & crate::ring::layout::flags::START_KNOWN != 0).then(|| {
-        crate::ring::layout::RunStart {
+    let start = (u32_at(84) & crate::layout::flags::START_KNOWN != 0).then(|| {
+        crate::layout::RunStart {
             epoch: u64_at(112),
             samples_consumed: u64_at(120),
             dataset_samples: u64_at(176),
         }
     });
-    let order = (u32_at(84) & crate::ring::layout::flags::ORDER_KNOWN != 0).then(|| {
-        crate::ring::layout::RunOrder {
+    let order = (u32_at(84) & crate::layout::flags::ORDER_KNOWN != 0).then(|| {
+        crate::layout::RunOrder {
             seed: u64_at(184),
             shuffled: u64_at(192) != 0,
         }
@@ -599,7 +599,7 @@ impl Consumer {
         // fail; the copy taken by validate_header is what we keep.
         let bytes = unsafe { std::slice::from_raw_parts(map.as_ptr(), size as usize) };
         // SAFETY: as above; Header is made of atomics and HEADER_BYTES <= size.
-        let header = unsafe { &*(map.as_ptr() as *const crate::ring::layout::Header) };
+        let header = unsafe { &*(map.as_ptr() as *const crate::layout::Header) };
         // SYNC POINT: Acquire pairs with the loader's Release store of READY:
         // every header field written before it is visible now.
         let st = header.state.load(Ordering::Acquire);

@@ -7,14 +7,14 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::ring::futex;
-use crate::ring::layout::{
+use crate::futex;
+use crate::layout::{
     state, GeometryError, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES,
 };
-use crate::ring::protocol;
-use crate::ring::segment::{self, human_bytes, NameError, LOADER_LOCK_BYTE};
-use crate::ring::view::View;
-use crate::ring::SampleEntry;
+use crate::protocol;
+use crate::segment::{self, human_bytes, NameError, LOADER_LOCK_BYTE};
+use crate::view::View;
+use crate::SampleEntry;
 use crate::sync::Ordering;
 
 /// Why a ring could not be created.
@@ -619,12 +619,12 @@ impl Producer {
             h.start_epoch.store(start.epoch, r);
             h.start_samples.store(start.samples_consumed, r);
             h.dataset_samples.store(start.dataset_samples, r);
-            h.flags.fetch_or(crate::ring::layout::flags::START_KNOWN, r);
+            h.flags.fetch_or(crate::layout::flags::START_KNOWN, r);
         }
         if let Some(order) = job.order {
             h.order_seed.store(order.seed, r);
             h.order_shuffled.store(u64::from(order.shuffled), r);
-            h.flags.fetch_or(crate::ring::layout::flags::ORDER_KNOWN, r);
+            h.flags.fetch_or(crate::layout::flags::ORDER_KNOWN, r);
         }
         for rank in 0..g.world_size {
             view.rank(rank).batches_expected.store(u64::MAX, r);
@@ -1012,7 +1012,7 @@ pub(crate) fn read_loader_pid(fd: &OwnedFd) -> Option<u32> {
     }
     let map = segment::map(fd, HEADER_BYTES).ok()?;
     // SAFETY: the mapping is HEADER_BYTES long; the header is made of atomics.
-    let header = unsafe { &*(map.as_ptr() as *const crate::ring::layout::Header) };
+    let header = unsafe { &*(map.as_ptr() as *const crate::layout::Header) };
     Some(header.loader_pid.load(Ordering::Relaxed))
 }
 

@@ -14,12 +14,12 @@ use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
-use ringfeed::ring::consumer::{validate_header, Next};
-use ringfeed::ring::layout::{
+use ringfeed_ring::consumer::{validate_header, Next};
+use ringfeed_ring::layout::{
     Job, RunOrder, RunStart, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES,
 };
-use ringfeed::ring::segment::{self, LOADER_LOCK_BYTE};
-use ringfeed::ring::{
+use ringfeed_ring::segment::{self, LOADER_LOCK_BYTE};
+use ringfeed_ring::{
     AttachError, AttachOptions, Consumer, CreateError, Layout, NextError, Producer, ReleaseError,
     RingGeometry, SampleEntry,
 };
@@ -842,19 +842,19 @@ fn releasing_a_handle_whose_slot_was_reused_is_stale() {
 // Such a release is now refused, and the batch is delivered as usual.
 #[test]
 fn releasing_a_batch_that_next_never_returned_is_refused_and_nothing_is_lost() {
-    use ringfeed::ring::{Next, SampleEntry};
+    use ringfeed_ring::{Next, SampleEntry};
     let name = format!("notaken-{}", std::process::id());
-    let g = ringfeed::ring::RingGeometry {
+    let g = ringfeed_ring::RingGeometry {
         world_size: 1,
         slots_per_rank: 2,
         max_samples_per_slot: 1,
         slot_payload_bytes: 4096,
     };
-    let mut p = ringfeed::ring::Producer::create(&name, g).expect("create");
-    let mut c = ringfeed::ring::Consumer::attach(
+    let mut p = ringfeed_ring::Producer::create(&name, g).expect("create");
+    let mut c = ringfeed_ring::Consumer::attach(
         &name,
         0,
-        ringfeed::ring::AttachOptions {
+        ringfeed_ring::AttachOptions {
             timeout: Some(std::time::Duration::from_secs(1)),
         },
     )
@@ -875,7 +875,7 @@ fn releasing_a_batch_that_next_never_returned_is_refused_and_nothing_is_lost() {
     assert!(
         matches!(
             e,
-            ringfeed::ring::ReleaseError::NotTaken {
+            ringfeed_ring::ReleaseError::NotTaken {
                 slot: 0,
                 generation: 1
             }

@@ -2,7 +2,7 @@
 
 use std::io;
 
-use crate::ring::segment::{self, LOADER_LOCK_BYTE, SEGMENT_PREFIX, SHM_DIR};
+use crate::segment::{self, LOADER_LOCK_BYTE, SEGMENT_PREFIX, SHM_DIR};
 
 /// What gc did with one segment.
 #[derive(Debug)]
