@@ -396,6 +396,54 @@ const char *rf_last_error(void);
  */
 uint32_t rf_abi_version(void);
 
+/**
+ * The state a loader goes on from, given a state `(in_epoch, in_samples)`
+ * of a dataset of `dataset_samples` samples served `samples_per_step`
+ * (`W × B`) a step: one with less than a step left of its epoch is the next
+ * epoch's start (docs/sampler.md). RF_E_INVALID for a step of 0 samples.
+ *
+ * # Safety
+ * `epoch` and `samples` are writable.
+ */
+int32_t rf_resume_normal(uint64_t in_epoch,
+                         uint64_t in_samples,
+                         uint64_t dataset_samples,
+                         uint64_t samples_per_step,
+                         uint64_t *epoch,
+                         uint64_t *samples);
+
+/**
+ * The state once `steps_done` steps of `in_epoch` were consumed, where
+ * `start_samples` samples of that epoch were consumed before its first step
+ * (a loader's `--resume` in the epoch it started in, 0 in later epochs).
+ * A batch of step `s` gives the state after `s + 1` steps.
+ *
+ * # Safety
+ * `epoch` and `samples` are writable.
+ */
+int32_t rf_resume_after(uint64_t in_epoch,
+                        uint64_t start_samples,
+                        uint64_t steps_done,
+                        uint64_t dataset_samples,
+                        uint64_t samples_per_step,
+                        uint64_t *epoch,
+                        uint64_t *samples);
+
+/**
+ * The state `steps` steps after the state `(in_epoch, in_samples)`, across
+ * epochs (each epoch's tail dropped).
+ *
+ * # Safety
+ * `epoch` and `samples` are writable.
+ */
+int32_t rf_resume_advance(uint64_t in_epoch,
+                          uint64_t in_samples,
+                          uint64_t steps,
+                          uint64_t dataset_samples,
+                          uint64_t samples_per_step,
+                          uint64_t *epoch,
+                          uint64_t *samples);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

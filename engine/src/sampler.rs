@@ -457,14 +457,25 @@ impl Sampler {
             "{steps_done} steps done of {steps} in epoch {epoch}"
         );
         if steps_done >= steps {
+            // Also an epoch this run serves nothing of.
             return ResumeState {
                 epoch: epoch.saturating_add(1),
                 samples_consumed: 0,
             };
         }
+        // The one resume rule (ring::resume). It cannot overflow here: a
+        // served position is bounded by n <= MAX_SAMPLES, checked in `new`.
+        let (epoch, samples_consumed) = crate::ring::resume::after_steps(
+            epoch,
+            self.start_position(epoch),
+            steps_done,
+            self.cfg.n_samples,
+            self.step_samples,
+        )
+        .unwrap_or((epoch.saturating_add(1), 0));
         ResumeState {
             epoch,
-            samples_consumed: self.start_position(epoch) + steps_done * self.step_samples,
+            samples_consumed,
         }
     }
 }

@@ -12,9 +12,10 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use ring::{
-    AttachError, AttachOptions, Consumer, Next, NextError, ReleaseError, SampleEntry,
-};
+mod resume;
+pub use resume::{rf_resume_advance, rf_resume_after, rf_resume_normal};
+
+use ring::{AttachError, AttachOptions, Consumer, Next, NextError, ReleaseError, SampleEntry};
 
 /// Success.
 pub const RF_OK: i32 = 0;

@@ -19,9 +19,9 @@ use crate::layout::{
 };
 use crate::protocol::{self, ReleaseRefusal};
 use crate::segment::{self, NameError, LOADER_LOCK_BYTE};
+use crate::sync::Ordering;
 use crate::view::View;
 use crate::SampleEntry;
-use crate::sync::Ordering;
 
 /// How long `next` spins before it sleeps. A futex wake costs 35–40 µs here,
 /// so a batch arriving within this window is taken with no system call.
@@ -460,19 +460,17 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
             ),
         ));
     }
-    let start = (u32_at(84) & crate::layout::flags::START_KNOWN != 0).then(|| {
-        crate::layout::RunStart {
+    let start =
+        (u32_at(84) & crate::layout::flags::START_KNOWN != 0).then(|| crate::layout::RunStart {
             epoch: u64_at(112),
             samples_consumed: u64_at(120),
             dataset_samples: u64_at(176),
-        }
-    });
-    let order = (u32_at(84) & crate::layout::flags::ORDER_KNOWN != 0).then(|| {
-        crate::layout::RunOrder {
+        });
+    let order =
+        (u32_at(84) & crate::layout::flags::ORDER_KNOWN != 0).then(|| crate::layout::RunOrder {
             seed: u64_at(184),
             shuffled: u64_at(192) != 0,
-        }
-    });
+        });
     let job = Job::from_header(
         u32_at(100),
         u32_at(96),

@@ -138,14 +138,13 @@ impl Job {
             std::cmp::Ordering::Greater => 0,
         };
         let per_step = u64::from(self.job_world_size).checked_mul(u64::from(batch_size))?;
-        let done = step
-            .checked_add(1)?
-            .checked_mul(per_step)?
-            .checked_add(before)?;
-        if done.checked_add(per_step)? > start.dataset_samples {
-            return Some((epoch.checked_add(1)?, 0));
-        }
-        Some((epoch, done))
+        crate::resume::after_steps(
+            epoch,
+            before,
+            step.checked_add(1)?,
+            start.dataset_samples,
+            per_step,
+        )
     }
 
     /// Whether the ring's ranks are the whole job.

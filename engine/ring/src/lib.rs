@@ -20,6 +20,7 @@ pub mod layout;
 pub mod observer;
 pub mod producer;
 pub mod protocol;
+pub mod resume;
 pub mod segment;
 pub mod sync;
 mod view;

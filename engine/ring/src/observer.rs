@@ -8,8 +8,8 @@ use memmap2::MmapOptions;
 use crate::consumer::{validate_header, AttachError};
 use crate::layout::{state, Job};
 use crate::segment::{self, LOADER_LOCK_BYTE};
-use crate::view::View;
 use crate::sync::Ordering;
+use crate::view::View;
 
 /// Counters of one rank at one instant.
 #[derive(Clone, Copy, Debug, Default)]

@@ -13,9 +13,9 @@ use crate::layout::{
 };
 use crate::protocol;
 use crate::segment::{self, human_bytes, NameError, LOADER_LOCK_BYTE};
+use crate::sync::Ordering;
 use crate::view::View;
 use crate::SampleEntry;
-use crate::sync::Ordering;
 
 /// Why a ring could not be created.
 #[derive(Debug, thiserror::Error)]
