@@ -70,7 +70,10 @@ its own).
 """
 
 from . import _lib
-from ._feed import Batch, Feed, FeedInfo, abi_version, attach, check_resume, check_same_plan
+from ._batch import Batch
+from ._feed import Feed, FeedInfo, abi_version, attach
+from ._job import check_same_plan
+from ._resume import check_resume
 from .errors import (
     AbortedError,
     AllSlotsHeldError,
