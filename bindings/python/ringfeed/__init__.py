@@ -15,6 +15,10 @@ and reads its batches in place::
         x = x.cuda(non_blocking=False)  # copy out of the ring ...
         batch.release()                 # ... then give the slot back
 
+For torch, ``ringfeed.torch.Loader`` (the one module that imports torch)
+gives each batch as a tensor, on the CPU without a copy or on a GPU through
+the pinned ring, with torchdata's ``state_dict`` / ``load_state_dict``.
+
 Lifetime of views (the one rule to know)
 ----------------------------------------
 Views (``sample()``, ``buffer()``, ``array()`` and every numpy array or torch
