@@ -303,3 +303,17 @@ def test_load_state_dict_after_the_first_batch_is_refused(serve):
         next(loader)
         with pytest.raises(ringfeed.InvalidArgumentError, match="before iterating"):
             loader.load_state_dict(state)
+
+
+def test_a_loader_with_no_feed_attaches_from_the_environment_and_closes_what_it_attached(producer, monkeypatch):
+    p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=2)
+    monkeypatch.setenv("RINGFEED_NAME", p.name)
+    for var in ("LOCAL_RANK", "RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    with ringfeed.torch.Loader() as loader:
+        assert (loader.feed.name, loader.feed.rank) == (p.name, 0)
+        assert [loader.step for _ in loader] == [0, 1]
+    assert loader.feed.closed
+    with pytest.raises(ValueError, match="closed"):
+        next(ringfeed.torch.Loader(loader.feed))
+    assert p.wait() == 0

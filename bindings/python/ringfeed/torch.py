@@ -265,8 +265,10 @@ class Loader:
         """The feed's next batch, or None at the end of the run."""
         if self._ended:
             return None
-        if self._closed or self._feed.closed:
-            raise ValueError("the loader of feed %r is closed" % self._feed.name)
+        if self._closed:
+            raise ValueError("this loader of feed %r is closed" % self._feed.name)
+        if self._feed.closed:
+            raise ValueError("the feed %r of this loader is closed: attach again (ringfeed.attach)" % self._feed.name)
         self._started = True
         batch = self._feed.next()
         if batch is None:
