@@ -147,9 +147,30 @@ def _cuda_error_text(cudart, result):
         return "cudaError %d" % code
 
 
+def _finish_gpu(waiting, ahead, stream, unpin):
+    """The end of a CUDA Loader, by close() or when it is dropped: waits for
+    the copies in flight and gives their slots back (never before), then
+    unpins the ring. Refers to no Loader, so that it can be its finalizer;
+    ``unpin`` holds the feed, so the ring stays mapped until then."""
+    while waiting:
+        entry = waiting.popleft()
+        entry.event.synchronize()
+        _release_entry(entry)
+    ahead.clear()
+    stream.synchronize()
+    if unpin is not None:
+        _unregister(*unpin)
+
+
+def _release_entry(entry):
+    """Gives the slot of ``entry`` back; its copy's event has completed."""
+    entry.host = None  # the views of the slot
+    entry.batch.release()
+    entry.batch = None
+
+
 def _unregister(cudart, device, address, feed):
-    """Finalizer: unpins the region, in the context that pinned it. Holds the
-    feed, so the ring stays mapped until the region is unpinned."""
+    """Unpins the region, in the context that pinned it."""
     with torch.cuda.device(device):
         result = cudart.cudaHostUnregister(address)
     if _cuda_code(result) != 0:
@@ -209,11 +230,14 @@ class Loader:
         self._ahead = collections.deque()
         self._waiting = collections.deque()
         self._stream = None
-        self._unpin = None
+        self._pinned = False
         if self._device is not None:
             self._stream = torch.cuda.Stream(self._device)
-            if pin_memory:
-                self._pin()
+            unpin = self._pin() if pin_memory else None
+            self._pinned = unpin is not None
+            # Not at exit: the OS unpins and unmaps then, CUDA may be gone already.
+            self._finish = weakref.finalize(self, _finish_gpu, self._waiting, self._ahead, self._stream, unpin)
+            self._finish.atexit = False
 
     @property
     def feed(self):
@@ -228,9 +252,11 @@ class Loader:
     @property
     def pinned(self):
         """True while this loader holds the ring's payload region pinned."""
-        return self._unpin is not None and self._unpin.alive
+        return self._pinned and self._finish.alive
 
     def _pin(self):
+        """Pins the payload region; returns the arguments of its _unregister,
+        or None when someone else in this process pinned it already."""
         info = self._feed.info
         address, nbytes = info.payload_region_address, info.payload_region_bytes
         if not address or not nbytes:
@@ -243,15 +269,13 @@ class Loader:
         code = _cuda_code(result)
         if code == _CUDA_ALREADY_REGISTERED:
             _LOG.info("ringfeed: the ring of %r is pinned already in this process; copies use that", self._feed.name)
-            return
+            return None
         if code != 0:
             raise errors.Error(
                 "pinning the ring of loader %r (cudaHostRegister of %d bytes at %#x) failed: %s; pass "
                 "pin_memory=False to copy from unpinned memory (slower)"
                 % (self._feed.name, nbytes, address, _cuda_error_text(cudart, result)))
-        # Not at exit: the OS unpins and unmaps then, CUDA may be gone already.
-        self._unpin = weakref.finalize(self, _unregister, cudart, self._device, address, self._feed)
-        self._unpin.atexit = False
+        return (cudart, self._device, address, self._feed)
 
     def __iter__(self):
         return self
@@ -362,9 +386,7 @@ class Loader:
 
     def _release(self, entry):
         """Gives the slot of ``entry`` back; its copy's event has completed."""
-        entry.host = None  # the views of the slot
-        entry.batch.release()
-        entry.batch = None
+        _release_entry(entry)
 
     def _reap(self):
         """Gives back the slots whose copies have completed."""
@@ -445,9 +467,7 @@ class Loader:
         self._closed = True
         if self._device is not None:
             self._drain()
-            self._stream.synchronize()
-        if self._unpin is not None:
-            self._unpin()
+            self._finish()
         if self._owns_feed:
             self._feed.close()
 
