@@ -38,6 +38,7 @@ import torch  # noqa: E402
 
 RECORD_BYTES = 1 << 20  # 1 MiB a sample
 BATCH = 16  # 16 MiB a batch
+SLOTS = 4  # 64 MiB of ring to pin
 RECORDS = 512  # 32 steps an epoch
 EPOCHS = 2
 VERIFY_FIRST = 6  # batches compared with their CPU view
@@ -71,9 +72,23 @@ def serve(root, epochs):
     proc = subprocess.Popen(
         [ringfeed_bin(), "serve", "--source", root, "--name", name, "--batch-size", str(BATCH),
          "--record-bytes", str(RECORD_BYTES), "--world-size", "1", "--epochs", str(epochs), "--seed", "3",
-         "--manifest-cache", "off"],
+         "--slots-per-rank", str(SLOTS), "--manifest-cache", "off"],
         stderr=subprocess.PIPE, text=True)
     return name, proc
+
+
+def attach(ringfeed, name, proc):
+    """Attaches to rank 0 of the loader ``proc`` serves, or fails with its
+    own error if it exits first (no /dev/shm room, say)."""
+    deadline = time.monotonic() + ATTACH_TIMEOUT_S
+    while True:
+        try:
+            return ringfeed.attach(name, 0, timeout=1)
+        except (ringfeed.TimeoutError, ringfeed.LoaderGoneError):
+            if proc.poll() is not None:
+                fail("the loader exited %d before serving:\n%s" % (proc.returncode, proc.stderr.read()[-2000:]))
+            if time.monotonic() > deadline:
+                fail("no loader %r within %d s" % (name, ATTACH_TIMEOUT_S))
 
 
 def finish(proc, what):
@@ -137,7 +152,7 @@ def run_pass(root, pinned, ringfeed, ringfeed_torch):
     device = torch.device("cuda", 0)
     loader_class = make_checked_loader_class(ringfeed_torch)
     try:
-        feed = ringfeed.attach(name, 0, timeout=ATTACH_TIMEOUT_S)
+        feed = attach(ringfeed, name, proc)
         loader = loader_class(feed, dtype=torch.uint8, shape=(RECORD_BYTES,), device=device, pin_memory=pinned)
         if loader.pinned != pinned:
             fail("pin_memory=%s but loader.pinned is %s" % (pinned, loader.pinned))
@@ -181,7 +196,7 @@ def raw_h2d(root, ringfeed, ringfeed_torch):
     name, proc = serve(root, 1)
     device = torch.device("cuda", 0)
     try:
-        feed = ringfeed.attach(name, 0, timeout=ATTACH_TIMEOUT_S)
+        feed = attach(ringfeed, name, proc)
         loader = ringfeed_torch.Loader(feed, device=device)  # pins the ring
         batch = feed.next(timeout=ATTACH_TIMEOUT_S)
         ring_view = torch.from_numpy(batch.array())
