@@ -11,25 +11,27 @@ and its place in it (`--world-size 16 --nnodes 2 --node-rank N`), and torchrun
 as usual; attach() checks RANK and WORLD_SIZE against the loader's ranks, and
 check_same_plan() that all the loaders serve the same files in the same order.
 
-Each rank attaches to its slice of the ring (rank from LOCAL_RANK) and gets
-batches as zero-copy numpy views of shared memory; torch.from_numpy wraps
-them without a copy. Every rank gets the same number of batches per epoch,
-so DDP never hangs on a short rank. Each record is a sequence of uint16
-tokens (record bytes / 2 of them); the toy model's vocabulary is small.
+Each rank attaches to its slice of the ring (rank from LOCAL_RANK), and
+ringfeed.torch.Loader gives each batch as a (B, L) uint16 tensor of tokens
+(record bytes / 2 of them): on a GPU, copied from the pinned ring with
+non_blocking=True, the slot going back once the copy is done; on the CPU, a
+zero-copy view of the slot, which goes back once the tensor is dropped. Every
+rank gets the same number of batches per epoch, so DDP never hangs on a short
+rank. The toy model's vocabulary is small.
 
 Checkpoints: with CHECKPOINT=PATH, rank 0 saves the model, the optimizer and
-the data state (batch.resume_state, feed.order) there every 20 steps, and a
-later run goes on from it. Restart the loader with the `--resume E:S` the
-last "checkpoint" line printed; check_resume() stops every rank, naming the
-flag, if the loader does not start there or serves another sample order.
+the loader's state_dict() there every 20 steps, and a later run goes on from
+it with load_state_dict(). Restart the loader with the `--resume E:S` the
+last "checkpoint" line printed; load_state_dict() stops every rank, naming
+the flag, if the loader does not start there or serves another sample order.
 """
 import os
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 import ringfeed
+import ringfeed.torch
 
 VOCAB = 4096
 
@@ -48,12 +50,10 @@ def main():
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     checkpoint = os.environ.get("CHECKPOINT")
-    data_state = data_order = None
-    if checkpoint and os.path.exists(checkpoint):
-        saved = torch.load(checkpoint, map_location=device)
+    saved = torch.load(checkpoint, map_location=device) if checkpoint and os.path.exists(checkpoint) else None
+    if saved:
         (model.module if distributed else model).load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
-        data_state, data_order = saved["data_state"], saved["data_order"]
 
     feed = ringfeed.attach()  # RINGFEED_NAME, LOCAL_RANK
     if distributed:
@@ -62,40 +62,37 @@ def main():
         # torchrun restarted every rank (--max-restarts), it also brings the
         # ranks to the same step.
         ringfeed.check_same_plan(feed)
-    # The loader goes on where the checkpoint does, under the same sample
-    # order (from the beginning, with no checkpoint): else some samples would
-    # be trained twice and others never.
-    ringfeed.check_resume(feed, data_state, data_order)
-    for batch in feed:
-        seq_len = len(batch.sample(0)) // 2
-        tokens = torch.from_numpy(batch.array(np.uint16, (len(batch), seq_len)))  # no copy
-        # .to(device) copies once, host to GPU; pin the ring (cudaHostRegister on
-        # feed.info's payload region) to make that a DMA. Then the slot can go.
-        x = tokens.to(device).long() % VOCAB
-        del tokens
-        batch.release()
+    # Each batch as a (B, L) uint16 tensor of tokens, on `device`.
+    loader = ringfeed.torch.Loader(feed, dtype=torch.uint16, shape=(-1,), device=device)
+    if saved:
+        # The loader goes on where the checkpoint does, under the same sample
+        # order: else some samples would be trained twice and others never.
+        loader.load_state_dict(saved["data"])
+    for tokens in loader:
+        x = tokens.long() % VOCAB
+        del tokens  # on the CPU a view of the slot: dropped, the slot goes back
         logits = model(x[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if batch.step % 20 == 0 and int(os.environ.get("RANK", 0)) == 0:
+        if loader.step % 20 == 0 and int(os.environ.get("RANK", 0)) == 0:
             # Every rank has trained on this step (DDP's all-reduce), so
-            # `ringfeed serve ... --resume E:N` with batch.resume_state goes on
-            # after it.
-            epoch, samples = batch.resume_state
-            print("epoch %d step %d loss %.3f (resume: --resume %d:%d)" % (batch.epoch, batch.step, loss.item(), epoch, samples),
+            # `ringfeed serve ... --resume E:N` with the loader's resume_state
+            # goes on after it.
+            epoch, samples = loader.resume_state
+            print("epoch %d step %d loss %.3f (resume: --resume %d:%d)" % (loader.epoch, loader.step, loss.item(), epoch, samples),
                   flush=True)
             if checkpoint:
                 state = {
                     "model": (model.module if distributed else model).state_dict(),
                     "opt": opt.state_dict(),
-                    "data_state": batch.resume_state,
-                    "data_order": feed.order,
+                    "data": loader.state_dict(),
                 }
                 torch.save(state, checkpoint + ".tmp")
                 os.replace(checkpoint + ".tmp", checkpoint)
                 print("checkpoint %s: restart the loader with --resume %d:%d" % (checkpoint, epoch, samples), flush=True)
+    loader.close()
     feed.close()
     if distributed:
         dist.destroy_process_group()

@@ -421,7 +421,7 @@ def test_a_ctrl_c_in_a_give_back_queues_only_a_slot_that_finalizer_took(producer
     # the caller, and hands that slot out again itself; a finalizer
     # interrupted then must not queue it too (the next call would give back
     # a slot whose batch is about to be returned).
-    import ringfeed._feed as feed_module
+    import ringfeed._handle as feed_module  # the slots' give-back
 
     p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=2)
     with ringfeed.attach(p.name, 0, timeout=5) as feed:

@@ -15,6 +15,10 @@ and reads its batches in place::
         x = x.cuda(non_blocking=False)  # copy out of the ring ...
         batch.release()                 # ... then give the slot back
 
+For torch, ``ringfeed.torch.Loader`` (the one module that imports torch)
+gives each batch as a tensor, on the CPU without a copy or on a GPU through
+the pinned ring, with torchdata's ``state_dict`` / ``load_state_dict``.
+
 Lifetime of views (the one rule to know)
 ----------------------------------------
 Views (``sample()``, ``buffer()``, ``array()`` and every numpy array or torch
@@ -70,7 +74,10 @@ its own).
 """
 
 from . import _lib
-from ._feed import Batch, Feed, FeedInfo, abi_version, attach, check_resume, check_same_plan
+from ._batch import Batch
+from ._feed import Feed, FeedInfo, abi_version, attach
+from ._job import check_same_plan
+from ._resume import check_resume
 from .errors import (
     AbortedError,
     AllSlotsHeldError,

@@ -1,7 +1,8 @@
 """The C ABI of ``libringfeed.so`` in ctypes: loading, structs, prototypes.
 
 Mirrors ``ffi/src/lib.rs`` (the source of truth) and ``include/ringfeed.h``.
-Nothing here has logic of its own; ``_feed.py`` builds the Python API on it.
+Nothing here has logic of its own; ``_handle.py``, ``_batch.py`` and
+``_feed.py`` build the Python API on it.
 """
 
 import ctypes

@@ -1,0 +1,226 @@
+"""Batch: one taken slot, its metadata copied out and its bytes viewed in
+place. Every view keeps the slot's base alive; the base's finalizer
+(``_handle._give_back``) gives the slot back when the last one dies."""
+
+import ctypes
+import functools
+import weakref
+
+import numpy as np
+
+from . import _lib
+from ._handle import _give_back
+from ._resume import _normal
+
+_SAMPLE_DTYPE = np.dtype([("offset", "<u8"), ("len", "<u8"), ("index", "<u8")])
+assert _SAMPLE_DTYPE.itemsize == ctypes.sizeof(_lib.rf_sample)
+
+
+@functools.lru_cache(maxsize=256)
+def _base_type(nbytes):
+    # A Python subclass of the ctypes array: unlike the array type itself, its
+    # instances accept weak references (needed by weakref.finalize).
+    return type("SlotPayload", (ctypes.c_ubyte * nbytes,), {})
+
+
+class Batch:
+    """One batch of this rank: metadata copied out, bytes viewed in place.
+
+    The slot is given back to the loader exactly once, when both the batch has
+    been released (``release()``, leaving a ``with`` block, or dropping the
+    Batch) and every view made from it is gone. ``release()`` never leaves a
+    dangling view: while views are alive it only defers.
+    """
+
+    __slots__ = ("_base", "_finalizer", "_table", "_resume", "epoch", "step", "slot", "generation", "nbytes", "data_ptr")
+
+    def __init__(self, handle, raw, claim):
+        n = raw.n_samples
+        # The sample table lives in the library's private memory, reused when
+        # this slot is reused: copy it (24 bytes a sample).
+        table_bytes = ctypes.string_at(raw.samples, n * _SAMPLE_DTYPE.itemsize) if n else b""
+        self._table = np.frombuffer(table_bytes, dtype=_SAMPLE_DTYPE)
+        self.epoch = raw.epoch
+        self.step = raw.step
+        self.slot = raw.slot
+        self.generation = raw.generation
+        self.nbytes = raw.data_len
+        self.data_ptr = raw.data or 0
+        self._resume = handle.resume
+        self._base = _base_type(raw.data_len).from_address(self.data_ptr)
+        self._finalizer = weakref.finalize(self._base, _give_back, handle, raw, claim)
+        self._finalizer.atexit = False
+        handle.claims.add(claim)
+
+    def __len__(self):
+        return len(self._table)
+
+    def __copy__(self):
+        # Another Batch on the same slot (copy.copy): shares its base, so the
+        # slot is given back once both are released and their views gone.
+        twin = object.__new__(Batch)
+        for attr in Batch.__slots__:
+            object.__setattr__(twin, attr, getattr(self, attr))
+        return twin
+
+    def __reduce__(self):
+        raise TypeError(
+            "a ringfeed Batch cannot be pickled, deep-copied or sent to another process: its bytes are a view of "
+            "the loader's ring. Send a copy of the data instead (e.g. batch.array().copy(), or "
+            "torch.from_numpy(batch.array()).clone())"
+        )
+
+    def __repr__(self):
+        state = "released" if self.released else ("releasing" if self._base is None else "held")
+        return "<ringfeed.Batch epoch=%d step=%d samples=%d nbytes=%d %s>" % (
+            self.epoch,
+            self.step,
+            len(self),
+            self.nbytes,
+            state,
+        )
+
+    @property
+    def resume_state(self):
+        """``(epoch, samples)``: once every rank of the job has trained on its
+        batch of this step, ``ringfeed serve ... --resume EPOCH:SAMPLES`` (same
+        dataset, seed and batch size, any world size) goes on with the next
+        step. Save it in your checkpoint. None if the loader does not record
+        where it started (an older ``ringfeed serve``).
+
+        ``step`` counts from the loader's own ``--resume`` point in the epoch
+        it started in, so ``(step + 1) * W * B`` alone is the state only for a
+        loader started at the beginning of an epoch; this adds that start.
+        After an epoch's last step it is ``(epoch + 1, 0)``: the epoch's
+        dropped tail is not carried over (docs/sampler.md, section 3).
+        """
+        # The rule of Job::resume_state_after (engine/src/ring/layout.rs),
+        # which rf_resume_state applies: computed here, because a released
+        # batch may outlive its feed's attachment. The end-to-end resume test
+        # checks that both agree on every batch.
+        if self._resume is None:
+            return None
+        (start_epoch, start_samples), dataset_samples, per_step = self._resume
+        if self.epoch < start_epoch:
+            return None  # not a batch of this loader
+        done = (start_samples if self.epoch == start_epoch else 0) + (self.step + 1) * per_step
+        # After the epoch's last step: its dropped tail is not carried over.
+        return _normal((self.epoch, done), dataset_samples, per_step)
+
+    @property
+    def indices(self):
+        """Manifest index of each sample: a new numpy uint64 array."""
+        return np.array(self._table["index"], dtype=np.uint64)
+
+    @property
+    def offsets(self):
+        """Byte offset of each sample from the start of the batch payload."""
+        return np.array(self._table["offset"], dtype=np.uint64)
+
+    @property
+    def lengths(self):
+        """Byte length of each sample."""
+        return np.array(self._table["len"], dtype=np.uint64)
+
+    @property
+    def released(self):
+        """True once the slot is given back to the loader (all views gone)."""
+        return not self._finalizer.alive
+
+    def release(self):
+        """Gives the slot back now, or, while views are alive, when the last
+        one dies. A second call does nothing."""
+        self._base = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def _live_base(self):
+        if self._base is None:
+            raise ValueError("this batch was released: it can make no new views (views made before stay valid)")
+        return self._base
+
+    def buffer(self):
+        """Zero-copy memoryview of the whole payload (``nbytes`` bytes)."""
+        return memoryview(self._live_base()).cast("B")
+
+    def sample(self, i):
+        """Zero-copy memoryview of sample ``i``'s bytes."""
+        base = self._live_base()
+        n = len(self._table)
+        if not -n <= i < n:
+            raise IndexError("sample %d out of range: the batch has %d samples" % (i, n))
+        entry = self._table[i]
+        start = int(entry["offset"])
+        return memoryview(base).cast("B")[start : start + int(entry["len"])]
+
+    def array(self, dtype="uint8", shape=None):
+        """Zero-copy numpy view of the payload as ``shape`` items of ``dtype``.
+
+        Needs fixed-size samples laid end to end (sample i at offset i*len):
+        raises ValueError saying why otherwise. ``shape`` defaults to
+        (samples, len // itemsize); one entry may be -1. The array is writable:
+        the slot belongs to this process until it is given back.
+        """
+        base = self._live_base()
+        dt = np.dtype(dtype)
+        if dt.itemsize == 0 or dt.hasobject:
+            raise ValueError("dtype %s cannot view raw bytes" % dt)
+        sample_bytes = self._fixed_sample_bytes()
+        total = len(self._table) * sample_bytes
+        if total % dt.itemsize:
+            raise ValueError("the batch's %d bytes are not a whole number of %s items (%d bytes each)" % (total, dt, dt.itemsize))
+        if shape is None:
+            if sample_bytes % dt.itemsize:
+                raise ValueError("a sample of %d bytes is not a whole number of %s items; pass a shape" % (sample_bytes, dt))
+            shape = (len(self._table), sample_bytes // dt.itemsize)
+        shape = _check_shape(shape, total // dt.itemsize, dt, total)
+        flat = np.frombuffer(base, dtype=dt, count=total // dt.itemsize, offset=0)
+        return flat.reshape(shape)
+
+    def _fixed_sample_bytes(self):
+        """The common sample length, checking samples are equal-sized and end to end."""
+        if len(self._table) == 0:
+            return 0
+        lens = self._table["len"]
+        sample_bytes = int(lens[0])
+        unequal = np.flatnonzero(lens != sample_bytes)
+        if unequal.size:
+            i = int(unequal[0])
+            raise ValueError("samples differ in size (sample 0 has %d bytes, sample %d has %d): use sample(i)" % (sample_bytes, i, int(lens[i])))
+        expected = np.arange(len(lens), dtype=np.uint64) * np.uint64(sample_bytes)
+        apart = np.flatnonzero(self._table["offset"] != expected)
+        if apart.size:
+            i = int(apart[0])
+            raise ValueError(
+                "samples are not laid end to end (sample %d is at offset %d, not %d): use sample(i)"
+                % (i, int(self._table["offset"][i]), int(expected[i]))
+            )
+        return sample_bytes
+
+
+def _check_shape(shape, count, dt, total):
+    """The shape as a tuple if it holds exactly ``count`` items, else ValueError."""
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    shape = tuple(int(d) for d in shape)
+    if any(d < -1 for d in shape) or shape.count(-1) > 1:
+        raise ValueError("invalid shape %r: dimensions must be >= 0, with at most one -1" % (shape,))
+    known = 1
+    for d in shape:
+        if d != -1:
+            known *= d
+    if -1 in shape:
+        if known == 0 or count % known:
+            raise ValueError("shape %r cannot hold the batch's %d %s items (%d bytes)" % (shape, count, dt, total))
+        return tuple(count // known if d == -1 else d for d in shape)
+    if known != count:
+        raise ValueError(
+            "shape %r holds %d %s items (%d bytes) but the batch has %d bytes"
+            % (shape, known, dt, known * dt.itemsize, total)
+        )
+    return shape
