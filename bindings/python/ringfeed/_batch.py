@@ -8,9 +8,8 @@ import weakref
 
 import numpy as np
 
-from . import _lib
+from . import _handle, _lib
 from ._handle import _give_back
-from ._resume import _normal
 
 _SAMPLE_DTYPE = np.dtype([("offset", "<u8"), ("len", "<u8"), ("index", "<u8")])
 assert _SAMPLE_DTYPE.itemsize == ctypes.sizeof(_lib.rf_sample)
@@ -94,18 +93,19 @@ class Batch:
         After an epoch's last step it is ``(epoch + 1, 0)``: the epoch's
         dropped tail is not carried over (docs/sampler.md, section 3).
         """
-        # The rule of Job::resume_state_after (engine/src/ring/layout.rs),
-        # which rf_resume_state applies: computed here, because a released
-        # batch may outlive its feed's attachment. The end-to-end resume test
-        # checks that both agree on every batch.
+        # The rule of Job::resume_state_after (engine/ring/src/layout.rs), as
+        # rf_resume_after gives it without a feed: a released batch may
+        # outlive its feed's attachment. The end-to-end resume test checks
+        # that it agrees with rf_resume_state on every batch.
         if self._resume is None:
             return None
         (start_epoch, start_samples), dataset_samples, per_step = self._resume
         if self.epoch < start_epoch:
             return None  # not a batch of this loader
-        done = (start_samples if self.epoch == start_epoch else 0) + (self.step + 1) * per_step
-        # After the epoch's last step: its dropped tail is not carried over.
-        return _normal((self.epoch, done), dataset_samples, per_step)
+        before = start_samples if self.epoch == start_epoch else 0
+        return _lib.resume_rule(
+            _handle._LIB, "rf_resume_after", self.epoch, before, self.step + 1, dataset_samples, per_step
+        )
 
     @property
     def indices(self):

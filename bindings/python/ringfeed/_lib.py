@@ -136,6 +136,13 @@ def _declare(lib):
     if hasattr(lib, "rf_get_start"):
         lib.rf_get_start.argtypes = [_feed_p] + [ctypes.POINTER(ctypes.c_uint64)] * 3
         lib.rf_get_start.restype = ctypes.c_int
+    for name, arity in (("rf_resume_normal", 4), ("rf_resume_after", 5), ("rf_resume_advance", 5)):
+        # The resume rule (ring::resume in the engine), so that the binding
+        # never keeps a copy of it that could drift.
+        if hasattr(lib, name):
+            fn = getattr(lib, name)
+            fn.argtypes = [ctypes.c_uint64] * arity + [ctypes.POINTER(ctypes.c_uint64)] * 2
+            fn.restype = ctypes.c_int
     if hasattr(lib, "rf_get_order"):
         lib.rf_get_order.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)]
         lib.rf_get_order.restype = ctypes.c_int
@@ -158,6 +165,22 @@ def load():
     except (OSError, AttributeError) as e:
         raise ImportError("ringfeed: cannot load the C library %s: %s" % (path, e)) from e
     return lib
+
+
+def resume_rule(lib, name, *args):
+    """Calls the library's resume rule ``name`` (rf_resume_normal, _after or
+    _advance) and returns its ``(epoch, samples)``, or None where it has no
+    state (a step of 0 samples or larger than the dataset, an overflow)."""
+    fn = getattr(lib, name, None)
+    if fn is None:
+        raise ImportError(
+            "ringfeed: the C library %s predates %s; reinstall the package or point %s at a newer libringfeed.so"
+            % (library_path(), name, LIBRARY_ENV)
+        )
+    epoch, samples = ctypes.c_uint64(), ctypes.c_uint64()
+    if fn(*args, ctypes.byref(epoch), ctypes.byref(samples)) != RF_OK:
+        return None
+    return (epoch.value, samples.value)
 
 
 def last_error(lib):

@@ -4,7 +4,7 @@ only with a loader that starts where it does, under the same sample order."""
 import logging
 import operator
 
-from . import _lib
+from . import _handle, _lib
 from . import errors
 
 _LOG = logging.getLogger("ringfeed")
@@ -132,22 +132,14 @@ def _check_order(feed, order):
 
 def _normal(state, n, per_step):
     """A state as the loader goes on from it: one with less than a step left
-    of its epoch goes on with the next epoch."""
-    epoch, samples = state
-    if samples + per_step > n:
-        return (epoch + 1, 0)
-    return (epoch, samples)
+    of its epoch goes on with the next epoch (rf_resume_normal: the
+    loader's own rule, ring::resume)."""
+    return _lib.resume_rule(_handle._LIB, "rf_resume_normal", state[0], state[1], n, per_step)
 
 
 def _advance(start, steps, n, per_step):
-    """The state ``steps`` steps after ``start``."""
-    epoch, samples = _normal(start, n, per_step)
-    left = (n - samples) // per_step
-    if steps < left:
-        return _normal((epoch, samples + steps * per_step), n, per_step)
-    steps -= left
-    per_epoch = n // per_step
-    return (epoch + 1 + steps // per_epoch, (steps % per_epoch) * per_step)
+    """The state ``steps`` steps after ``start`` (rf_resume_advance)."""
+    return _lib.resume_rule(_handle._LIB, "rf_resume_advance", start[0], start[1], steps, n, per_step)
 
 
 def _steps_between(a, b, n, per_step):
