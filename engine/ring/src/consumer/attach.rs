@@ -1,0 +1,382 @@
+//! Attaching: find the loader's segment, trust nothing in it (every offset
+//! recomputed from the header's counts against the mapping's real size), and
+//! take the rank's lock.
+
+use super::fork::register_lock_fd;
+use super::*;
+
+/// First pause of an attach that waits for a segment to be finished or a
+/// rank to be freed; it doubles up to `ATTACH_POLL`.
+const ATTACH_RETRY_FIRST: Duration = Duration::from_micros(200);
+
+/// Longest pause of an attach that waits for a segment to appear (it is
+/// woken at once by the /dev/shm watch; this bounds a missed event), or that
+/// waits without a watch.
+const ATTACH_POLL: Duration = Duration::from_millis(10);
+
+pub(super) fn corrupt(path: &str, what: impl Into<String>) -> AttachError {
+    AttachError::Corrupt {
+        path: path.to_string(),
+        what: what.into(),
+    }
+}
+
+/// Validates a mapped header against the mapping's real size and returns the
+/// layout recomputed from its counts, and where its ranks sit in the job.
+/// Exposed for the fuzz target.
+pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), AttachError> {
+    if (bytes.len() as u64) < HEADER_BYTES {
+        return Err(corrupt(
+            path,
+            format!(
+                "it is {} bytes, smaller than a ring header ({HEADER_BYTES})",
+                bytes.len()
+            ),
+        ));
+    }
+    let u32_at =
+        |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+    let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
+    if u64_at(0) != MAGIC {
+        return Err(corrupt(path, "bad magic (not made by ringfeed)"));
+    }
+    let abi = u32_at(8);
+    if abi != ABI_VERSION {
+        return Err(AttachError::AbiMismatch {
+            path: path.to_string(),
+            found: abi,
+            expected: ABI_VERSION,
+        });
+    }
+    if u64::from(u32_at(12)) != HEADER_BYTES || u64::from(u32_at(28)) != PAGE_BYTES {
+        return Err(corrupt(
+            path,
+            "header or page size differs from this version's",
+        ));
+    }
+    let geometry = RingGeometry {
+        world_size: u32_at(16),
+        slots_per_rank: u32_at(20),
+        max_samples_per_slot: u32_at(24),
+        slot_payload_bytes: u64_at(32),
+    };
+    let layout = Layout::compute(geometry).map_err(|e| corrupt(path, format!("geometry: {e}")))?;
+    if layout.geometry.slot_payload_bytes != geometry.slot_payload_bytes {
+        return Err(corrupt(path, "slot payload size is not page-aligned"));
+    }
+    let stored = [u64_at(40), u64_at(48), u64_at(56), u64_at(64), u64_at(72)];
+    let computed = [
+        layout.segment_bytes,
+        layout.rank_table_offset,
+        layout.slot_table_offset,
+        layout.payload_offset,
+        layout.slot_meta_bytes,
+    ];
+    if stored != computed {
+        return Err(corrupt(
+            path,
+            format!(
+                "stored offsets {stored:?} differ from those computed from its counts {computed:?}"
+            ),
+        ));
+    }
+    if layout.segment_bytes != bytes.len() as u64 {
+        return Err(corrupt(
+            path,
+            format!(
+                "header says {} bytes but the segment is {} bytes (truncated?)",
+                layout.segment_bytes,
+                bytes.len()
+            ),
+        ));
+    }
+    let start =
+        (u32_at(84) & crate::layout::flags::START_KNOWN != 0).then(|| crate::layout::RunStart {
+            epoch: u64_at(112),
+            samples_consumed: u64_at(120),
+            dataset_samples: u64_at(176),
+        });
+    let order =
+        (u32_at(84) & crate::layout::flags::ORDER_KNOWN != 0).then(|| crate::layout::RunOrder {
+            seed: u64_at(184),
+            shuffled: u64_at(192) != 0,
+        });
+    let job = Job::from_header(
+        u32_at(100),
+        u32_at(96),
+        geometry.world_size,
+        u64_at(104),
+        start,
+    )
+    .map_err(|e| corrupt(path, e))?;
+    let job = Job { order, ..job };
+    Ok((layout, job))
+}
+
+impl Consumer {
+    /// Attaches to rank `rank` of loader `name`, waiting for the loader to
+    /// appear and the rank to be free for at most `opts.timeout`.
+    pub fn attach(name: &str, rank: u32, opts: AttachOptions) -> Result<Consumer, AttachError> {
+        segment::validate_name(name)?;
+        let path = segment::shm_path(name).display().to_string();
+        let start = Instant::now();
+        let expired = || opts.timeout.is_some_and(|t| start.elapsed() >= t);
+        let timeout_err = || AttachError::Timeout {
+            name: name.to_string(),
+            path: path.clone(),
+            waited_ms: start.elapsed().as_millis() as u64,
+        };
+        let remaining = || {
+            opts.timeout.map_or(ATTACH_POLL, |t| {
+                t.saturating_sub(start.elapsed()).min(ATTACH_POLL)
+            })
+        };
+        // Made on the first miss; None after that if inotify is unavailable.
+        let mut watch: Option<Option<segment::ShmWatch>> = None;
+        let mut retry_pause = ATTACH_RETRY_FIRST;
+        loop {
+            let fd = match segment::shm_open(name, libc::O_RDWR, 0) {
+                Ok(fd) => fd,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    if expired() {
+                        return Err(timeout_err());
+                    }
+                    match &watch {
+                        // Watch first, then look again: a segment created in
+                        // between is found by that second look.
+                        None => watch = Some(segment::ShmWatch::new().ok()),
+                        Some(Some(w)) => {
+                            w.wait(remaining());
+                        }
+                        Some(None) => std::thread::sleep(remaining()),
+                    }
+                    continue;
+                }
+                Err(_) if segment::is_a_directory(name) => {
+                    return Err(corrupt(&path, "it is a directory"))
+                }
+                Err(e) => {
+                    return Err(AttachError::Io {
+                        what: "cannot open",
+                        path,
+                        source: e,
+                    })
+                }
+            };
+            if let Some(kind) = segment::not_regular(&fd) {
+                // Not a file at all: no loader will ever make this one ready.
+                return Err(corrupt(&path, format!("it is {kind}")));
+            }
+            match Self::attach_fd(fd, name, rank) {
+                // A loader still building its segment, or a rank whose previous
+                // consumer is still detaching: wait and retry within the timeout.
+                Err(Retry::Later(e)) => {
+                    if expired() {
+                        return Err(e.unwrap_or_else(timeout_err));
+                    }
+                    std::thread::sleep(retry_pause.min(remaining()));
+                    retry_pause = (retry_pause * 2).min(ATTACH_POLL);
+                }
+                Err(Retry::Never(e)) => return Err(e),
+                Ok(c) => return Ok(c),
+            }
+        }
+    }
+
+    /// Attaches through an already open segment descriptor (tests, fuzzing).
+    pub fn attach_to_fd(fd: OwnedFd, name: &str, rank: u32) -> Result<Consumer, AttachError> {
+        Self::attach_fd(fd, name, rank).map_err(|r| match r {
+            Retry::Later(Some(e)) | Retry::Never(e) => e,
+            Retry::Later(None) => corrupt(name, "the loader has not finished creating the segment"),
+        })
+    }
+
+    fn attach_fd(fd: OwnedFd, name: &str, rank: u32) -> Result<Consumer, Retry> {
+        let path = segment::shm_path(name).display().to_string();
+        let io_err = |what, source| {
+            Retry::Never(AttachError::Io {
+                what,
+                path: path.clone(),
+                source,
+            })
+        };
+        let size = segment::file_size(&fd).map_err(|e| io_err("cannot stat", e))?;
+        if size < HEADER_BYTES {
+            // Either a loader between shm_open and fallocate, or garbage. An
+            // empty segment with no lock is also a loader between its
+            // shm_open and its lock (the object and the lock cannot be made
+            // in one step), so it is retried too; garbage still fails at
+            // the timeout, with this message.
+            let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
+            let e = corrupt(
+                &path,
+                format!("it is {size} bytes, smaller than a ring header ({HEADER_BYTES})"),
+            );
+            return Err(if alive || size == 0 {
+                Retry::Later(Some(e))
+            } else {
+                Retry::Never(e)
+            });
+        }
+        // Not through `fd`: the rank lock taken on `fd` below must end when
+        // the descriptor is closed, even in a forked child that keeps the
+        // mapping (see `LOCK_FDS`).
+        let map = segment::map_apart(&fd, size).map_err(|e| io_err("cannot map", e))?;
+        // SAFETY: the mapping is `size` bytes long and stays alive for this
+        // borrow. Racing writes by another process can only make validation
+        // fail; the copy taken by validate_header is what we keep.
+        let bytes = unsafe { std::slice::from_raw_parts(map.as_ptr(), size as usize) };
+        // SAFETY: as above; Header is made of atomics and HEADER_BYTES <= size.
+        let header = unsafe { &*(map.as_ptr() as *const crate::layout::Header) };
+        // SYNC POINT: Acquire pairs with the loader's Release store of READY:
+        // every header field written before it is visible now.
+        let st = header.state.load(Ordering::Acquire);
+        // A loader still creating the segment has written no magic yet; any
+        // other magic is a foreign file, refused at once.
+        let magic = header.magic.load(Ordering::Relaxed);
+        if magic != 0 && magic != MAGIC {
+            return Err(Retry::Never(corrupt(
+                &path,
+                "bad magic (not made by ringfeed)",
+            )));
+        }
+        if st == state::CREATING {
+            let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
+            let e = corrupt(
+                &path,
+                "the loader died before it finished creating the segment",
+            );
+            return Err(if alive {
+                Retry::Later(None)
+            } else {
+                Retry::Never(e)
+            });
+        }
+        let (layout, job) = validate_header(bytes, &path).map_err(Retry::Never)?;
+        let world_size = layout.geometry.world_size;
+        if rank >= world_size {
+            return Err(Retry::Never(AttachError::RankOutOfRange {
+                name: name.to_string(),
+                rank,
+                world_size,
+            }));
+        }
+        let view = View::new(map, layout);
+        let loader_pid = view.header().loader_pid.load(Ordering::Relaxed);
+        if !segment::byte_is_locked(&fd, LOADER_LOCK_BYTE)
+            .map_err(|e| io_err("cannot check the loader lock of", e))?
+        {
+            // A dead loader's segment: a loader restarted under the same
+            // name replaces it, so wait for that within the timeout, as for
+            // a loader not started yet.
+            return Err(Retry::Later(Some(AttachError::LoaderGone {
+                name: name.to_string(),
+                pid: loader_pid,
+            })));
+        }
+        let block = view.rank(rank);
+        match segment::try_lock_byte(&fd, segment::rank_lock_byte(rank)) {
+            Ok(true) => {}
+            Ok(false) => {
+                let pid = block.consumer_pid.load(Ordering::Relaxed);
+                // The pid alone could be another PID namespace's process (a
+                // trainer in another container sharing /dev/shm), or the dead
+                // consumer whose pid we were given again while the loader
+                // reclaims its slots: only an attachment on record here is ours.
+                if pid == std::process::id() && held_here(&fd, rank) {
+                    return Err(Retry::Never(AttachError::RankHeldByThisProcess {
+                        name: name.to_string(),
+                        rank,
+                        pid,
+                    }));
+                }
+                return Err(Retry::Later(Some(AttachError::RankBusy {
+                    name: name.to_string(),
+                    rank,
+                    pid,
+                })));
+            }
+            Err(e) => return Err(io_err("cannot lock", e)),
+        }
+        // We hold the rank lock: we are now the writer of the consumer fields.
+        // Give back whatever a previous consumer of this rank took and never
+        // released, then continue with the next batch it did not take.
+        let slots = view.rank_slots(rank);
+        let (_, wake) = protocol::reclaim(block, &slots, &view.header().producer_sleeping);
+        if wake {
+            futex::wake_all(&block.release_futex);
+        }
+        let consumed = block.consumed.load(Ordering::Relaxed);
+        block
+            .consumer_pid
+            .store(std::process::id(), Ordering::Relaxed);
+        block.attach_count.fetch_add(1, Ordering::Relaxed);
+        block.consumer_sleeping.store(0, Ordering::Relaxed);
+        let k = layout.geometry.slots_per_rank as usize;
+        let held = HeldHere::record(&fd, rank);
+        Ok(Consumer {
+            _held: held,
+            name: name.to_string(),
+            rank,
+            job,
+            lock_entry: register_lock_fd(fd.as_raw_fd()),
+            fd: ManuallyDrop::new(fd),
+            view,
+            loader_pid,
+            consumed,
+            tables: vec![Vec::new(); k],
+            abandoned: false,
+            forks_at_attach: forks_so_far(),
+            pid: std::process::id(),
+            last_liveness: None,
+        })
+    }
+}
+
+/// The ranks this process has attached and not detached, by segment file
+/// (device, inode) and rank: what tells "this process holds the rank" from
+/// an equal pid in another PID namespace.
+static HELD_HERE: std::sync::Mutex<Vec<(u64, u64, u32)>> = std::sync::Mutex::new(Vec::new());
+
+fn held_here_list() -> std::sync::MutexGuard<'static, Vec<(u64, u64, u32)>> {
+    HELD_HERE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// True if this process attached `rank` of the segment open as `fd` and has
+/// not detached it.
+pub(super) fn held_here(fd: &OwnedFd, rank: u32) -> bool {
+    segment::file_id(fd).is_ok_and(|(dev, ino)| held_here_list().contains(&(dev, ino, rank)))
+}
+
+/// A consumer's entry in [`HELD_HERE`], removed when it is dropped.
+pub(super) struct HeldHere(Option<(u64, u64, u32)>);
+
+impl HeldHere {
+    fn record(fd: &OwnedFd, rank: u32) -> HeldHere {
+        let entry = segment::file_id(fd).ok().map(|(dev, ino)| (dev, ino, rank));
+        if let Some(e) = entry {
+            held_here_list().push(e);
+        }
+        HeldHere(entry)
+    }
+}
+
+impl Drop for HeldHere {
+    fn drop(&mut self) {
+        if let Some(e) = self.0 {
+            let mut list = held_here_list();
+            if let Some(i) = list.iter().position(|&x| x == e) {
+                list.swap_remove(i);
+            }
+        }
+    }
+}
+
+pub(super) enum Retry {
+    /// Not yet: retry until the timeout, then report this error (or a timeout).
+    Later(Option<AttachError>),
+    /// Final.
+    Never(AttachError),
+}

@@ -1,0 +1,200 @@
+//! Why attach, next and release fail: one error enum per operation.
+
+use std::io;
+
+use crate::segment::NameError;
+
+/// A feed used in a child forked from the process that attached it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("this feed of {name:?} rank {rank} was attached by process {attached_by}, and this process is a fork of it: a forked child cannot take or give back that process's batches (the parent would see batches twice, or have a batch overwritten under its views). Take batches in the process that attached (a torch DataLoader over a feed needs num_workers=0: the loader does the reading), or attach in the child itself, and not in the parent")]
+pub struct Forked {
+    /// The loader's name.
+    pub name: String,
+    /// The rank.
+    pub rank: u32,
+    /// Pid of the process that attached.
+    pub attached_by: u32,
+}
+
+/// Why attach failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The name is not allowed.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// No loader of that name appeared in time.
+    #[error("no loader named {name:?} appeared within {waited_ms} ms (looked for {path}); start one with `ringfeed serve --name {name} ...` (a loader that has served its whole run exits and removes it), or check RINGFEED_NAME")]
+    Timeout {
+        /// The name.
+        name: String,
+        /// The segment path.
+        path: String,
+        /// How long we waited.
+        waited_ms: u64,
+    },
+    /// The segment exists but is not a ring, or is corrupt.
+    #[error("{path} is not a valid ringfeed segment: {what}")]
+    Corrupt {
+        /// The segment path.
+        path: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// The segment was made by another version of ringfeed.
+    #[error("{path} uses ring ABI version {found}, this library speaks version {expected}; use the same ringfeed version for the loader and the trainers")]
+    AbiMismatch {
+        /// The segment path.
+        path: String,
+        /// Version found.
+        found: u32,
+        /// Version expected.
+        expected: u32,
+    },
+    /// Rank outside 0..W.
+    #[error("rank {rank} is out of range: loader {name:?} serves {world_size} rank(s) on this machine (ranks 0 to {last}); check LOCAL_RANK, and the loader's --world-size (the whole job) and --nnodes", last = .world_size.saturating_sub(1))]
+    RankOutOfRange {
+        /// The name.
+        name: String,
+        /// Requested rank.
+        rank: u32,
+        /// W.
+        world_size: u32,
+    },
+    /// Another live process holds the rank.
+    #[error("rank {rank} of loader {name:?} already has a consumer attached (pid {pid}); each rank takes one consumer at a time")]
+    RankBusy {
+        /// The name.
+        name: String,
+        /// The rank.
+        rank: u32,
+        /// The holder's pid.
+        pid: u32,
+    },
+    /// This very process holds the rank: an attachment of it that was
+    /// never detached. Waiting would wait on itself, so attach fails at once.
+    #[error("rank {rank} of loader {name:?} is already attached by this process (pid {pid}) and not detached: an earlier rf_attach of this rank without rf_detach, or in Python an earlier Feed of it, or a batch or array of one, still alive; keep using that attachment, or detach it before attaching again")]
+    RankHeldByThisProcess {
+        /// The name.
+        name: String,
+        /// The rank.
+        rank: u32,
+        /// This process's pid.
+        pid: u32,
+    },
+    /// The loader that made the segment is dead.
+    #[error("the loader of {name:?} (pid {pid}) is gone; restart `ringfeed serve` (and run `ringfeed gc` to remove its segment)")]
+    LoaderGone {
+        /// The name.
+        name: String,
+        /// Its last pid.
+        pid: u32,
+    },
+    /// An OS call failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The segment path.
+        path: String,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// Why `next` failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NextError {
+    /// The loader died.
+    #[error("the loader of {name:?} (pid {pid}) is gone: it died or was killed before the end of the run; restart `ringfeed serve` (with --resume EPOCH:SAMPLES, the resume_state of the last batch in your checkpoint, to go on where it stopped) and attach again")]
+    LoaderGone {
+        /// The name.
+        name: String,
+        /// Its pid.
+        pid: u32,
+    },
+    /// The loader stopped early on purpose.
+    #[error("the loader of {name:?} stopped before the end of the run ({reason})")]
+    Aborted {
+        /// The name.
+        name: String,
+        /// Why, in words.
+        reason: String,
+    },
+    /// The segment broke the protocol.
+    #[error("the ring of {name:?} is corrupt: {what}")]
+    Corrupt {
+        /// The name.
+        name: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// The next batch goes into a slot that still holds a batch this
+    /// consumer took and did not release: no wait can end until it does.
+    #[error("the next batch of rank {rank} of {name:?} goes into slot {slot}, which still holds the batch of epoch {epoch} step {step} that this process took and has not given back: the loader cannot publish until it is. A rank's batches take its {slots_per_rank} slot(s) in turn, so batch n + {slots_per_rank} waits for batch n to be given back. Give that batch back first (nothing was taken by this call), or start the loader with more --slots-per-rank")]
+    SlotHeld {
+        /// The name.
+        name: String,
+        /// The rank.
+        rank: u32,
+        /// The slot the next batch needs.
+        slot: u32,
+        /// Epoch of the batch still in it.
+        epoch: u64,
+        /// Step of the batch still in it.
+        step: u64,
+        /// K.
+        slots_per_rank: u32,
+    },
+    /// Used in a forked child.
+    #[error(transparent)]
+    Forked(#[from] Forked),
+}
+
+/// Why a release was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReleaseError {
+    /// The handle does not name one of this rank's slots.
+    #[error("slot {slot} does not belong to rank {rank}")]
+    NotOurs {
+        /// Slot given.
+        slot: u32,
+        /// Our rank.
+        rank: u32,
+    },
+    /// The slot was already released and reused.
+    #[error("stale batch handle: slot {slot} generation {generation} was released already (the slot now holds generation {current})")]
+    Stale {
+        /// Slot.
+        slot: u32,
+        /// Generation in the handle.
+        generation: u64,
+        /// Generation in the slot.
+        current: u64,
+    },
+    /// The handle names a batch this consumer never took with `next`.
+    #[error("slot {slot} generation {generation} was never taken by next(); only batches returned by next() can be released")]
+    NotTaken {
+        /// Slot.
+        slot: u32,
+        /// Generation in the handle.
+        generation: u64,
+    },
+    /// The batch was released already.
+    #[error("batch in slot {slot} (generation {generation}) was already released")]
+    AlreadyReleased {
+        /// Slot.
+        slot: u32,
+        /// Generation.
+        generation: u64,
+    },
+    /// The handle's payload pointer is not this consumer's slot: the batch
+    /// came from another feed (another loader, or an earlier attach).
+    #[error("the batch's data pointer is not slot {slot} of this feed: it was returned by another feed (another loader or rank, or an earlier attach); release a batch on the feed that returned it")]
+    OtherFeed {
+        /// Slot given.
+        slot: u32,
+    },
+    /// Used in a forked child.
+    #[error(transparent)]
+    Forked(#[from] Forked),
+}
