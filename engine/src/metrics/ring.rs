@@ -6,7 +6,6 @@
 //! the counters with `rate()`, over whatever window a dashboard wants.
 
 use crate::metrics::text::{Exposition, Kind, Value};
-use crate::ring::layout::state;
 use crate::ring::observer::{RankSnapshot, Snapshot};
 
 /// One per-rank family: its name, kind, HELP text and how to read it from a
@@ -59,16 +58,9 @@ pub fn family_names() -> Vec<&'static str> {
     names
 }
 
-/// The state in `STATES`' words.
+/// The state in `STATES`' words: the ring's own (`stat`'s), or `starting`.
 fn state_word(s: Option<&Snapshot>) -> &'static str {
-    match s.map(|s| s.state) {
-        None => "starting",
-        Some(state::CREATING) => "creating",
-        Some(state::READY) => "running",
-        Some(state::ENDED) => "ended",
-        Some(state::ABORTED) => "aborted",
-        Some(_) => "unknown",
-    }
+    s.map_or("starting", Snapshot::state_name)
 }
 
 fn gauge(out: &mut Exposition, name: &str, help: &str, v: impl Into<Value>) {
@@ -176,6 +168,7 @@ pub fn collect(name: &str, snapshot: Option<&Snapshot>, out: &mut Exposition) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ring::layout::state;
     use std::time::Duration;
 
     fn two_ranks() -> Snapshot {
@@ -258,6 +251,23 @@ mod tests {
         assert!(t.contains("ringfeed_loader_state{state=\"starting\"} 1\n"));
         assert!(t.contains("ringfeed_loader_state{state=\"running\"} 0\n"));
         assert!(!t.contains("ringfeed_rank_"));
+    }
+
+    #[test]
+    fn every_state_the_ring_names_is_one_of_the_states_written() {
+        for st in [
+            state::CREATING,
+            state::READY,
+            state::ENDED,
+            state::ABORTED,
+            99,
+        ] {
+            let s = Snapshot {
+                state: st,
+                ..Snapshot::default()
+            };
+            assert!(STATES.contains(&state_word(Some(&s))), "{st}");
+        }
     }
 
     #[test]
