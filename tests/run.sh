@@ -21,7 +21,7 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q numpy pytest torch
+.venv/bin/python -m pip install -q numpy pytest torch prometheus_client
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked -q
 
 step "build (release): ringfeed binary, libringfeed.so/.a"

@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod loader;
 pub mod manifest;
+pub mod metrics;
 pub mod reader;
 pub use ringfeed_ring as ring;
 pub mod sampler;

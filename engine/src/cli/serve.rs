@@ -10,6 +10,8 @@ use clap::{Args, ValueEnum};
 use crate::cli::say::say_err;
 use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
 use crate::manifest::{Manifest, ManifestCache, ManifestOptions, ManifestOrigin};
+use crate::metrics::http::METRICS_PATH;
+use crate::metrics::MetricsServer;
 use crate::reader::{IoChoice, ReadError, ReaderConfig};
 use crate::ring::layout::{Job, MAX_RANKS};
 use crate::ring::segment::human_bytes;
@@ -81,6 +83,10 @@ pub struct ServeArgs {
     /// manifests/ directory.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, e.g.
+    /// 127.0.0.1:9464 (port 0 picks a free one, logged at start). See docs/metrics.md.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
 }
 
 /// `--manifest-cache`.
@@ -344,6 +350,19 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     signals::unignore_stop_signals();
     let cfg = args.config()?;
     args.check_before_listing(&cfg)?;
+    // Bound before a listing that can take minutes, so that a taken port is
+    // said at once; until the ring exists a scrape says "starting".
+    let metrics = match &args.metrics {
+        Some(addr) => {
+            let server = MetricsServer::start(addr, &cfg.name)?;
+            say_err!(
+                "ringfeed: metrics at http://{}{METRICS_PATH}",
+                server.local_addr()
+            );
+            Some(server)
+        }
+        None => None,
+    };
     let listing = std::time::Instant::now();
     let cache = args.manifest_cache();
     let opts = ManifestOptions {
@@ -459,6 +478,9 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     // is nothing to clean up yet.
     signals::install();
     let loader = Loader::start(plan)?;
+    if let Some(server) = &metrics {
+        server.watch_ring(&cfg.name);
+    }
     let layout = *loader.producer().layout();
     let plan = loader.plan();
     say_err!(

@@ -1,0 +1,492 @@
+//! A minimal HTTP/1.1 responder for `GET /metrics`, on its own thread.
+//!
+//! One connection at a time, one request per connection (`Connection:
+//! close`): a scraper asks every few seconds, so this is plenty, and a
+//! client can hold the thread for at most [`REQUEST_DEADLINE_MS`] plus
+//! [`WRITE_TIMEOUT_MS`]. Requests past [`MAX_REQUEST_BYTES`] get 431. The
+//! thread reads the ring's atomics and nothing else of the loader's, so a
+//! slow or hostile client slows only other scrapes, never the loader.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::metrics::text::CONTENT_TYPE;
+use crate::metrics::{render, HTTP_REQUESTS_TOTAL};
+use crate::ring::observer::Observer;
+
+/// The most bytes of request head read: a scraper's is a few hundred.
+pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
+/// Time a client has to send its whole request head.
+pub const REQUEST_DEADLINE_MS: u64 = 2_000;
+/// Time a client has to take each part of the response.
+pub const WRITE_TIMEOUT_MS: u64 = 2_000;
+/// How often the accept loop looks at its stop flag.
+pub const ACCEPT_POLL_MS: i32 = 100;
+/// How long a refused request's leftover bytes are read before closing.
+const DRAIN_MS: u64 = 100;
+/// The most leftover bytes read before closing.
+const DRAIN_MAX_BYTES: usize = 64 * 1024;
+/// The path served.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// Why the metrics endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The text is not HOST:PORT.
+    #[error("--metrics {addr:?} is not an address ({why}): give HOST:PORT, e.g. 127.0.0.1:9464, 0.0.0.0:9464 for every interface, or port 0 for a free one")]
+    NotAnAddress {
+        /// As given.
+        addr: String,
+        /// What the resolver said.
+        why: String,
+    },
+    /// Another process listens there.
+    #[error("--metrics {addr}: the address is already in use (another loader or exporter listens there): pick another port, or port 0 for a free one")]
+    InUse {
+        /// As given.
+        addr: String,
+    },
+    /// The host is none of this machine's addresses.
+    #[error("--metrics {addr}: this machine has no such address: use 127.0.0.1, 0.0.0.0 (every interface) or one of its own addresses")]
+    NotLocal {
+        /// As given.
+        addr: String,
+    },
+    /// A port below 1024 without the privilege.
+    #[error("--metrics {addr}: permission denied (ports below 1024 need privileges): use a port from 1024 up, e.g. 9464")]
+    Denied {
+        /// As given.
+        addr: String,
+    },
+    /// Anything else the kernel refused.
+    #[error("--metrics {addr}: cannot listen: {source}; fix the address or leave --metrics out")]
+    Other {
+        /// As given.
+        addr: String,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// A running metrics endpoint. Dropping it stops its thread.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    ring: Arc<OnceLock<Observer>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn bind_error(addr: &str, e: io::Error) -> BindError {
+    let addr = addr.to_owned();
+    match e.kind() {
+        io::ErrorKind::AddrInUse => BindError::InUse { addr },
+        io::ErrorKind::AddrNotAvailable => BindError::NotLocal { addr },
+        io::ErrorKind::PermissionDenied => BindError::Denied { addr },
+        _ => BindError::Other { addr, source: e },
+    }
+}
+
+/// The addresses `addr` names. A missing port or a bad number is said here
+/// in words rather than as the resolver's "invalid socket address".
+fn resolve(addr: &str) -> Result<Vec<SocketAddr>, BindError> {
+    let not = |why: String| BindError::NotAnAddress {
+        addr: addr.to_owned(),
+        why,
+    };
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(not("no :PORT".into()));
+    };
+    if host.is_empty() {
+        return Err(not("no host before the port".into()));
+    }
+    if port.parse::<u16>().is_err() {
+        return Err(not(format!(
+            "port {port:?} is not a number from 0 to 65535"
+        )));
+    }
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| not(e.to_string()))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(not("the host name has no address".into()));
+    }
+    Ok(addrs)
+}
+
+impl MetricsServer {
+    /// Listens on `addr` (HOST:PORT; port 0 picks a free one) and serves
+    /// the metrics of loader `name` from a thread of its own. Until
+    /// [`MetricsServer::watch`] is given the ring, a scrape says `starting`.
+    pub fn start(addr: &str, name: &str) -> Result<MetricsServer, BindError> {
+        let addrs = resolve(addr)?;
+        let listener = TcpListener::bind(&addrs[..]).map_err(|e| bind_error(addr, e))?;
+        let other = |source| BindError::Other {
+            addr: addr.to_owned(),
+            source,
+        };
+        let bound = listener.local_addr().map_err(other)?;
+        // A connection that goes away between poll and accept must not
+        // block accept: the stop flag would not be looked at.
+        listener.set_nonblocking(true).map_err(other)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let ring = Arc::new(OnceLock::new());
+        let (t_stop, t_ring, t_name) = (stop.clone(), ring.clone(), name.to_owned());
+        let thread = std::thread::Builder::new()
+            .name("ringfeed-metrics".into())
+            .spawn(move || accept_loop(&listener, &t_stop, &t_ring, &t_name))
+            .map_err(other)?;
+        Ok(MetricsServer {
+            addr: bound,
+            stop,
+            ring,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on (with the port chosen for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves the figures of this ring from now on. A second call changes
+    /// nothing: a loader has one ring.
+    pub fn watch(&self, observer: Observer) {
+        let _ = self.ring.set(observer);
+    }
+
+    /// Opens loader `name`'s ring read-only, as `ringfeed stat` does, and
+    /// serves its figures. If it cannot be opened the loader serves on, and
+    /// a warning says that the metrics lack the ring's figures.
+    pub fn watch_ring(&self, name: &str) {
+        match Observer::open(name) {
+            Ok(observer) => self.watch(observer),
+            Err(e) => tracing::warn!(
+                "metrics endpoint: cannot read the ring {name:?} ({e}); /metrics serves no ring figures, the loader goes on"
+            ),
+        }
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            // The thread ends within ACCEPT_POLL_MS, or after the request
+            // it is answering (bounded by its deadlines).
+            let _ = t.join();
+        }
+    }
+}
+
+/// Keeps the stop signals (SIGINT, SIGTERM, SIGHUP) away from this thread,
+/// so that they interrupt the loader's thread, which acts on them.
+fn block_stop_signals() {
+    // SAFETY: sigset_t is plain old data, initialised by sigemptyset before
+    // use; pthread_sigmask only changes this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Whether `listener` has a connection to accept within `ACCEPT_POLL_MS`.
+fn readable(listener: &TcpListener) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ACCEPT_POLL_MS) };
+    rc > 0 && pfd.revents & libc::POLLIN != 0
+}
+
+fn accept_loop(listener: &TcpListener, stop: &AtomicBool, ring: &OnceLock<Observer>, name: &str) {
+    block_stop_signals();
+    let mut warned = false;
+    while !stop.load(Ordering::Relaxed) {
+        if !readable(listener) {
+            continue;
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
+                // A client that vanishes mid-request costs it only itself.
+                let _ = answer(stream, ring, name);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                // Out of descriptors, say: wait a poll interval and go on.
+                if !warned {
+                    tracing::warn!("metrics endpoint: cannot accept a connection ({e}); scrapes fail until it can");
+                    warned = true;
+                }
+                std::thread::sleep(Duration::from_millis(ACCEPT_POLL_MS as u64));
+            }
+        }
+    }
+}
+
+/// What to answer a request head with.
+#[derive(Debug, PartialEq, Eq)]
+enum Reply {
+    Metrics,
+    Status(&'static str, &'static str),
+}
+
+const BAD_REQUEST: Reply = Reply::Status("400", "Bad Request");
+const NOT_FOUND: Reply = Reply::Status("404", "Not Found");
+const NOT_ALLOWED: Reply = Reply::Status("405", "Method Not Allowed");
+const TIMEOUT: Reply = Reply::Status("408", "Request Timeout");
+const TOO_LARGE: Reply = Reply::Status("431", "Request Header Fields Too Large");
+
+/// Reads a request head (up to the blank line) within the deadline and the
+/// size bound: Ok(Ok(head)), or Ok(Err(reply)) for a request too slow or too
+/// large. Err: the connection failed, or closed before a whole head.
+fn read_head(stream: &mut TcpStream) -> io::Result<Result<Vec<u8>, Reply>> {
+    let deadline = Instant::now() + Duration::from_millis(REQUEST_DEADLINE_MS);
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(Err(TIMEOUT));
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = match stream.read(&mut buf) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(Err(TIMEOUT))
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        head.extend_from_slice(&buf[..n]);
+        if let Some(end) = find_head_end(&head) {
+            head.truncate(end);
+            return Ok(Ok(head));
+        }
+        if head.len() >= MAX_REQUEST_BYTES {
+            return Ok(Err(TOO_LARGE));
+        }
+    }
+}
+
+/// Where the head ends: at the first blank line (CRLF CRLF, or LF LF from
+/// a lenient client).
+fn find_head_end(head: &[u8]) -> Option<usize> {
+    let crlf = head.windows(4).position(|w| w == b"\r\n\r\n");
+    let lf = head.windows(2).position(|w| w == b"\n\n");
+    match (crlf, lf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The reply to a request head.
+fn route(head: &[u8]) -> Reply {
+    let Ok(head) = std::str::from_utf8(head) else {
+        return BAD_REQUEST;
+    };
+    let line = head.lines().next().unwrap_or("");
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return BAD_REQUEST;
+    };
+    if !version.starts_with("HTTP/1.") || method.is_empty() || !target.starts_with('/') {
+        return BAD_REQUEST;
+    }
+    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    if path != METRICS_PATH {
+        return NOT_FOUND;
+    }
+    if method != "GET" {
+        return NOT_ALLOWED;
+    }
+    Reply::Metrics
+}
+
+fn answer(mut stream: TcpStream, ring: &OnceLock<Observer>, name: &str) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_write_timeout(Some(Duration::from_millis(WRITE_TIMEOUT_MS)))?;
+    let reply = match read_head(&mut stream)? {
+        Ok(head) => route(&head),
+        Err(reply) => reply,
+    };
+    let (code, reason, content_type, body) = match reply {
+        Reply::Metrics => {
+            // Counted before rendering, so the response includes itself.
+            HTTP_REQUESTS_TOTAL.inc("200");
+            let snapshot = ring.get().map(Observer::snapshot);
+            let body = render(name, snapshot.as_ref());
+            ("200", "OK", CONTENT_TYPE, body)
+        }
+        Reply::Status(code, reason) => {
+            HTTP_REQUESTS_TOTAL.inc(code);
+            let body = match code {
+                "404" => format!("not found: the metrics are at {METRICS_PATH}\n"),
+                "405" => format!("{METRICS_PATH} answers GET only\n"),
+                _ => format!("{reason}\n"),
+            };
+            (code, reason, "text/plain; charset=utf-8", body)
+        }
+    };
+    let allow = if code == "405" { "Allow: GET\r\n" } else { "" };
+    let head = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    stream.flush()?;
+    // Say we are done sending, so that the client sees the end of the body
+    // even if it is still writing (a too-large request) when we close.
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    if code != "200" {
+        drain(&mut stream);
+    }
+    Ok(())
+}
+
+/// Reads what a refused client still sends (a little, briefly), so that
+/// closing with unread bytes does not reset the connection and lose the
+/// reply before the client reads it.
+fn drain(stream: &mut TcpStream) {
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(DRAIN_MS)));
+    let mut buf = [0u8; 4096];
+    let mut left = DRAIN_MAX_BYTES;
+    while left > 0 {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_get_of_the_metrics_path_is_served() {
+        assert_eq!(route(b"GET /metrics HTTP/1.1\r\nHost: x"), Reply::Metrics);
+        assert_eq!(route(b"GET /metrics?x=1 HTTP/1.0"), Reply::Metrics);
+        assert_eq!(route(b"GET / HTTP/1.1"), NOT_FOUND);
+        assert_eq!(route(b"GET /metricsx HTTP/1.1"), NOT_FOUND);
+        assert_eq!(route(b"POST /metrics HTTP/1.1"), NOT_ALLOWED);
+        assert_eq!(route(b"HEAD /metrics HTTP/1.1"), NOT_ALLOWED);
+        assert_eq!(route(b"GET /metrics"), BAD_REQUEST);
+        assert_eq!(route(b"GET /metrics SPDY/3"), BAD_REQUEST);
+        assert_eq!(route(b"\xff\xfe"), BAD_REQUEST);
+    }
+
+    #[test]
+    fn the_head_ends_at_the_first_blank_line() {
+        assert_eq!(
+            find_head_end(b"GET / HTTP/1.1\r\nA: b\r\n\r\nbody"),
+            Some(20)
+        );
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\n\n"), Some(14));
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n"), None);
+    }
+
+    #[test]
+    fn addresses_are_checked_before_binding() {
+        for bad in [
+            "9464",
+            ":9464",
+            "127.0.0.1:99999",
+            "127.0.0.1:x",
+            "nonsense",
+        ] {
+            let e = MetricsServer::start(bad, "x").err();
+            assert!(
+                matches!(e, Some(BindError::NotAnAddress { .. })),
+                "{bad}: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_port_in_use_is_named_with_the_fix() {
+        let taken = TcpListener::bind("127.0.0.1:0").map(|l| (l.local_addr(), l));
+        let Ok((Ok(addr), _keep)) = taken else {
+            panic!("cannot bind a test port");
+        };
+        let e = MetricsServer::start(&addr.to_string(), "x").err();
+        let text = e.as_ref().map(ToString::to_string).unwrap_or_default();
+        assert!(matches!(e, Some(BindError::InUse { .. })), "{text}");
+        assert!(
+            text.contains(&addr.to_string()) && text.contains("port 0"),
+            "{text}"
+        );
+    }
+
+    fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(request);
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn a_real_socket_gets_the_exposition_and_the_right_statuses() {
+        let server = MetricsServer::start("127.0.0.1:0", "t").unwrap();
+        let addr = server.local_addr();
+        assert_ne!(addr.port(), 0);
+        let ok = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        assert!(ok.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
+        let (head, body) = ok.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("Content-Length: {}\r\n", body.len())));
+        assert!(body.contains("ringfeed_loader_state{state=\"starting\"} 1\n"));
+        let missing = exchange(addr, b"GET /other HTTP/1.1\r\n\r\n");
+        assert!(missing.starts_with("HTTP/1.1 404 "), "{missing}");
+        let post = exchange(addr, b"POST /metrics HTTP/1.1\r\n\r\n");
+        assert!(
+            post.starts_with("HTTP/1.1 405 ") && post.contains("Allow: GET\r\n"),
+            "{post}"
+        );
+        let huge = vec![b'a'; MAX_REQUEST_BYTES + 10];
+        let big = exchange(addr, &huge);
+        assert!(big.starts_with("HTTP/1.1 431 "), "{big}");
+    }
+
+    #[test]
+    fn a_client_that_sends_nothing_is_dropped_after_the_deadline_and_others_are_served() {
+        let server = MetricsServer::start("127.0.0.1:0", "t").unwrap();
+        let addr = server.local_addr();
+        let started = Instant::now();
+        let _silent = TcpStream::connect(addr).unwrap();
+        let ok = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 "), "{ok}");
+        assert!(started.elapsed() < Duration::from_millis(REQUEST_DEADLINE_MS * 3));
+    }
+
+    #[test]
+    fn dropping_the_server_stops_its_thread_and_frees_the_port() {
+        let server = MetricsServer::start("127.0.0.1:0", "t").unwrap();
+        let addr = server.local_addr();
+        drop(server);
+        assert!(TcpListener::bind(addr).is_ok());
+    }
+}
