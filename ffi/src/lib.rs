@@ -193,7 +193,9 @@ fn attach_code(e: &AttachError) -> i32 {
         AttachError::AbiMismatch { .. } => RF_E_VERSION,
         AttachError::RankOutOfRange { .. } => RF_E_RANK,
         AttachError::RankBusy { .. } | AttachError::RankHeldByThisProcess { .. } => RF_E_BUSY,
-        AttachError::LoaderGone { .. } => RF_E_LOADER_GONE,
+        AttachError::LoaderGone { .. }
+        | AttachError::LoaderFailed { .. }
+        | AttachError::LoaderEnded { .. } => RF_E_LOADER_GONE,
         AttachError::Io { .. } => RF_E_IO,
     }
 }

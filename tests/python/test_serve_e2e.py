@@ -315,6 +315,8 @@ def test_a_file_that_vanishes_during_the_run_stops_the_loader_with_its_path(tmp_
     assert text.count("No such file or directory") == 1, text
     (rc, _, cerr), = wait_all([consumer], 10)
     assert rc != 0 and "stopped before the end of the run" in cerr.decode(), cerr.decode()
+    # The trainer reports the loader's own error, naming the file.
+    assert str(tmp_path / "f17") in cerr.decode(), cerr.decode()
 
 
 @pytest.mark.parametrize("io", ["uring", "pread"])
@@ -354,6 +356,8 @@ def test_a_file_that_changes_size_during_the_run_stops_the_loader_with_its_path_
     assert "changed size" in text and "expected %d bytes" % size in text, text
     assert "found 600" in text if change == "shrinks" else ("found %d" % (size + 24) in text and "grew" in text), text
     assert rc != 0 and "stopped before the end of the run" in cerr.decode(), cerr.decode()
+    # The trainer reports the loader's own error, naming the file.
+    assert str(src / "f17") in cerr.decode(), cerr.decode()
     # Every sample delivered before the stop holds its file's original bytes:
     # the probe byte of the failed read reached no published batch.
     rows = parse((tmp_path / "delivered.txt").read_bytes())

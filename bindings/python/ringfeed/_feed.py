@@ -33,6 +33,10 @@ _INT32_MAX = 2**31 - 1
 # _ATTACH_NOTE_EVERY_S: a rank stuck at attach is otherwise silent for its
 # whole timeout (forever with timeout=None).
 _ATTACH_NOTE_AFTER_S = 5.0
+# As the library's GONE_GRACE: a gone loader (a dead one's segment, or the
+# outcome one left at exit) is raised after this, giving a loader being
+# restarted the time to take the name.
+_GONE_GRACE_S = 1.0
 _ATTACH_NOTE_EVERY_S = 60.0
 _LOG = logging.getLogger("ringfeed")
 
@@ -432,9 +436,10 @@ def _raise_held_here(name, rank, error):
 def _attach_in_slices(name, rank, timeout_ms):
     """rf_attach in calls of at most _NEXT_SLICE_S, so that Ctrl-C stops a
     trainer waiting for its loader (Python runs signal handlers between
-    calls), and returns the _Handle. Retries a missing loader, a dead
-    loader's segment (a restarted loader replaces it) and a busy rank until
-    the deadline; the error then says how long the whole wait was. Logs
+    calls), and returns the _Handle. Retries a missing loader and a busy
+    rank until the deadline; the error then says how long the whole wait
+    was. A loader that is gone (it died, failed or served its run: the
+    library says which, in the loader's words) is raised at once. Logs
     why it still waits after _ATTACH_NOTE_AFTER_S, then every
     _ATTACH_NOTE_EVERY_S."""
     start = time.monotonic()
@@ -456,7 +461,8 @@ def _attach_in_slices(name, rank, timeout_ms):
             _detach(cell, ptr.value)
             raise
         message = _lib.last_error(_LIB)
-        waiting = rc in (_lib.RF_TIMEOUT, _lib.RF_E_BUSY, _lib.RF_E_LOADER_GONE) and _HELD_BY_THIS_PROCESS not in message
+        gone_grace = rc == _lib.RF_E_LOADER_GONE and time.monotonic() - start < _GONE_GRACE_S
+        waiting = (rc in (_lib.RF_TIMEOUT, _lib.RF_E_BUSY) or gone_grace) and _HELD_BY_THIS_PROCESS not in message
         now = time.monotonic()
         if not waiting or (deadline is not None and now >= deadline):
             if rc == _lib.RF_TIMEOUT:

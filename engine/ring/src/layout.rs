@@ -259,9 +259,21 @@ pub struct Header {
     /// written once before READY.
     pub order_shuffled: AtomicU64,
     _reserved1: [AtomicU64; 7],
-    // --- offset 256 to 4096: reserved ---
-    _reserved2: [AtomicU64; 480],
+    // --- offset 256: the loader's last word, written before ABORTED ---
+    /// Bytes of `abort_message` in use (0: none; a loader that predates the
+    /// field leaves it 0).
+    pub abort_message_bytes: AtomicU64,
+    /// Why the loader stopped, UTF-8, [`ABORT_MESSAGE_MAX_BYTES`] at most:
+    /// what trainers report instead of "see its log". See [`crate::message`].
+    pub abort_message: [AtomicU64; ABORT_MESSAGE_WORDS],
+    // --- offset 1288 to 4096: reserved ---
+    _reserved2: [AtomicU64; 351],
 }
+
+/// Longest abort message the header holds, in bytes.
+pub const ABORT_MESSAGE_MAX_BYTES: usize = 1024;
+/// [`ABORT_MESSAGE_MAX_BYTES`] in the header's 8-byte words.
+pub const ABORT_MESSAGE_WORDS: usize = ABORT_MESSAGE_MAX_BYTES / 8;
 
 /// One rank's control block. The first cache line is the loader's, the second
 /// belongs to whichever process holds the rank's lock (its consumer, or the
@@ -419,6 +431,9 @@ const _: () = {
     assert!(offset_of!(Header, dataset_samples) == 176);
     assert!(offset_of!(Header, order_seed) == 184);
     assert!(offset_of!(Header, order_shuffled) == 192);
+    assert!(offset_of!(Header, abort_message_bytes) == 256);
+    assert!(offset_of!(Header, abort_message) == 264);
+    assert!(offset_of!(Header, _reserved2) == 264 + ABORT_MESSAGE_MAX_BYTES);
     assert!(size_of::<RankBlock>() as u64 == RANK_BLOCK_BYTES);
     assert!(offset_of!(RankBlock, publish_futex) == 8);
     assert!(offset_of!(RankBlock, finished) == 12);

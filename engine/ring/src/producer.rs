@@ -579,6 +579,17 @@ impl Producer {
         Ok(true)
     }
 
+    /// Removes the segment of loader `name` if its loader is dead, so that
+    /// trainers attaching while a new loader of the name lists its dataset
+    /// wait for it instead of reporting the dead one. A live loader's
+    /// segment, or none, is left as it is.
+    pub fn remove_dead_segment(name: &str) -> Result<(), CreateError> {
+        // Under the /dev/shm lock, as in `create`: a loader between its
+        // shm_open and its lock is never taken for a dead one.
+        let _shm_lock = segment::ShmDirLock::take();
+        Self::remove_if_dead(name)
+    }
+
     fn remove_if_dead(name: &str) -> Result<(), CreateError> {
         if !Self::dead_segment_there(name)? {
             return Ok(()); // gone meanwhile: the caller creates it anew
@@ -793,7 +804,16 @@ impl Producer {
     /// Stops the run early: consumers get an "aborted" error once they have
     /// taken what was already published. `code` is a signal number, or 0.
     pub fn abort(&self, code: u32) {
+        self.abort_with(code, "");
+    }
+
+    /// [`Producer::abort`], leaving `message` (the loader's own error: what
+    /// failed and the fix) for every trainer to report. Empty: none.
+    pub fn abort_with(&self, code: u32, message: &str) {
         let h = self.view.header();
+        if !message.is_empty() {
+            crate::message::write_abort_message(h, message);
+        }
         h.abort_code.store(code, Ordering::Relaxed);
         // SYNC POINT: Release pairs with the consumer's Acquire of `state`.
         h.state.store(state::ABORTED, Ordering::Release);

@@ -14,6 +14,7 @@ use crate::metrics::http::METRICS_PATH;
 use crate::metrics::MetricsServer;
 use crate::reader::{IoChoice, ReadError, ReaderConfig};
 use crate::ring::layout::{Job, MAX_RANKS};
+use crate::ring::outcome::{Outcome, OutcomeKind};
 use crate::ring::segment::human_bytes;
 use crate::sampler::ResumeState;
 
@@ -346,9 +347,35 @@ fn ranks_words(world_size: u32, job: Job) -> String {
 
 /// Runs a loader until every batch was delivered and released. Returns the
 /// exit code: 0, or 128 + signal when stopped by SIGINT, SIGTERM or SIGHUP.
+///
+/// Whatever the end, it leaves the loader's last word for trainers that
+/// attach later (`ring::outcome`): they report it at once instead of waiting
+/// out their timeout for a loader that is not coming.
 pub fn run(args: &ServeArgs) -> Result<u8> {
     signals::unignore_stop_signals();
     let cfg = args.config()?;
+    // A previous loader's word, or its segment if it died, is stale once a
+    // new loader of the name starts: trainers now wait for this one.
+    Outcome::remove(&cfg.name);
+    if let Err(e) = crate::ring::Producer::remove_dead_segment(&cfg.name) {
+        tracing::debug!("a dead loader's segment stays until the ring is made: {e}");
+    }
+    let result = run_configured(args, cfg.clone());
+    let outcome = match &result {
+        Ok(0) => Outcome::now(OutcomeKind::Ended, "it served its whole run and exited"),
+        Ok(code) => Outcome::now(
+            OutcomeKind::Failed,
+            &format!("it was stopped by signal {}", code.saturating_sub(128)),
+        ),
+        Err(e) => Outcome::now(OutcomeKind::Failed, &format!("{e:#}")),
+    };
+    if let Err(e) = outcome.write(&cfg.name) {
+        tracing::debug!("cannot leave the loader's outcome for its trainers: {e}");
+    }
+    result
+}
+
+fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
     args.check_before_listing(&cfg)?;
     // Bound before a listing that can take minutes, so that a taken port is
     // said at once; until the ring exists a scrape says "starting".

@@ -610,11 +610,14 @@ impl Loader {
         if let Err(err) = &result {
             // Trainers learn it now, and the name is free for a new loader,
             // whether or not the reads under way ever return.
-            self.producer.abort(if let ServeError::Signal(sig) = err {
+            // The loader's own words (what failed, the fix) reach every
+            // trainer, not just this process's log.
+            let code = if let ServeError::Signal(sig) = err {
                 *sig
             } else {
                 0
-            });
+            };
+            self.producer.abort_with(code, &err.to_string());
             self.producer.remove_name();
         }
         self.report.elapsed = self.started.elapsed();

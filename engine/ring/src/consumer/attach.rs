@@ -5,6 +5,13 @@
 use super::fork::register_lock_fd;
 use super::*;
 
+/// How long attach keeps looking when the loader is gone (a dead loader's
+/// segment, or the outcome a loader left at exit) before it says so: long
+/// enough for a loader being restarted to take the name, short enough that
+/// a trainer learns at once, in effect, that its loader is not coming.
+pub const GONE_GRACE: Duration = Duration::from_secs(1);
+use crate::outcome::{Outcome, OutcomeKind};
+
 /// First pause of an attach that waits for a segment to be finished or a
 /// rank to be freed; it doubles up to `ATTACH_POLL`.
 const ATTACH_RETRY_FIRST: Duration = Duration::from_micros(200);
@@ -138,7 +145,16 @@ impl Consumer {
             let fd = match segment::shm_open(name, libc::O_RDWR, 0) {
                 Ok(fd) => fd,
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                    if expired() {
+                    // A loader that already exited (failed, or served its
+                    // run) is not coming back: say so within GONE_GRACE, in
+                    // its words (the grace lets a loader being restarted
+                    // take the name first).
+                    let ended = ended_loader(name);
+                    if let Some(e) = ended {
+                        if start.elapsed() >= GONE_GRACE || expired() {
+                            return Err(e);
+                        }
+                    } else if expired() {
                         return Err(timeout_err());
                     }
                     match &watch {
@@ -177,6 +193,11 @@ impl Consumer {
                     std::thread::sleep(retry_pause.min(remaining()));
                     retry_pause = (retry_pause * 2).min(ATTACH_POLL);
                 }
+                Err(Retry::Gone(e)) if start.elapsed() >= GONE_GRACE || expired() => return Err(e),
+                Err(Retry::Gone(_)) => {
+                    std::thread::sleep(retry_pause.min(remaining()));
+                    retry_pause = (retry_pause * 2).min(ATTACH_POLL);
+                }
                 Err(Retry::Never(e)) => return Err(e),
                 Ok(c) => return Ok(c),
             }
@@ -186,7 +207,7 @@ impl Consumer {
     /// Attaches through an already open segment descriptor (tests, fuzzing).
     pub fn attach_to_fd(fd: OwnedFd, name: &str, rank: u32) -> Result<Consumer, AttachError> {
         Self::attach_fd(fd, name, rank).map_err(|r| match r {
-            Retry::Later(Some(e)) | Retry::Never(e) => e,
+            Retry::Later(Some(e)) | Retry::Never(e) | Retry::Gone(e) => e,
             Retry::Later(None) => corrupt(name, "the loader has not finished creating the segment"),
         })
     }
@@ -266,13 +287,14 @@ impl Consumer {
         if !segment::byte_is_locked(&fd, LOADER_LOCK_BYTE)
             .map_err(|e| io_err("cannot check the loader lock of", e))?
         {
-            // A dead loader's segment: a loader restarted under the same
-            // name replaces it, so wait for that within the timeout, as for
-            // a loader not started yet.
-            return Err(Retry::Later(Some(AttachError::LoaderGone {
+            // A dead loader's segment: say so at once (in its own words if
+            // it left them) rather than wait out the timeout for a restart
+            // that may never come.
+            let gone = ended_loader(name).unwrap_or(AttachError::LoaderGone {
                 name: name.to_string(),
                 pid: loader_pid,
-            })));
+            });
+            return Err(Retry::Gone(gone));
         }
         let block = view.rank(rank);
         match segment::try_lock_byte(&fd, segment::rank_lock_byte(rank)) {
@@ -379,4 +401,21 @@ pub(super) enum Retry {
     Later(Option<AttachError>),
     /// Final.
     Never(AttachError),
+    /// The loader is gone: final once [`GONE_GRACE`] has passed.
+    Gone(AttachError),
+}
+
+/// The error for loader `name` if it left a fresh outcome (`ring::outcome`).
+fn ended_loader(name: &str) -> Option<AttachError> {
+    let outcome = Outcome::read_fresh(name)?;
+    let (name, pid, ago_s) = (name.to_string(), outcome.pid, outcome.age().as_secs());
+    Some(match outcome.kind {
+        OutcomeKind::Ended => AttachError::LoaderEnded { name, pid, ago_s },
+        OutcomeKind::Failed => AttachError::LoaderFailed {
+            name,
+            pid,
+            ago_s,
+            message: outcome.message,
+        },
+    })
 }

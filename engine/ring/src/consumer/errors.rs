@@ -89,6 +89,28 @@ pub enum AttachError {
         /// Its last pid.
         pid: u32,
     },
+    /// The loader stopped on an error (or a signal) and exited; its own words.
+    #[error("the loader of {name:?} (pid {pid}) stopped {ago_s} s ago: {message}; fix that and start it again")]
+    LoaderFailed {
+        /// The name.
+        name: String,
+        /// Its pid.
+        pid: u32,
+        /// Seconds since it stopped.
+        ago_s: u64,
+        /// What it said.
+        message: String,
+    },
+    /// The loader served its whole run and exited.
+    #[error("the loader of {name:?} (pid {pid}) served its whole run and exited {ago_s} s ago; start a new one (with --resume, to go on from a checkpoint) to train more")]
+    LoaderEnded {
+        /// The name.
+        name: String,
+        /// Its pid.
+        pid: u32,
+        /// Seconds since it exited.
+        ago_s: u64,
+    },
     /// An OS call failed.
     #[error("{what} {path}: {source}")]
     Io {
@@ -113,7 +135,7 @@ pub enum NextError {
         pid: u32,
     },
     /// The loader stopped early on purpose.
-    #[error("the loader of {name:?} stopped before the end of the run ({reason})")]
+    #[error("the loader of {name:?} stopped before the end of the run: {reason}")]
     Aborted {
         /// The name.
         name: String,

@@ -311,9 +311,10 @@ impl Consumer {
             && protocol::published_for(block) <= self.consumed
         {
             let code = header.abort_code.load(Ordering::Relaxed);
-            let reason = match code {
-                0 => "it stopped on an error; see its log".to_string(),
-                c => format!("it received signal {c}"),
+            let reason = match (code, crate::message::read_abort_message(header)) {
+                (_, Some(message)) => message,
+                (0, None) => "it stopped on an error; see its log".to_string(),
+                (c, None) => format!("it received signal {c}"),
             };
             return Some(Err(NextError::Aborted {
                 name: self.name.clone(),
