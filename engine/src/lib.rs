@@ -2,16 +2,19 @@
 //! lock-free shared-memory ring of fixed-size batch slots.
 //!
 //! The data path, top to bottom (see docs/ and the README's design section):
-//! `manifest` (which samples exist) → `sampler` (which samples form rank r's
-//! batch at step s) → `reader` (bytes land in slot memory) → `ring` (hand the
-//! slot to the trainer without a copy).
+//! `source` (where objects live, how they are listed) → `manifest` (which
+//! samples exist) → `sampler` (which samples form rank r's batch at step s)
+//! → `planner` (a batch's slot places and reads) → `reader` (bytes land in
+//! slot memory) → `ring` (hand the slot to the trainer without a copy).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
 pub mod cli;
 pub mod loader;
 pub mod manifest;
+pub mod planner;
 pub mod reader;
 pub mod ring;
 pub mod sampler;
+pub mod source;
 pub mod sync;
