@@ -114,7 +114,43 @@ pub enum PlanError {
     },
 }
 
+/// One contiguous transfer: `len_bytes` at `offset_bytes` of the object
+/// into the payload at `dest_offset_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// Offset in the object.
+    pub offset_bytes: u64,
+    /// Length.
+    pub len_bytes: u64,
+    /// Offset in the payload.
+    pub dest_offset_bytes: u64,
+}
+
 impl Read {
+    /// The read as contiguous transfers, for an engine that cannot scatter
+    /// one response (the local engines): the whole read when its pieces
+    /// land end to end, else one transfer per piece (gap bytes unread).
+    pub fn spans<'a>(&'a self, pieces: &'a [Piece]) -> impl Iterator<Item = Span> + 'a {
+        let own = &pieces[self.pieces.clone()];
+        let whole = self.is_contiguous(pieces);
+        let take = if whole { own.len().min(1) } else { own.len() };
+        own[..take].iter().map(move |p| {
+            if whole {
+                Span {
+                    offset_bytes: self.offset_bytes,
+                    len_bytes: self.len_bytes,
+                    dest_offset_bytes: p.dest_offset_bytes,
+                }
+            } else {
+                Span {
+                    offset_bytes: p.offset_bytes,
+                    len_bytes: p.len_bytes,
+                    dest_offset_bytes: p.dest_offset_bytes,
+                }
+            }
+        })
+    }
+
     /// True when the pieces tile the range in order and land end to end in
     /// the payload: the read can go straight into one destination.
     pub fn is_contiguous(&self, pieces: &[Piece]) -> bool {

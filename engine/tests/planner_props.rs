@@ -74,6 +74,21 @@ fn execute(plan: &BatchPlan, payload_bytes: u64) -> Vec<u8> {
     payload
 }
 
+/// What a local engine does with the plan: each of a read's spans is one
+/// contiguous read into one destination.
+fn execute_spans(plan: &BatchPlan, payload_bytes: u64) -> Vec<u8> {
+    let mut payload = vec![FILLER; payload_bytes as usize];
+    for read in &plan.reads {
+        for span in read.spans(&plan.pieces) {
+            let to = span.dest_offset_bytes as usize;
+            for k in 0..span.len_bytes {
+                payload[to + k as usize] = content(read.object, span.offset_bytes + k);
+            }
+        }
+    }
+    payload
+}
+
 /// Every structural property of one plan of `batch` in a payload of
 /// `payload_bytes`.
 fn check_plan(
@@ -219,6 +234,14 @@ proptest! {
         check_plan(&m, &batch, &merged, payload_bytes, Some(rule))?;
         prop_assert!(merged.reads.len() <= plain.reads.len());
         prop_assert!(execute(&merged, payload_bytes) == model, "coalesced payload differs from the model");
+        // As the local engines run it: a span per read, or per piece.
+        prop_assert!(execute_spans(&merged, payload_bytes) == model, "coalesced spans differ from the model");
+        prop_assert!(execute_spans(&plain, payload_bytes) == model, "uncoalesced spans differ from the model");
+        for read in &merged.reads {
+            let spans = read.spans(&merged.pieces).count();
+            let expected = if read.is_contiguous(&merged.pieces) { 1 } else { read.pieces.len() };
+            prop_assert_eq!(spans, expected);
+        }
         prop_assert_eq!(&merged.places, &plain.places);
     }
 

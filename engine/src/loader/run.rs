@@ -401,21 +401,11 @@ impl Loader {
                 .sample(id, place.offset_bytes, place.len_bytes, place.index);
         }
         for read in &plan.reads {
-            let pieces = &plan.pieces[read.pieces.clone()];
-            // A read whose pieces land end to end is one op; one that
-            // scatters (a coalesced read over gaps or out of batch order) is
-            // one op per piece: a local read costs little, and a bounce
-            // buffer would cost a copy.
-            let contiguous = read.is_contiguous(&plan.pieces);
-            let ops = if contiguous { 1 } else { pieces.len() };
-            for p in &pieces[..ops] {
-                let (offset_bytes, len_bytes) = if contiguous {
-                    (read.offset_bytes, read.len_bytes)
-                } else {
-                    (p.offset_bytes, p.len_bytes)
-                };
-                let dest_offset_bytes = p.dest_offset_bytes;
-                let end = dest_offset_bytes + len_bytes;
+            // The local engines read into one destination per op: a read
+            // whose pieces scatter (coalesced over gaps or out of batch
+            // order) becomes one op per piece, which costs little locally.
+            for span in read.spans(&plan.pieces) {
+                let end = span.dest_offset_bytes + span.len_bytes;
                 // The byte after this read is the next sample's first or
                 // unused room in this slot's payload, and a failed read stops
                 // the run before the slot is published (`complete`); only a
@@ -424,9 +414,11 @@ impl Loader {
                 // still empty.
                 self.queued.push_back(ReadOp {
                     file: read.object,
-                    offset_bytes,
-                    len_bytes,
-                    dest: self.pending.dest(id, dest_offset_bytes, len_bytes),
+                    offset_bytes: span.offset_bytes,
+                    len_bytes: span.len_bytes,
+                    dest: self
+                        .pending
+                        .dest(id, span.dest_offset_bytes, span.len_bytes),
                     spare_byte: end < payload_bytes,
                     user_data: id as u64,
                 });

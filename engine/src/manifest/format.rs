@@ -78,7 +78,10 @@ const _: () = assert!(
 );
 const _: () = assert!(LINK_FIXED_BYTES == 13, "a link: path length, kind, size");
 const _: () = assert!(CRC_BYTES == 4);
-const _: () = assert!(IO_CHUNK_BYTES % 8 == 0, "sizes are read in whole u64s");
+const _: () = assert!(
+    IO_CHUNK_BYTES / 8 * 8 == IO_CHUNK_BYTES,
+    "sizes are read in whole u64s"
+);
 
 /// Why a file is not a cache file this build may use or remove.
 #[derive(Debug, PartialEq, Eq)]
@@ -626,6 +629,61 @@ mod tests {
     fn sample_bytes(root: &[u8]) -> Vec<u8> {
         let (dirs, links, files) = sample();
         encode(root, SystemTime::now(), &dirs, &links, &files)
+    }
+
+    /// The table of docs/manifest.md, field by field, on a small file.
+    #[test]
+    fn every_field_sits_at_the_offset_docs_manifest_md_gives() {
+        let dirs = vec![DirStamp {
+            rel_path: PathBuf::new(),
+            dev: 0x0102,
+            ino: 0x0304,
+            mtime: (-5, 6),
+            ctime: (7, 8),
+        }];
+        let links = vec![LinkStamp {
+            rel_path: "l".into(),
+            file_size: Some(9),
+        }];
+        let files = list(&["a", "bc"]);
+        let listed_at = UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        let b = encode(b"/r", listed_at, &dirs, &links, &files);
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        assert_eq!(&b[0..8], MAGIC);
+        assert_eq!(u32_at(8), FORMAT_VERSION);
+        assert_eq!(u32_at(12), 0);
+        assert_eq!(u64_at(16), 1_700_000_000);
+        let r = 2;
+        assert_eq!(u32_at(24), r as u32);
+        assert_eq!(&b[28..28 + r], b"/r");
+        let counts = 28 + r;
+        assert_eq!(
+            [
+                u64_at(counts),
+                u64_at(counts + 8),
+                u64_at(counts + 16),
+                u64_at(counts + 24)
+            ],
+            [1, 1, 2, 5]
+        );
+        let dir = counts + COUNTS_BYTES as usize;
+        assert_eq!(u32_at(dir), 0, "the root's own stamp has an empty path");
+        assert_eq!([u64_at(dir + 4), u64_at(dir + 12)], [0x0102, 0x0304]);
+        assert_eq!(u64_at(dir + 20) as i64, -5);
+        assert_eq!(u32_at(dir + 28), 6);
+        assert_eq!([u64_at(dir + 32), u64::from(u32_at(dir + 40))], [7, 8]);
+        let link = dir + DIR_FIXED_BYTES as usize;
+        assert_eq!(u32_at(link), 1);
+        assert_eq!(&b[link + 4..link + 6], b"l\x01");
+        assert_eq!(u64_at(link + 6), 9);
+        let paths = link + LINK_FIXED_BYTES as usize + 1;
+        assert_eq!(&b[paths..paths + 5], b"a\0bc\0");
+        let sizes = paths + 5;
+        assert_eq!([u64_at(sizes), u64_at(sizes + 8)], [0, 1000]);
+        let crc = sizes + 16;
+        assert_eq!(b.len(), crc + CRC_BYTES as usize);
+        assert_eq!(u32_at(crc), crc32fast::hash(&b[..crc]));
     }
 
     #[test]

@@ -59,6 +59,35 @@ pub struct LinkStamp {
     pub file_size: Option<u64>,
 }
 
+/// What tells one version of an object from the next, where the source
+/// has such a tag: a fetch can insist on the version the manifest was
+/// built from (`If-Match`), and a cache can tell a changed object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VersionTag {
+    /// A local file: its inode and mtime.
+    Local {
+        /// Device of the file.
+        dev: u64,
+        /// Inode of the file.
+        ino: u64,
+        /// (seconds, nanoseconds) since the Unix epoch.
+        mtime: (i64, u32),
+    },
+    /// A remote object's ETag, as the store sent it.
+    ETag(Box<str>),
+}
+
+/// One object as its source describes it now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// Path relative to the source's root or prefix.
+    pub key: Vec<u8>,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Its version, where the source has one.
+    pub version: Option<VersionTag>,
+}
+
 /// What a listing recorded so that a later start can tell whether it still
 /// describes the source (kept in the manifest cache beside the objects).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +107,11 @@ pub enum Validity {
 pub struct Listing {
     /// The objects: keys in byte-wise order (strictly increasing), sizes.
     pub objects: FileList,
+    /// Each object's version, in the same order, where the listing has them
+    /// at no extra cost (a remote listing's ETags). None for a local tree:
+    /// 20 bytes a file would be a third of the manifest's memory, and local
+    /// reads check sizes instead (see `reader`).
+    pub versions: Option<Vec<VersionTag>>,
     /// The evidence a cache keeps to check the listing later.
     pub validity: Validity,
 }
@@ -97,6 +131,10 @@ pub trait Source: ObjectNames + Send + Sync {
     /// progress as `opts.progress` asks, with up to `opts.threads` listing
     /// threads (0: the source's default).
     fn list(&self, opts: &ManifestOptions) -> Result<Listing, ManifestError>;
+
+    /// Object `key` as it is now (a `stat`; a `HEAD`): its size and
+    /// version. An object that is gone is an error naming it.
+    fn head(&self, key: &[u8]) -> Result<ObjectMeta, ManifestError>;
 
     /// The bytes that name this source's manifest cache entry (a directory's
     /// canonical path; a bucket and prefix), or why it can have none.

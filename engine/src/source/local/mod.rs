@@ -21,7 +21,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::{Checked, Listing, Source, Validity};
+use super::{Checked, Listing, ObjectMeta, Source, Validity, VersionTag};
 use crate::manifest::{
     FileList, Manifest, ManifestCache, ManifestError, ManifestOptions, ManifestOrigin, ObjectNames,
     AUTO_LIST_THREADS_MAX, MAX_LIST_THREADS,
@@ -80,10 +80,28 @@ impl Source for LocalSource {
         let listing = walk::list_files(&self.root, list_threads(opts.threads), opts.progress)?;
         Ok(Listing {
             objects: listing.files,
+            versions: None,
             validity: Validity::LocalTree {
                 dirs: listing.dirs,
                 links: listing.links,
             },
+        })
+    }
+
+    fn head(&self, key: &[u8]) -> Result<ObjectMeta, ManifestError> {
+        let path = self.path_of(key);
+        // Follows a link, as the listing does.
+        let meta =
+            std::fs::metadata(&path).map_err(|source| ManifestError::Metadata { path, source })?;
+        let stamp = check::stamp_of(PathBuf::new(), &meta);
+        Ok(ObjectMeta {
+            key: key.to_vec(),
+            size_bytes: meta.len(),
+            version: Some(VersionTag::Local {
+                dev: stamp.dev,
+                ino: stamp.ino,
+                mtime: stamp.mtime,
+            }),
         })
     }
 
@@ -197,6 +215,25 @@ mod tests {
         assert!((1..=AUTO_LIST_THREADS_MAX).contains(&list_threads(0)));
         assert_eq!(list_threads(1000), MAX_LIST_THREADS);
         assert_eq!(list_threads(3), 3);
+    }
+
+    #[test]
+    fn head_gives_a_files_size_and_a_version_that_moves_when_it_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), b"12345").unwrap();
+        let source = LocalSource::open(dir.path()).unwrap();
+        let first = source.head(b"a").unwrap();
+        assert_eq!((first.key.as_slice(), first.size_bytes), (&b"a"[..], 5));
+        // Replaced by a new file of the same size (a new inode).
+        std::fs::write(dir.path().join("b"), b"54321").unwrap();
+        std::fs::rename(dir.path().join("b"), dir.path().join("a")).unwrap();
+        let second = source.head(b"a").unwrap();
+        assert_eq!(second.size_bytes, 5);
+        assert_ne!(first.version, second.version);
+        match source.head(b"gone") {
+            Err(ManifestError::Metadata { path, .. }) => assert_eq!(path, dir.path().join("gone")),
+            other => panic!("expected Metadata naming the file, got {other:?}"),
+        }
     }
 
     #[test]
