@@ -55,8 +55,8 @@ pub struct ServeConfig {
 }
 
 /// A prepared run: manifest listed, sampler planned, the readers' file table
-/// built. Separate from [`Loader::start`] so callers can time the first batch
-/// without the listing.
+/// built. Separate from [`Loader::start`](super::Loader::start) so callers
+/// can time the first batch without the listing.
 pub struct Plan {
     pub(super) cfg: ServeConfig,
     /// Where the objects are (`cfg.source`): names them in messages.
