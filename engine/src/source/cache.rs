@@ -127,6 +127,8 @@ impl ManifestCache {
             Ok(decoded) => decoded,
             Err(why) => return Lookup::Miss(format!("{} is not usable: {why}", path.display())),
         };
+        // Format 3 holds a local tree's evidence only; a remote source's
+        // (listed-at and an age limit, ETags) comes with a format of its own.
         let validity = Validity::LocalTree {
             dirs: decoded.dirs,
             links: decoded.links,
