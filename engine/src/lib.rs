@@ -1,10 +1,11 @@
 //! ringfeed: one loader per machine feeds every training process through a
 //! lock-free shared-memory ring of fixed-size batch slots.
 //!
-//! The data path, top to bottom (see docs/ and the README's design section):
-//! `manifest` (which samples exist) → `sampler` (which samples form rank r's
-//! batch at step s) → `reader` (bytes land in slot memory) → `ring` (hand the
-//! slot to the trainer without a copy).
+//! The data path, top to bottom (see docs/design.md):
+//! `source` (where objects live, how they are listed) → `manifest` (which
+//! samples exist) → `sampler` (which samples form rank r's batch at step s)
+//! → `planner` (a batch's slot places and reads) → `reader` (bytes land in
+//! slot memory) → `ring` (hand the slot to the trainer without a copy).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
@@ -12,6 +13,8 @@ pub mod cli;
 pub mod loader;
 pub mod manifest;
 pub mod metrics;
+pub mod planner;
 pub mod reader;
 pub use ringfeed_ring as ring;
 pub mod sampler;
+pub mod source;

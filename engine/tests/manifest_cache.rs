@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 use std::thread::sleep;
 use std::time::Duration;
 
-use ringfeed::manifest::{Manifest, ManifestCache, ManifestError, ManifestOptions, ManifestOrigin};
+use ringfeed::manifest::{
+    Manifest, ManifestCache, ManifestError, ManifestOptions, ManifestOrigin, ObjectNames,
+};
+use ringfeed::source::LocalSource;
 
 /// Longer than a file-system clock tick (at most 10 ms with HZ=100, or a
 /// whole second on a file system without sub-second times): a change made
@@ -321,14 +324,19 @@ fn a_link_to_the_root_shares_the_cache_of_the_real_path() {
     let data = tree();
     let cache_dir = tempfile::tempdir().unwrap();
     let cache = cache_in(cache_dir.path());
-    listed_then_cached(data.path(), &cache);
+    let real = listed_then_cached(data.path(), &cache);
     let link_dir = tempfile::tempdir().unwrap();
     let link = link_dir.path().join("dataset");
     symlink(data.path(), &link).unwrap();
     let (m, origin) = build(&link, &cache);
     assert_cached(&origin);
-    // The manifest keeps the root as given, for messages and reads.
-    assert_eq!(m.root(), link.as_path());
+    // The manifest holds keys only: the root as given (for messages and
+    // reads) is the source's, so one cached listing serves both paths.
+    assert_eq!(m.files(), real.files());
+    assert_eq!(
+        LocalSource::at(&link).object_name(m.files().path_bytes(0)),
+        link.join(m.files().path(0))
+    );
 }
 
 #[test]

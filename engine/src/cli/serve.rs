@@ -147,9 +147,9 @@ fn warn_of_a_fixed_tail(plan: &Plan, cfg: &ServeConfig) {
         Some(_) => format!(
             "from record {first} on, byte {} of {}",
             loc.offset_bytes,
-            plan.manifest().abs_path(loc.file).display()
+            plan.object_name(loc.file).display()
         ),
-        None => format!("from {} on", plan.manifest().abs_path(loc.file).display()),
+        None => format!("from {} on", plan.object_name(loc.file).display()),
     };
     let which = if tail == 1 {
         format!("sample {first}")

@@ -111,12 +111,28 @@ impl Pending {
         self.entries[id].as_mut().expect("pending batch id is live")
     }
 
-    /// Adds a sample at `offset` of the batch's payload; returns where its bytes go.
-    pub(super) fn sample(&mut self, id: usize, offset: u64, len: u64, index: u64) -> *mut u8 {
+    /// Adds a sample at `offset` of the batch's payload.
+    pub(super) fn sample(&mut self, id: usize, offset: u64, len: u64, index: u64) {
         let e = self.entry(id);
         debug_assert!(offset + len <= e.claim.payload_bytes());
         e.samples.push(SampleEntry { offset, len, index });
-        // SAFETY: offset + len <= payload_bytes (checked by the caller), so the
+    }
+
+    /// Where `len` bytes at `offset` of the batch's payload go.
+    ///
+    /// # Panics
+    /// If they pass the end of the payload (the planner keeps every piece
+    /// within the slot, which the payload covers: a loader bug).
+    pub(super) fn dest(&mut self, id: usize, offset: u64, len: u64) -> *mut u8 {
+        let e = self.entry(id);
+        assert!(
+            offset
+                .checked_add(len)
+                .is_some_and(|end| end <= e.claim.payload_bytes()),
+            "a read of {len} bytes at {offset} passes a payload of {} bytes",
+            e.claim.payload_bytes()
+        );
+        // SAFETY: offset + len <= payload_bytes (asserted above), so the
         // pointer stays inside the claimed slot's payload.
         unsafe { e.claim.payload_ptr().add(offset as usize) }
     }

@@ -4,7 +4,7 @@
 //! loop, a tokio worker), never a lock or an allocation; a scrape reads them
 //! through [`Collect`]. Adding one is one line in `metrics::catalog!`.
 //!
-//! They use `std`'s atomics, not the `crate::sync` facade: loom's cannot be
+//! They use `std`'s atomics, not the ring's `sync` facade: loom's cannot be
 //! built in a `const fn`, and nothing here is a protocol loom must check
 //! (each figure is one independent cell, read with no ordering promise).
 

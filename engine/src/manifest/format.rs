@@ -1,34 +1,14 @@
-//! The manifest cache: a listed directory's manifest kept on local disk, so
-//! that the next loader over the same directory starts without listing it.
+//! The manifest cache file's format: a source's objects with the evidence
+//! that tells whether they are still its objects, byte by byte. Pure: it
+//! reads from any `Read` and writes to any `Write`; the files themselves
+//! (where, when, atomically) are `crate::source::cache`'s, and what the
+//! evidence means is the source's (`crate::source::local`).
 //!
-//! Kept per directory, under a name derived from its canonical path: the
-//! files in manifest order with their sizes, a stamp of every directory
-//! listed (device, inode, mtime, ctime), taken before that directory's
-//! entries were read, and every symbolic link met with what it pointed to.
-//! docs/manifest.md explains the rules at length:
-//!
-//! - **Used** only when every stamped directory still has the same device,
-//!   inode, mtime and ctime (read through an open descriptor, which makes
-//!   NFS ask the server), and every link still points to a file of the same
-//!   size, or still to no file. Adding, removing or renaming a name anywhere
-//!   in the tree changes its directory's times; ctime cannot be set back
-//!   from user space (`rsync -a` and `touch -d` set mtime only).
-//! - With at most `stat_files_max` files, each file's size is checked too
-//!   (a few milliseconds). Above that, a file changed in place (same path,
-//!   new size) is found when it is read (`ReadError::ChangedSize` / `Grew`),
-//!   and the loader then removes the entry ([`ManifestCache::forget`]).
-//! - **Not stored** when a directory's ctime is less than `racy_window`
-//!   before the listing began (a change within the same clock tick as the
-//!   stamp would leave its times equal), or when the tree is on a FUSE file
-//!   system (object-store mounts make directory times up).
-//! - A cache file that is missing, unreadable, corrupt (CRC-32 over the whole
-//!   file), of another format version or of another path is a miss, never an
-//!   error. One that cannot be written is a warning. Files are written under
-//!   a unique temporary name and renamed, so a loader never reads half of one.
-//!
-//! Format version 3, little-endian. The files' paths and sizes are two
-//! blocks that read straight into a [`FileList`]'s buffers, without a
-//! buffer of the whole file or an allocation per path:
+//! Format version 3, little-endian; docs/manifest.md has the table with
+//! every field's offset, and the `const` asserts below keep this code to it.
+//! The objects' keys and sizes are two blocks that read straight into a
+//! [`FileList`]'s buffers, without a buffer of the whole file or an
+//! allocation per key:
 //!
 //! ```text
 //! "RFMANIF\0"  u32 version  u32 0  i64 listed-at (Unix seconds)
@@ -44,71 +24,64 @@
 //!
 //! (Version 2 had a length-prefixed record per file; its files are a miss
 //! and are replaced at the next listing.)
+//!
+//! Any bytes decode to `Ok` or to an `Err` naming what is wrong, never a
+//! panic, and no allocation is larger than the file's length warrants.
 
 use std::ffi::OsStr;
-use std::fs;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{DirStamp, FileList, FileRef, LinkStamp, MAX_FILES};
+use super::{FileList, MAX_FILES};
+use crate::source::{DirStamp, LinkStamp};
 
-const MAGIC: &[u8; 8] = b"RFMANIF\0";
-const FORMAT_VERSION: u32 = 3;
+/// First bytes of every cache file.
+pub(crate) const MAGIC: &[u8; 8] = b"RFMANIF\0";
+/// The version this build writes and reads.
+pub(crate) const FORMAT_VERSION: u32 = 3;
+/// Bytes of the fixed header before the root's bytes: magic, version,
+/// reserved, listed-at, the root's length.
+pub(crate) const HEADER_FIXED_BYTES: u64 = 8 + 4 + 4 + 8 + 4;
+/// Bytes of the four counts after the root.
+pub(crate) const COUNTS_BYTES: u64 = 4 * 8;
+/// Bytes of the CRC-32 at the end.
+pub(crate) const CRC_BYTES: u64 = 4;
 /// Bytes of one directory record besides its path.
-const DIR_FIXED_BYTES: u64 = 4 + 8 + 8 + 8 + 4 + 8 + 4;
+pub(crate) const DIR_FIXED_BYTES: u64 = 4 + 8 + 8 + 8 + 4 + 8 + 4;
 /// Bytes of one link record besides its path.
-const LINK_FIXED_BYTES: u64 = 4 + 1 + 8;
+pub(crate) const LINK_FIXED_BYTES: u64 = 4 + 1 + 8;
 /// Longest path a cache file may hold: far above PATH_MAX (4,096), which
 /// the walk's paths cannot exceed.
 const PATH_BYTES_MAX: u32 = 65_536;
 /// Most bytes reserved ahead for a block: past it, a block's buffer grows
 /// as its bytes arrive, so a length that lies costs no large reservation.
-const RESERVE_BYTES_MAX: u64 = 64 << 20;
+pub(crate) const RESERVE_BYTES_MAX: u64 = 64 << 20;
 /// Bytes read or written at a time.
-const IO_CHUNK_BYTES: usize = 256 * 1024;
-/// `statfs` type of FUSE file systems (s3fs, gcsfuse, mountpoint-s3,
-/// virtiofs): their directory times need not follow their contents.
-const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
-/// Temporary files older than this are left by a writer that died.
-pub const TMP_STALE_AFTER: Duration = Duration::from_secs(600);
+pub(crate) const IO_CHUNK_BYTES: usize = 256 * 1024;
 
-/// Default of [`ManifestCache::racy_window`]: generous against clock steps
-/// and coarse file-system timestamps.
-pub const DEFAULT_RACY_WINDOW: Duration = Duration::from_secs(2);
-/// Default of [`ManifestCache::stat_files_max`]: about 4 ms of `stat` calls
-/// on the test VM.
-pub const DEFAULT_STAT_FILES_MAX: usize = 4_096;
-
-/// Where cached manifests live, and how they are checked.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ManifestCache {
-    /// The directory holding the cache files (created on first store, 0700).
-    pub dir: PathBuf,
-    /// A listing is not stored when one of its directories' ctime is less
-    /// than this before the listing began.
-    pub racy_window: Duration,
-    /// Check every file's size on a hit when there are at most this many.
-    pub stat_files_max: usize,
-}
-
-/// What happened when a cached manifest was looked for.
-#[derive(Debug)]
-pub(crate) enum Lookup {
-    /// Valid: the files, in manifest order.
-    Hit {
-        files: FileList,
-        /// Every link met by the listing (to say again which were not followed).
-        links: Vec<LinkStamp>,
-        dirs_checked: usize,
-        files_checked: usize,
-    },
-    /// Not usable; the reason, for the log.
-    Miss(String),
-}
+// The layout docs/manifest.md gives, field by field: a change here is a
+// change of the format (and of FORMAT_VERSION).
+const _: () = assert!(MAGIC.len() == 8);
+const _: () = assert!(
+    HEADER_FIXED_BYTES == 28,
+    "magic 0..8, version 8..12, reserved 12..16, listed-at 16..24, root length 24..28"
+);
+const _: () = assert!(
+    COUNTS_BYTES == 32,
+    "directories, links, files, path bytes: a u64 each"
+);
+const _: () = assert!(
+    DIR_FIXED_BYTES == 4 + 2 * 8 + 2 * (8 + 4),
+    "a directory: path length, dev, ino, mtime (s, ns), ctime (s, ns)"
+);
+const _: () = assert!(LINK_FIXED_BYTES == 13, "a link: path length, kind, size");
+const _: () = assert!(CRC_BYTES == 4);
+const _: () = assert!(
+    IO_CHUNK_BYTES / 8 * 8 == IO_CHUNK_BYTES,
+    "sizes are read in whole u64s"
+);
 
 /// Why a file is not a cache file this build may use or remove.
 #[derive(Debug, PartialEq, Eq)]
@@ -119,381 +92,15 @@ pub enum NotACacheFile {
     Unusable(String),
 }
 
-impl ManifestCache {
-    /// A cache in `dir` with the default checks.
-    pub fn at(dir: PathBuf) -> ManifestCache {
-        ManifestCache {
-            dir,
-            racy_window: DEFAULT_RACY_WINDOW,
-            stat_files_max: DEFAULT_STAT_FILES_MAX,
-        }
-    }
-
-    /// The manifests directory under ringfeed's cache directory `base`, or
-    /// under the default one: `$RINGFEED_CACHE_DIR`, else
-    /// `$XDG_CACHE_HOME/ringfeed`, else `$HOME/.cache/ringfeed`. None when
-    /// none is set.
-    pub fn dir_under(base: Option<&Path>) -> Option<PathBuf> {
-        let nonempty = |var: &str| {
-            std::env::var_os(var)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
-        let base = match base {
-            Some(base) => base.to_path_buf(),
-            None => nonempty("RINGFEED_CACHE_DIR")
-                .or_else(|| nonempty("XDG_CACHE_HOME").map(|d| d.join("ringfeed")))
-                .or_else(|| nonempty("HOME").map(|d| d.join(".cache").join("ringfeed")))?,
-        };
-        Some(base.join("manifests"))
-    }
-
-    /// The cache file of the directory whose canonical path is `canonical_root`.
-    pub fn entry_path(&self, canonical_root: &Path) -> PathBuf {
-        self.dir.join(format!(
-            "{:016x}.manifest",
-            fnv1a64(canonical_root.as_os_str().as_bytes())
-        ))
-    }
-
-    /// Looks for a valid cached manifest of `canonical_root`, checking with
-    /// up to `threads` threads.
-    pub(crate) fn lookup(&self, canonical_root: &Path, threads: usize) -> Lookup {
-        let path = self.entry_path(canonical_root);
-        let (file, len) = match open_cache_file(&path) {
-            Ok((file, meta)) => (file, meta.len()),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                return Lookup::Miss("no cached manifest".into())
-            }
-            Err(err) => return Lookup::Miss(format!("cannot read {}: {err}", path.display())),
-        };
-        let decoded = match decode_from(
-            BufReader::with_capacity(IO_CHUNK_BYTES, file),
-            len,
-            canonical_root.as_os_str().as_bytes(),
-        ) {
-            Ok(decoded) => decoded,
-            Err(why) => return Lookup::Miss(format!("{} is not usable: {why}", path.display())),
-        };
-        let check_files = decoded.files.len() <= self.stat_files_max;
-        let mut checks: Vec<Check<'_>> = Vec::with_capacity(
-            decoded.dirs.len()
-                + decoded.links.len()
-                + if check_files { decoded.files.len() } else { 0 },
-        );
-        checks.extend(decoded.dirs.iter().map(Check::Dir));
-        checks.extend(decoded.links.iter().map(Check::Link));
-        if check_files {
-            checks.extend(decoded.files.iter().map(Check::File));
-        }
-        if let Some(why) = first_failure(canonical_root, &checks, threads) {
-            return Lookup::Miss(why);
-        }
-        drop(checks);
-        Lookup::Hit {
-            dirs_checked: decoded.dirs.len(),
-            files_checked: if check_files { decoded.files.len() } else { 0 },
-            files: decoded.files,
-            links: decoded.links,
-        }
-    }
-
-    /// Stores a listing of `canonical_root` that began at `listed_at`.
-    /// `Ok(None)`: stored; `Ok(Some(why))`: deliberately not stored.
-    pub(crate) fn store(
-        &self,
-        canonical_root: &Path,
-        listed_at: SystemTime,
-        dirs: &[DirStamp],
-        links: &[LinkStamp],
-        files: &FileList,
-    ) -> io::Result<Option<String>> {
-        let racy_after = listed_at
-            .checked_sub(self.racy_window)
-            .unwrap_or(UNIX_EPOCH);
-        // ctime only: every change sets it to the current time, while mtime
-        // may lie in the future (archives unpacked from a skewed clock).
-        if let Some(stamp) = dirs.iter().find(|d| time_of(d.ctime) >= racy_after) {
-            return Ok(Some(format!(
-                "directory {} changed less than {:.0?} before the listing began, so a change made in the same clock tick \
-                 could not be told apart; the next start lists it again",
-                canonical_root.join(&stamp.rel_path).display(),
-                self.racy_window
-            )));
-        }
-        if let Some(dir) = on_fuse(canonical_root, dirs) {
-            return Ok(Some(format!(
-                "{} is on a FUSE file system (an object-store mount such as s3fs, gcsfuse or mountpoint-s3 \
-                 need not change a directory's times when its contents change), so every start lists it",
-                dir.display()
-            )));
-        }
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)?;
-        let path = self.entry_path(canonical_root);
-        // Unique among processes, hosts sharing the directory and threads.
-        static STORES: AtomicU64 = AtomicU64::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let mut tmp_name = path.clone().into_os_string();
-        tmp_name.push(format!(
-            ".tmp.{}.{nanos}.{}",
-            std::process::id(),
-            STORES.fetch_add(1, Ordering::Relaxed)
-        ));
-        let tmp = PathBuf::from(tmp_name);
-        let written = (|| {
-            let file = fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            let mut out = BufWriter::with_capacity(IO_CHUNK_BYTES, file);
-            encode_to(
-                &mut out,
-                canonical_root.as_os_str().as_bytes(),
-                listed_at,
-                dirs,
-                links,
-                files,
-            )?;
-            out.into_inner().map_err(io::IntoInnerError::into_error)?;
-            fs::rename(&tmp, &path)
-        })();
-        if written.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        written.map(|()| None)
-    }
-
-    /// Removes the cached manifest of `canonical_root`, if any: a file of it
-    /// was found changed, so the next start must list again. `Ok(true)`: it
-    /// was there and is gone.
-    pub fn forget(&self, canonical_root: &Path) -> io::Result<bool> {
-        Self::forget_file(&self.entry_path(canonical_root))
-    }
-
-    /// Removes the cache file `path` (from [`ManifestOrigin::cache_file`](super::ManifestOrigin::cache_file)).
-    /// `Ok(true)`: it was there and is gone; `Ok(false)`: it was not there.
-    pub fn forget_file(path: &Path) -> io::Result<bool> {
-        match fs::remove_file(path) {
-            Ok(()) => Ok(true),
-            // ENOTDIR: a part of the path is a file, so there is no cache file.
-            Err(err)
-                if err.kind() == io::ErrorKind::NotFound
-                    || err.raw_os_error() == Some(libc::ENOTDIR) =>
-            {
-                Ok(false)
-            }
-            Err(err) => Err(err),
-        }
-    }
-
-    /// The root recorded in a cache file (for `gc`), once the whole file
-    /// was read and found valid. A newer format's file is told apart by its
-    /// header and its CRC-32 (every format ends with one over everything
-    /// before it), so a damaged file whose version field reads high is
-    /// still `Unusable`.
-    pub fn root_of(path: &Path) -> Result<PathBuf, NotACacheFile> {
-        let unusable = NotACacheFile::Unusable;
-        let (file, meta) = open_cache_file(path).map_err(|err| unusable(err.to_string()))?;
-        let mut r = Reader::new(BufReader::with_capacity(IO_CHUNK_BYTES, file), meta.len());
-        match r.header() {
-            Ok(root) => decode_body(&mut r).map(|_| root).map_err(unusable),
-            Err(HeaderError::Newer(version)) => {
-                // Its CRC is checked by reading it all; a file whose length
-                // is mostly holes would take that long for nothing.
-                if meta.len() > RESERVE_BYTES_MAX
-                    && meta.blocks().saturating_mul(512) < meta.len() / 8
-                {
-                    return Err(unusable(format!(
-                        "{} bytes long but {} on disk: not a file ringfeed wrote",
-                        meta.len(),
-                        meta.blocks() * 512
-                    )));
-                }
-                r.skip_to_crc()
-                    .and_then(|()| r.finish())
-                    .map_err(unusable)?;
-                Err(NotACacheFile::NewerVersion(version))
-            }
-            Err(HeaderError::Bad(why)) => Err(unusable(why)),
-        }
-    }
-}
-
-/// Opens a cache file without following a link, without blocking on a FIFO
-/// and only if it is a regular file; returns it and its metadata.
-fn open_cache_file(path: &Path) -> io::Result<(fs::File, fs::Metadata)> {
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a regular file",
-        ));
-    }
-    Ok((file, meta))
-}
-
-/// The metadata of directory `path`, read through an open descriptor: on
-/// NFS, opening makes the client ask the server instead of answering from
-/// its attribute cache. Links are not followed unless `follow`.
-pub(super) fn dir_metadata(path: &Path, follow: bool) -> io::Result<fs::Metadata> {
-    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
-    fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | nofollow)
-        .open(path)?
-        .metadata()
-}
-
-/// One thing a lookup must find unchanged.
-enum Check<'a> {
-    Dir(&'a DirStamp),
-    Link(&'a LinkStamp),
-    File(FileRef<'a>),
-}
-
-impl Check<'_> {
-    /// None when unchanged; else what changed.
-    fn failure(&self, root: &Path) -> Option<String> {
-        match self {
-            Check::Dir(stamp) => {
-                let abs = root.join(&stamp.rel_path);
-                match dir_metadata(&abs, false) {
-                    Ok(meta) => {
-                        let now = DirStamp::of(stamp.rel_path.clone(), &meta);
-                        let changed: Vec<&str> = [
-                            ("device", now.dev != stamp.dev),
-                            ("inode", now.ino != stamp.ino),
-                            ("mtime", now.mtime != stamp.mtime),
-                            ("ctime", now.ctime != stamp.ctime),
-                        ]
-                        .iter()
-                        .filter(|(_, differs)| *differs)
-                        .map(|(field, _)| *field)
-                        .collect();
-                        (!changed.is_empty()).then(|| {
-                            format!(
-                                "directory {} changed since it was listed ({})",
-                                abs.display(),
-                                changed.join(", ")
-                            )
-                        })
-                    }
-                    Err(err) => Some(format!("directory {}: {err}", abs.display())),
-                }
-            }
-            Check::Link(link) => {
-                let abs = root.join(&link.rel_path);
-                let now = fs::metadata(&abs);
-                let same = match (&now, link.file_size) {
-                    (Ok(meta), Some(size)) => meta.is_file() && meta.len() == size,
-                    (Ok(meta), None) => !meta.is_file(),
-                    (Err(_), _) => false,
-                };
-                (!same).then(|| {
-                    format!(
-                        "the target of link {} changed since it was listed",
-                        abs.display()
-                    )
-                })
-            }
-            Check::File(file) => {
-                let abs = root.join(file.rel_path);
-                // Follows a link, as the listing did.
-                match fs::metadata(&abs) {
-                    Ok(meta) if meta.is_file() && meta.len() == file.size_bytes => None,
-                    Ok(meta) => Some(format!(
-                        "file {} changed since it was listed ({} bytes then, {} now)",
-                        abs.display(),
-                        file.size_bytes,
-                        meta.len()
-                    )),
-                    Err(err) => Some(format!("file {}: {err}", abs.display())),
-                }
-            }
-        }
-    }
-}
-
-/// The first failed check in order, or None; the checks are split among
-/// up to `threads` threads when there are enough of them to pay.
-fn first_failure(root: &Path, checks: &[Check<'_>], threads: usize) -> Option<String> {
-    const PER_THREAD_MIN: usize = 256;
-    let threads = threads.clamp(1, checks.len().div_ceil(PER_THREAD_MIN).max(1));
-    if threads == 1 {
-        return checks.iter().find_map(|c| c.failure(root));
-    }
-    let chunk = checks.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = checks
-            .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().find_map(|c| c.failure(root))))
-            .collect();
-        // A thread that cannot be joined panicked: a bug, carried on.
-        handles.into_iter().find_map(|h| {
-            h.join()
-                .unwrap_or_else(|payload| std::panic::resume_unwind(payload))
-        })
-    })
-}
-
-/// A directory of the listing on a FUSE file system, if any (one `statfs`
-/// for each device).
-fn on_fuse(root: &Path, dirs: &[DirStamp]) -> Option<PathBuf> {
-    let mut seen = Vec::new();
-    for stamp in dirs {
-        if seen.contains(&stamp.dev) {
-            continue;
-        }
-        seen.push(stamp.dev);
-        let abs = root.join(&stamp.rel_path);
-        let Ok(c_path) = std::ffi::CString::new(abs.as_os_str().as_bytes()) else {
-            continue;
-        };
-        // SAFETY: a NUL-terminated path and a zeroed statfs to fill.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::statfs(c_path.as_ptr(), &mut st) } == 0
-            && st.f_type as i64 == FUSE_SUPER_MAGIC
-        {
-            return Some(abs);
-        }
-    }
-    None
-}
-
-/// (seconds, nanoseconds) since the epoch as a `SystemTime`.
-fn time_of((secs, nanos): (i64, u32)) -> SystemTime {
-    let since_epoch = Duration::new(secs.unsigned_abs(), nanos);
-    if secs >= 0 {
-        UNIX_EPOCH + since_epoch
-    } else {
-        UNIX_EPOCH.checked_sub(since_epoch).unwrap_or(UNIX_EPOCH)
-    }
-}
-
 /// What a cache file holds.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Decoded {
+    /// Directories stamped by the listing.
     pub dirs: Vec<DirStamp>,
+    /// Links met by the listing, with what they pointed to.
     pub links: Vec<LinkStamp>,
+    /// The objects, in manifest order.
     pub files: FileList,
-}
-
-/// FNV-1a, 64 bits: the cache file name of a path (collisions are caught by
-/// the root stored inside).
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// A writer that keeps the CRC-32 of what went through it.
@@ -825,7 +432,7 @@ impl<R: Read> Reader<R> {
     /// Magic, version, reserved, listed-at; returns the root.
     fn header(&mut self) -> Result<PathBuf, HeaderError> {
         // Magic, version, reserved, listed-at, root length, CRC.
-        const SHORTEST: u64 = 8 + 4 + 4 + 8 + 4 + 4;
+        const SHORTEST: u64 = HEADER_FIXED_BYTES + CRC_BYTES;
         if self.len < SHORTEST {
             return Err(HeaderError::Bad(format!("{} bytes is too short", self.len)));
         }
@@ -938,13 +545,30 @@ fn check_components(bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether a temporary cache file (`NAME.manifest.tmp.*`) was left by a
-/// writer long gone: older than [`TMP_STALE_AFTER`].
-pub fn is_stale_tmp(meta: &fs::Metadata) -> bool {
-    let modified = UNIX_EPOCH + Duration::new(meta.mtime().max(0) as u64, 0);
-    SystemTime::now()
-        .duration_since(modified)
-        .is_ok_and(|age| age > TMP_STALE_AFTER)
+/// The root recorded in a cache file of `len` bytes read from `src`, once
+/// the whole file was read and found valid. A newer format's file is told
+/// apart by its header and its CRC-32 (every format ends with one over
+/// everything before it), so a damaged file whose version field reads high
+/// is still `Unusable`; `before_newer` may refuse to read a newer one whole
+/// (the caller knows whether it is mostly holes).
+pub(crate) fn root_of<R: Read>(
+    src: R,
+    len: u64,
+    before_newer: impl FnOnce() -> Result<(), String>,
+) -> Result<PathBuf, NotACacheFile> {
+    let unusable = NotACacheFile::Unusable;
+    let mut r = Reader::new(src, len);
+    match r.header() {
+        Ok(root) => decode_body(&mut r).map(|_| root).map_err(unusable),
+        Err(HeaderError::Newer(version)) => {
+            before_newer().map_err(unusable)?;
+            r.skip_to_crc()
+                .and_then(|()| r.finish())
+                .map_err(unusable)?;
+            Err(NotACacheFile::NewerVersion(version))
+        }
+        Err(HeaderError::Bad(why)) => Err(unusable(why)),
+    }
 }
 
 #[cfg(test)]
@@ -990,9 +614,76 @@ mod tests {
         files
     }
 
+    fn root_of_bytes(bytes: &[u8]) -> Result<PathBuf, NotACacheFile> {
+        root_of(bytes, bytes.len() as u64, || Ok(()))
+    }
+
+    #[test]
+    fn a_root_of_the_cache_is_read_back_from_a_whole_valid_file() {
+        assert_eq!(
+            root_of_bytes(&sample_bytes(b"/data/set")),
+            Ok(PathBuf::from("/data/set"))
+        );
+    }
+
     fn sample_bytes(root: &[u8]) -> Vec<u8> {
         let (dirs, links, files) = sample();
         encode(root, SystemTime::now(), &dirs, &links, &files)
+    }
+
+    /// The table of docs/manifest.md, field by field, on a small file.
+    #[test]
+    fn every_field_sits_at_the_offset_docs_manifest_md_gives() {
+        let dirs = vec![DirStamp {
+            rel_path: PathBuf::new(),
+            dev: 0x0102,
+            ino: 0x0304,
+            mtime: (-5, 6),
+            ctime: (7, 8),
+        }];
+        let links = vec![LinkStamp {
+            rel_path: "l".into(),
+            file_size: Some(9),
+        }];
+        let files = list(&["a", "bc"]);
+        let listed_at = UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        let b = encode(b"/r", listed_at, &dirs, &links, &files);
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        assert_eq!(&b[0..8], MAGIC);
+        assert_eq!(u32_at(8), FORMAT_VERSION);
+        assert_eq!(u32_at(12), 0);
+        assert_eq!(u64_at(16), 1_700_000_000);
+        let r = 2;
+        assert_eq!(u32_at(24), r as u32);
+        assert_eq!(&b[28..28 + r], b"/r");
+        let counts = 28 + r;
+        assert_eq!(
+            [
+                u64_at(counts),
+                u64_at(counts + 8),
+                u64_at(counts + 16),
+                u64_at(counts + 24)
+            ],
+            [1, 1, 2, 5]
+        );
+        let dir = counts + COUNTS_BYTES as usize;
+        assert_eq!(u32_at(dir), 0, "the root's own stamp has an empty path");
+        assert_eq!([u64_at(dir + 4), u64_at(dir + 12)], [0x0102, 0x0304]);
+        assert_eq!(u64_at(dir + 20) as i64, -5);
+        assert_eq!(u32_at(dir + 28), 6);
+        assert_eq!([u64_at(dir + 32), u64::from(u32_at(dir + 40))], [7, 8]);
+        let link = dir + DIR_FIXED_BYTES as usize;
+        assert_eq!(u32_at(link), 1);
+        assert_eq!(&b[link + 4..link + 6], b"l\x01");
+        assert_eq!(u64_at(link + 6), 9);
+        let paths = link + LINK_FIXED_BYTES as usize + 1;
+        assert_eq!(&b[paths..paths + 5], b"a\0bc\0");
+        let sizes = paths + 5;
+        assert_eq!([u64_at(sizes), u64_at(sizes + 8)], [0, 1000]);
+        let crc = sizes + 16;
+        assert_eq!(b.len(), crc + CRC_BYTES as usize);
+        assert_eq!(u32_at(crc), crc32fast::hash(&b[..crc]));
     }
 
     #[test]
@@ -1052,16 +743,12 @@ mod tests {
         bytes[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
         let crc = crc32fast::hash(&bytes);
         bytes.extend_from_slice(&crc.to_le_bytes());
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.manifest");
-        fs::write(&path, &bytes).unwrap();
         assert_eq!(
-            ManifestCache::root_of(&path),
+            root_of_bytes(&bytes),
             Err(NotACacheFile::NewerVersion(FORMAT_VERSION + 1))
         );
-        fs::write(&path, b"garbage").unwrap();
         assert!(matches!(
-            ManifestCache::root_of(&path),
+            root_of_bytes(b"garbage"),
             Err(NotACacheFile::Unusable(_))
         ));
     }
@@ -1122,47 +809,19 @@ mod tests {
             assert!(decode(&bytes, root)
                 .unwrap_err()
                 .contains("not an absolute path"));
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("x.manifest");
-            fs::write(&path, &bytes).unwrap();
             assert!(matches!(
-                ManifestCache::root_of(&path),
+                root_of_bytes(&bytes),
                 Err(NotACacheFile::Unusable(_))
             ));
         }
-    }
-
-    /// A newer format is kept only once its CRC is read and checked: a
-    /// file that is mostly holes is refused without reading them.
-    #[test]
-    fn a_sparse_newer_format_file_is_refused_without_reading_it() {
-        let mut head = sample_bytes(b"/r");
-        head[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.manifest");
-        let file = fs::File::create(&path).unwrap();
-        (&file).write_all(&head).unwrap();
-        file.set_len(1 << 40).unwrap();
-        let started = std::time::Instant::now();
-        match ManifestCache::root_of(&path) {
-            Err(NotACacheFile::Unusable(why)) => assert!(why.contains("on disk"), "{why}"),
-            other => panic!("expected unusable, got {other:?}"),
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "read the holes"
-        );
     }
 
     #[test]
     fn a_damaged_file_whose_version_reads_newer_is_unusable() {
         let mut bytes = sample_bytes(b"/r");
         bytes[8..12].copy_from_slice(&(FORMAT_VERSION + 16).to_le_bytes());
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.manifest");
-        fs::write(&path, &bytes).unwrap();
         assert!(matches!(
-            ManifestCache::root_of(&path),
+            root_of_bytes(&bytes),
             Err(NotACacheFile::Unusable(_))
         ));
     }

@@ -31,7 +31,8 @@ use crossbeam_channel::RecvTimeoutError;
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use indicatif::ProgressBar;
 
-use super::{DirStamp, FileList, LinkStamp, ManifestError, MAX_FILES};
+use crate::manifest::{FileList, ManifestError, MAX_FILES};
+use crate::source::{DirStamp, LinkStamp};
 
 /// Listing shorter than this shows no progress at all.
 const PROGRESS_AFTER_MS: u64 = 1_000;
@@ -327,9 +328,11 @@ impl Walk<'_> {
         // is found stale later. The root may be a link; the others are not
         // followed (the parent saw a directory; one replaced by a link since
         // is ELOOP here). Read through a descriptor, as the cache's check does.
-        let meta = super::cache::dir_metadata(&abs_dir, rel_dir.as_os_str().is_empty())
+        let meta = super::check::dir_metadata(&abs_dir, rel_dir.as_os_str().is_empty())
             .map_err(read_dir_error)?;
-        found.dirs.push(DirStamp::of(rel_dir.clone(), &meta));
+        found
+            .dirs
+            .push(super::check::stamp_of(rel_dir.clone(), &meta));
         let rel_dir: Arc<Path> = Arc::from(rel_dir);
         let mut names = Vec::new();
         for entry in fs::read_dir(&abs_dir).map_err(read_dir_error)? {
