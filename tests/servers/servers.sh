@@ -2,8 +2,9 @@
 # Real object-store and WebDAV servers on 127.0.0.1 for the remote-source tests.
 #
 #   servers.sh install NAME...          install (idempotent; fast when present)
-#   servers.sh start NAME STATE_DIR     start on a free port, data under STATE_DIR,
-#                                       wait until it answers, print its exports
+#   servers.sh start NAME STATE_DIR     install if missing, start on a free port, data
+#                                       under STATE_DIR, wait until it answers, print
+#                                       its exports
 #   servers.sh stop NAME STATE_DIR      stop it by the pid it recorded
 #
 # NAME: s3 (s3s-fs, checks SigV4), nginx (WebDAV, PROPFIND depth 0/1),
@@ -15,7 +16,6 @@
 # See tests/servers/README.md.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 HOME_DIR=${RINGFEED_SERVERS_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/ringfeed-servers}
 S3S_FS_VERSION=0.14.1
 AZURITE_VERSION=3.35.0
@@ -39,8 +39,9 @@ free_port() {
 }
 
 apt_install() {
-    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null \
-        || die "apt-get install $* failed: run it by hand to see why (as root, after apt-get update)"
+    if ! { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; }; then
+        die "apt-get install $* failed: run it by hand to see why (as root, after apt-get update)"
+    fi
 }
 
 # ---------------------------------------------------------------- install
@@ -186,6 +187,8 @@ http {
     }
 }
 EOF
+    # Both nginx and the shell append to one log; nothing reads it meanwhile.
+    # shellcheck disable=SC2094
     nginx -e "$state/nginx.log" -c "$conf" >>"$state/nginx.log" 2>&1 &
     PID=$!
     URL="http://127.0.0.1:$port/"
@@ -243,7 +246,9 @@ health_url() {
 
 cmd_start() {
     local name=$1 state=$2 try
-    mkdir -p "$state"
+    # Idempotent and fast when present, so that start never runs a missing binary.
+    mkdir -p "$HOME_DIR" "$state"
+    "install_$name"
     state=$(cd "$state" && pwd)
     for try in 1 2 3; do  # a free port can be taken between choosing and binding it
         local port; port=$(free_port)

@@ -36,6 +36,9 @@ ringfeed_servers_up() {
     bash "$_rf_servers_dir/servers.sh" install $_rf_servers_list || return 1
     echo "servers: installed in $((SECONDS - started)) s" >&2
     trap ringfeed_servers_down EXIT
+    # A signal becomes an exit, so that the EXIT trap stops the servers then too.
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
     started=$SECONDS
     for name in $_rf_servers_list; do
         bash "$_rf_servers_dir/servers.sh" start "$name" "$RINGFEED_SERVERS_STATE" >/dev/null || return 1
