@@ -143,6 +143,7 @@ async fn requests(
 ) -> io::Result<Ended> {
     let gone = || io::Error::new(io::ErrorKind::BrokenPipe, "the response side has ended");
     let mut draws = Draws::for_connection(shared.plan.seed, connection);
+    let mut requests_seen = 0u64;
     // A new connection costs one more round trip, as a TCP handshake does on a real link.
     if !shared.rtt.is_zero() {
         tokio::time::sleep(shared.rtt).await;
@@ -165,6 +166,10 @@ async fn requests(
             Err(e) => return Err(e),
         };
         Stats::add(&shared.stats.requests, 1);
+        if requests_seen > 0 {
+            Stats::add(&shared.stats.requests_on_reused_connections, 1);
+        }
+        requests_seen += 1;
         let method = head.method.clone();
         let mut body = BodyReader::new(head.body);
         match shared.plan.pick(&method, draws.next_unit()) {

@@ -85,8 +85,17 @@ impl Inbound {
     /// Takes up to `max` buffered bytes, reading first if none are buffered;
     /// an empty result is the end of the stream.
     pub async fn take_some(&mut self, max: usize) -> io::Result<Vec<u8>> {
-        if self.buffered().is_empty() && self.fill().await? == 0 {
-            return Ok(Vec::new());
+        if self.buffered().is_empty() {
+            // Straight from the socket into the piece: no copy through the buffer
+            // (bodies are most of the bytes), and never past `max`, which may be
+            // where the next message begins.
+            let limit = max.min(READ_CHUNK_BYTES);
+            let mut piece = Vec::with_capacity(limit);
+            (&mut self.socket)
+                .take(limit as u64)
+                .read_buf(&mut piece)
+                .await?;
+            return Ok(piece);
         }
         let n = max.min(self.buffered().len());
         let piece = self.buffered()[..n].to_vec();

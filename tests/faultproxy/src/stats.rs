@@ -24,6 +24,7 @@ macro_rules! counters {
 counters! {
     connections: "Client connections accepted.",
     requests: "HTTP requests parsed from clients.",
+    requests_on_reused_connections: "Requests after the first on their connection (keep-alive reuse).",
     responses: "Responses forwarded from the upstream (complete or not).",
     injected_503: "Requests answered 503 by the proxy.",
     injected_429: "Requests answered 429 by the proxy.",

@@ -43,6 +43,7 @@ fn bodies_pass_byte_for_byte_on_one_keep_alive_connection() {
     assert_eq!(proxy.counter("connections"), 1);
     assert_eq!(proxy.counter("requests"), 5);
     assert_eq!(proxy.counter("responses"), 5);
+    assert_eq!(proxy.counter("requests_on_reused_connections"), 4);
 }
 
 #[test]
@@ -71,7 +72,7 @@ fn a_new_connection_pays_one_more_round_trip_like_a_handshake() {
     let upstream = Upstream::start();
     let proxy = Proxy::start(&upstream.addr(), &["--rtt-ms", "40"]);
     let _alone = timing_alone();
-    let (first, later): (Vec<Duration>, Vec<Duration>) = (0..3)
+    let (first, later): (Vec<Duration>, Vec<Duration>) = (0..5)
         .map(|_| {
             let mut client = proxy.connect();
             let first = client.get("/bytes/10").unwrap().done_after;
@@ -115,11 +116,11 @@ fn throughput_of_a_large_body_is_not_capped_by_the_rtt() {
     );
     // Pieces of at most 64 KiB waiting 10 ms one after another would take >= 7.7 s.
     assert!(
-        delayed < plain * 2 + Duration::from_millis(500),
+        delayed < plain * 3 + Duration::from_secs(1),
         "{delayed:?} with the rtt, {plain:?} without"
     );
     assert!(
-        delayed < Duration::from_secs(4),
+        delayed < Duration::from_secs(6),
         "{delayed:?}: the delay line serialises its pieces"
     );
 }
@@ -256,18 +257,18 @@ fn a_reset_response_delivers_its_headers_and_at_most_half_its_body() {
 #[test]
 fn stalls_hold_the_body_after_the_headers() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream.addr(), &["--stall", "1", "--stall-ms", "600"]);
+    let proxy = Proxy::start(&upstream.addr(), &["--stall", "1", "--stall-ms", "1500"]);
     let mut client = proxy.connect();
     let response = client.get("/bytes/1000").unwrap();
     assert_eq!(response.body, expected_body(1000));
     assert!(
-        response.head_after < Duration::from_millis(400),
+        response.head_after < Duration::from_millis(1000),
         "headers after {:?}",
         response.head_after
     );
     let held = response.done_after - response.head_after;
     assert!(
-        held >= Duration::from_millis(590),
+        held >= Duration::from_millis(1490),
         "body held only {held:?} after the headers"
     );
     assert_eq!(proxy.counter("stalls"), 1);
