@@ -48,7 +48,8 @@ def need_env(name):
 
 
 def http(method, url, body=b"", headers=None, ok=(200, 201)):
-    """One request; returns (status, headers, body) or exits naming the failure."""
+    """One request; returns (status, headers, body), or raises RuntimeError naming
+    the method, URL, status and the start of the answer."""
     request = urllib.request.Request(url, data=body if method in ("PUT", "POST") else None, method=method)
     for key, value in (headers or {}).items():
         request.add_header(key, value)
