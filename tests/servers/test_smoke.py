@@ -108,12 +108,12 @@ def faultproxy_binary():
     return max(built, key=lambda p: p.stat().st_mtime)
 
 
-def test_boto3_reads_the_tree_back_through_faultproxy_injecting_503s(tree, tmp_path):
+def test_boto3_writes_and_reads_a_tree_through_faultproxy_injecting_503s(tree, tmp_path):
     from botocore.config import Config
     import boto3
 
-    root, files = tree
-    seed.seed_s3("smoke-proxy", root, "")
+    _, files = tree
+    seed.s3_client().create_bucket(Bucket="smoke-proxy")
     upstream = urllib.parse.urlparse(env("AWS_ENDPOINT_URL")).netloc
     port_file = tmp_path / "proxy.port"
     proxy = subprocess.Popen(
@@ -131,11 +131,14 @@ def test_boto3_reads_the_tree_back_through_faultproxy_injecting_503s(tree, tmp_p
             "s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id=env("AWS_ACCESS_KEY_ID"),
             aws_secret_access_key=env("AWS_SECRET_ACCESS_KEY"), region_name="us-east-1",
             config=Config(s3={"addressing_style": "path"}, retries={"mode": "standard", "max_attempts": 10}))
+        # PUTs send Expect: 100-continue; a 503 to one closes its connection.
+        for key, data in files.items():
+            client.put_object(Bucket="smoke-proxy", Key=key, Body=data)
         for _ in range(5):
             for key, data in files.items():
                 assert client.get_object(Bucket="smoke-proxy", Key=key)["Body"].read() == data
         counters = json.loads(get(f"http://127.0.0.1:{status_port}/"))
-        assert counters["injected_503"] > 0 and counters["responses"] >= 5 * len(files), counters
+        assert counters["injected_503"] > 0 and counters["responses"] >= 6 * len(files), counters
     finally:
         proxy.terminate()
         out, _ = proxy.communicate(timeout=10)
