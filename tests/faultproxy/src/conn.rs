@@ -99,7 +99,16 @@ pub async fn serve(client: TcpStream, connection: u64, shared: Arc<Shared>) {
     });
 
     while let Some(joined) = tasks.join_next().await {
-        let Ok((task, result)) = joined else { continue };
+        let (task, result) = match joined {
+            Ok(done) => done,
+            // Aborted by us below: nothing to say.
+            Err(e) if e.is_cancelled() => continue,
+            Err(e) => {
+                eprintln!("faultproxy: connection {connection}: a task panicked: {e}");
+                tasks.abort_all();
+                continue;
+            }
+        };
         let connection_over = match &result {
             Err(e) => {
                 if shared.verbose {

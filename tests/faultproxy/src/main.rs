@@ -30,6 +30,8 @@ use crate::stats::Stats;
 const STATUS_FILE_INTERVAL_MS: u64 = 200;
 /// Largest request read by the status endpoint.
 const STATUS_REQUEST_BYTES_MAX: usize = 8192;
+/// Pause after a failed accept (out of file descriptors), so as not to spin.
+const ACCEPT_RETRY_MS: u64 = 50;
 /// Worker threads of the runtime: the machines it runs on have 2 cores.
 const WORKER_THREADS: usize = 2;
 
@@ -185,8 +187,12 @@ async fn run(args: Args) -> Result<()> {
                     tokio::spawn(conn::serve(client, connection, shared.clone()));
                     connection += 1;
                 }
-                // Out of file descriptors and the like: say so, go on with the next.
-                Err(e) => eprintln!("faultproxy: accept failed: {e}"),
+                // Out of file descriptors and the like: say so, wait a little
+                // (connections may close meanwhile), go on.
+                Err(e) => {
+                    eprintln!("faultproxy: accept failed: {e}; retrying in {ACCEPT_RETRY_MS} ms");
+                    tokio::time::sleep(Duration::from_millis(ACCEPT_RETRY_MS)).await;
+                }
             },
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
