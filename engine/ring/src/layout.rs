@@ -61,6 +61,9 @@ pub mod flags {
     /// `order_seed` and `order_shuffled` hold the loader's
     /// [`RunOrder`](super::RunOrder).
     pub const ORDER_KNOWN: u32 = 2;
+    /// The loader waits for every rank's start request before it serves
+    /// (`serve --resume auto`); `START_KNOWN` follows once they agree.
+    pub const AWAITS_START: u32 = 4;
 }
 
 /// Where a ring's ranks sit in the training job. A job spread over several
@@ -307,8 +310,16 @@ pub struct RankBlock {
     /// Payload bytes of the batches taken by `next` so far (for `stat`).
     pub bytes_consumed: AtomicU64,
     _consumer_pad: [AtomicU64; 2],
-    // --- offset 128 to 256: reserved ---
-    _reserved: [AtomicU64; 16],
+    // --- offset 128: the rank's start request (consumer), see crate::start ---
+    /// 0 none yet; 1 from the loader's own start; 2 at `requested_*`.
+    pub start_request: AtomicU32,
+    _start_pad: AtomicU32,
+    /// Epoch of the requested start (with `start_request` 2).
+    pub requested_epoch: AtomicU64,
+    /// Samples of that epoch consumed before it (with `start_request` 2).
+    pub requested_samples: AtomicU64,
+    // --- offset 152 to 256: reserved ---
+    _reserved: [AtomicU64; 13],
 }
 
 /// Fixed part of a slot's metadata; the sample table follows at offset 128.
@@ -376,6 +387,10 @@ mod model {
                 released_total: AtomicU64::new(0),
                 bytes_consumed: AtomicU64::new(0),
                 _consumer_pad: zeros(),
+                start_request: AtomicU32::new(0),
+                _start_pad: AtomicU32::new(0),
+                requested_epoch: AtomicU64::new(0),
+                requested_samples: AtomicU64::new(0),
                 _reserved: zeros(),
             }
         }
@@ -446,6 +461,10 @@ const _: () = {
     assert!(offset_of!(RankBlock, wait_ns_total) == 88);
     assert!(offset_of!(RankBlock, released_total) == 96);
     assert!(offset_of!(RankBlock, bytes_consumed) == 104);
+    assert!(offset_of!(RankBlock, start_request) == 128);
+    assert!(offset_of!(RankBlock, requested_epoch) == 136);
+    assert!(offset_of!(RankBlock, requested_samples) == 144);
+    assert!(offset_of!(RankBlock, _reserved) == 152);
     assert!(size_of::<SlotMeta>() as u64 == SLOT_META_FIXED_BYTES);
     assert!(offset_of!(SlotMeta, epoch) == 8);
     assert!(offset_of!(SlotMeta, step) == 16);

@@ -24,6 +24,7 @@ pub mod producer;
 pub mod protocol;
 pub mod resume;
 pub mod segment;
+pub mod start;
 pub mod sync;
 mod view;
 
