@@ -66,6 +66,8 @@ def main():
     # order (from the beginning, with no checkpoint): else some samples would
     # be trained twice and others never.
     ringfeed.check_resume(feed, data_state, data_order)
+    # For tests of torchrun --max-restarts: rank 1's first attempt dies there.
+    crash_at_step = int(os.environ.get("CRASH_AT_STEP", -1))
     for batch in feed:
         seq_len = len(batch.sample(0)) // 2
         tokens = torch.from_numpy(batch.array(np.uint16, (len(batch), seq_len)))  # no copy
@@ -79,6 +81,9 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if batch.step == crash_at_step and int(os.environ.get("RANK", 0)) == 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+            print("rank 1 crashing on purpose at step %d (CRASH_AT_STEP)" % batch.step, flush=True)
+            os._exit(3)
         if batch.step % 20 == 0 and int(os.environ.get("RANK", 0)) == 0:
             # Every rank has trained on this step (DDP's all-reduce), so
             # `ringfeed serve ... --resume E:N` with batch.resume_state goes on
