@@ -11,16 +11,13 @@
 //! Both children get a process group of their own, so a Ctrl-C reaches them
 //! once, through this process, and die with it (PR_SET_PDEATHSIG).
 
+mod children;
 mod torchrun;
 
-use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
-use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -28,25 +25,15 @@ use clap::Args;
 
 use crate::cli::say::say_err;
 use crate::loader::signals;
-use crate::ring::observer::Observer;
-use crate::ring::segment;
+use children::{exit_code, send, spawn, status_words, LoaderProc, Ready, POLL_MS};
 pub use torchrun::{Launch, LaunchError};
 
-/// How often the children and the signal flag are looked at.
-const POLL_MS: u64 = 20;
 /// After torchrun succeeded, how long the loader has to see the last
 /// batches released and exit by itself before it is stopped.
 const LOADER_FINISH_GRACE_MS: u64 = 3_000;
-/// How long a stopped loader has to exit (it waits up to 5 s for reads
-/// under way) before it is killed.
-const LOADER_STOP_TIMEOUT_MS: u64 = 10_000;
 /// How long torchrun has to stop its ranks after a signal (its own
 /// shutdown timeout is 30 s) before its process group is killed.
 const TORCHRUN_STOP_TIMEOUT_MS: u64 = 60_000;
-/// Lines of the loader's stderr kept, to repeat when it fails.
-const LOADER_TAIL_LINES: usize = 20;
-/// Of those, how many are repeated at the end.
-const LOADER_LINES_SHOWN: usize = 6;
 /// Exit status for a command line that cannot be run (as clap's).
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status when torchrun cannot be executed (as a shell's).
@@ -216,242 +203,6 @@ fn check_program(program: &OsString) -> Result<(), (u8, String)> {
     ))
 }
 
-/// A child's exit as a shell reports it: its code, or 128 + the signal that
-/// ended it.
-fn exit_code(status: ExitStatus) -> u8 {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => u8::try_from(code).unwrap_or(1),
-        (None, Some(sig)) => 128u8.saturating_add(u8::try_from(sig).unwrap_or(0)),
-        (None, None) => 1,
-    }
-}
-
-/// "exit 1", or "killed by signal 9".
-fn status_words(status: ExitStatus) -> String {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exit {code}"),
-        (None, Some(sig)) => format!("killed by signal {sig}"),
-        (None, None) => "an unknown status".to_owned(),
-    }
-}
-
-/// Sends `sig` to process `pid`; one already gone is not an error.
-fn send(pid: u32, sig: i32) {
-    if let Ok(pid) = libc::pid_t::try_from(pid) {
-        // SAFETY: kill has no memory effects; a pid that is gone gives ESRCH.
-        unsafe { libc::kill(pid, sig) };
-    }
-}
-
-/// Starts `cmd` in a process group of its own, to be sent SIGTERM when this
-/// process dies.
-fn spawn(cmd: &mut Command) -> std::io::Result<Child> {
-    let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
-    cmd.process_group(0);
-    // SAFETY: runs in the child between fork and exec, and calls only prctl
-    // and getppid, which are async-signal-safe; it touches no memory of ours.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            // This process died before prctl: nothing would ever stop the child.
-            if libc::getppid() != parent {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-    cmd.spawn()
-}
-
-/// The loader: its process, and the last lines of its stderr, which is
-/// passed on line by line as it comes.
-struct LoaderProc {
-    name: String,
-    child: Child,
-    tail: Arc<Mutex<VecDeque<String>>>,
-    drained: Arc<AtomicBool>,
-    /// This process has sent it a signal: its exit is not a failure.
-    stopped: bool,
-    status: Option<ExitStatus>,
-}
-
-impl LoaderProc {
-    fn start(argv: Vec<OsString>, name: &str) -> Result<LoaderProc> {
-        let exe = std::env::current_exe()
-            .context("cannot find the ringfeed binary to start its loader")?;
-        let mut child = spawn(
-            Command::new(&exe)
-                .args(argv)
-                .stdin(Stdio::null())
-                .stderr(Stdio::piped()),
-        )
-        .with_context(|| format!("cannot start the loader ({} serve)", exe.display()))?;
-        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(LOADER_TAIL_LINES)));
-        let drained = Arc::new(AtomicBool::new(false));
-        if let Some(stderr) = child.stderr.take() {
-            let (tail, drained) = (Arc::clone(&tail), Arc::clone(&drained));
-            std::thread::spawn(move || pass_on(stderr, &tail, &drained));
-        }
-        Ok(LoaderProc {
-            name: name.to_owned(),
-            child,
-            tail,
-            drained,
-            stopped: false,
-            status: None,
-        })
-    }
-
-    /// Its exit status, once it has exited.
-    fn exited(&mut self) -> Result<Option<ExitStatus>> {
-        if self.status.is_none() {
-            self.status = self
-                .child
-                .try_wait()
-                .context("cannot wait for the loader")?;
-        }
-        Ok(self.status)
-    }
-
-    /// Sends it `sig`, if it still runs.
-    fn signal(&mut self, sig: i32) -> Result<()> {
-        if self.exited()?.is_none() {
-            self.stopped = true;
-            send(self.child.id(), sig);
-        }
-        Ok(())
-    }
-
-    /// Waits up to `timeout` for it to exit.
-    fn wait_for(&mut self, timeout: Duration) -> Result<Option<ExitStatus>> {
-        let deadline = Instant::now() + timeout;
-        while self.exited()?.is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(POLL_MS));
-        }
-        self.exited()
-    }
-
-    /// Stops it: SIGTERM, then SIGKILL if it does not exit in time; then
-    /// removes its segment if it left one (killed, it cannot).
-    fn stop(&mut self) -> Result<ExitStatus> {
-        // One that was sent a signal already is on its way out.
-        if !self.stopped {
-            self.signal(libc::SIGTERM)?;
-        }
-        let status = match self.wait_for(Duration::from_millis(LOADER_STOP_TIMEOUT_MS))? {
-            Some(status) => status,
-            None => {
-                say_err!(
-                    "ringfeed run: the loader {:?} did not stop within {} s of SIGTERM; killing it",
-                    self.name,
-                    LOADER_STOP_TIMEOUT_MS / 1000
-                );
-                let _ = self.child.kill();
-                let status = self.child.wait().context("cannot wait for the loader")?;
-                self.status = Some(status);
-                status
-            }
-        };
-        self.remove_segment();
-        Ok(status)
-    }
-
-    /// Removes the loader's segment if it is still there and is this
-    /// loader's (never another's of the same name), once it has exited.
-    fn remove_segment(&self) {
-        let Ok(obs) = Observer::open(&self.name) else {
-            return;
-        };
-        if obs.snapshot().loader_pid != self.child.id() {
-            return;
-        }
-        if let Err(e) = segment::shm_unlink(&self.name) {
-            say_err!(
-                "ringfeed run: cannot remove {} ({e}): run `ringfeed gc`",
-                segment::shm_path(&self.name).display()
-            );
-        }
-    }
-
-    /// Waits until its segment exists (trainers can attach), it exits, or
-    /// a signal comes.
-    fn wait_for_segment(&mut self) -> Result<Ready> {
-        let path = segment::shm_path(&self.name);
-        loop {
-            if let Some(status) = self.exited()? {
-                return Ok(Ready::Exited(status));
-            }
-            let sig = signals::STOP.swap(0, Ordering::Relaxed) as i32;
-            if sig != 0 {
-                return Ok(Ready::Signal(sig));
-            }
-            if path.exists() {
-                return Ok(Ready::Yes);
-            }
-            std::thread::sleep(Duration::from_millis(POLL_MS));
-        }
-    }
-
-    /// Says that it failed, repeating the last lines of its stderr, and
-    /// returns its exit status.
-    fn report_failure(&self, status: ExitStatus, what: &str) -> u8 {
-        // Its stderr closes when it exits; let the last lines arrive.
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while !self.drained.load(Ordering::Acquire) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(POLL_MS));
-        }
-        let lines: Vec<String> = match self.tail.lock() {
-            Ok(tail) => tail
-                .iter()
-                .rev()
-                .take(LOADER_LINES_SHOWN)
-                .rev()
-                .cloned()
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        say_err!(
-            "ringfeed run: the loader {:?} failed ({}){what}. Its last lines:",
-            self.name,
-            status_words(status)
-        );
-        for line in &lines {
-            say_err!("    {line}");
-        }
-        exit_code(status)
-    }
-}
-
-/// How the wait for the loader's segment ended.
-enum Ready {
-    /// The segment exists.
-    Yes,
-    /// This process received the signal.
-    Signal(i32),
-    /// The loader exited first.
-    Exited(ExitStatus),
-}
-
-/// Passes the loader's stderr on to ours, line by line, keeping the last
-/// lines in `tail`; sets `drained` at its end.
-fn pass_on(stderr: ChildStderr, tail: &Mutex<VecDeque<String>>, drained: &AtomicBool) {
-    let mut reader = BufReader::new(stderr);
-    let mut line = Vec::new();
-    while matches!(reader.read_until(b'\n', &mut line), Ok(n) if n > 0) {
-        let text = String::from_utf8_lossy(&line).trim_end().to_owned();
-        say_err!("{text}");
-        if let Ok(mut tail) = tail.lock() {
-            if tail.len() == LOADER_TAIL_LINES {
-                tail.pop_front();
-            }
-            tail.push_back(text);
-        }
-        line.clear();
-    }
-    // SYNC POINT: pairs with report_failure's Acquire: the tail holds every line.
-    drained.store(true, Ordering::Release);
-}
-
 /// Runs the loader and torchrun; returns the exit status: torchrun's, 128 +
 /// the signal that stopped `run`, the loader's when it failed first, or
 /// [`EXIT_USAGE`] / [`EXIT_NOT_FOUND`] / [`EXIT_CANNOT_EXEC`].
@@ -469,7 +220,7 @@ pub fn run(args: &RunArgs) -> Result<u8> {
             return Ok(EXIT_USAGE);
         }
     };
-    if let Err(e) = check_serve_flags(&serve_flags, &launch) {
+    if let Err(e) = check_serve_flags(serve_flags, &launch) {
         say_err!("ringfeed run: error: {e}");
         return Ok(EXIT_USAGE);
     }
@@ -477,11 +228,11 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         say_err!("ringfeed run: error: {e}");
         return Ok(code);
     }
-    let name = match flag_value(&serve_flags, "--name") {
+    let name = match flag_value(serve_flags, "--name") {
         Some(name) => name.to_string_lossy().into_owned(),
         None => loader_name(&launch),
     };
-    let mut loader = LoaderProc::start(serve_argv(&serve_flags, &name, &launch), &name)?;
+    let mut loader = LoaderProc::start(serve_argv(serve_flags, &name, &launch), &name)?;
     let place = if launch.nnodes > 1 {
         format!(", machine {} of {}", launch.node_rank, launch.nnodes)
     } else {
@@ -615,4 +366,75 @@ fn finish_loader(loader: &mut LoaderProc, job_succeeded: bool) -> Result<ExitSta
         return Ok(status);
     }
     loader.stop()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(line: &str) -> Vec<OsString> {
+        line.split_whitespace().map(OsString::from).collect()
+    }
+
+    fn launch(nproc_per_node: u32, nnodes: u32, node_rank: u32) -> Launch {
+        Launch {
+            nproc_per_node,
+            nnodes,
+            node_rank,
+            max_restarts: 0,
+            rdzv_id: None,
+        }
+    }
+
+    #[test]
+    fn serve_gets_the_users_flags_then_the_name_and_the_ranks_of_the_readmes_several_machines() {
+        let flags = words("--source /data --batch-size 32 --epochs 3");
+        assert_eq!(
+            serve_argv(&flags, "run-1", &launch(8, 1, 0)),
+            words("serve --source /data --batch-size 32 --epochs 3 --name run-1 --world-size 8")
+        );
+        assert_eq!(
+            serve_argv(&flags, "run-1", &launch(8, 2, 1)),
+            words("serve --source /data --batch-size 32 --epochs 3 --name run-1 --world-size 16 --nnodes 2 --node-rank 1")
+        );
+        // A --name of the user's is theirs.
+        let named = words("--name=job1 --source /data --batch-size 32");
+        assert_eq!(flag_value(&named, "--name"), Some("job1".into()));
+        assert_eq!(
+            serve_argv(&named, "ignored", &launch(2, 1, 0)),
+            words("serve --name=job1 --source /data --batch-size 32 --world-size 2")
+        );
+    }
+
+    #[test]
+    fn serve_flags_that_torchrun_decides_are_refused() {
+        for flags in ["--world-size 4", "--nnodes=2", "--source /d --node-rank 1"] {
+            let e = check_serve_flags(&words(flags), &launch(2, 1, 0))
+                .err()
+                .unwrap_or_default();
+            assert!(
+                e.contains("comes from torchrun's flags") && e.contains("--world-size 2"),
+                "{flags}: {e}"
+            );
+        }
+        assert!(check_serve_flags(&words("--source /d --world-sizes 4"), &launch(2, 1, 0)).is_ok());
+    }
+
+    #[test]
+    fn a_generated_name_is_a_valid_loader_name_with_the_job_id_and_differs_each_time() {
+        let mut l = launch(2, 1, 0);
+        l.rdzv_id = Some("my job/7 with a very long id that goes on and on".into());
+        let (a, b) = (loader_name(&l), loader_name(&l));
+        assert_ne!(a, b);
+        for name in [&a, &b] {
+            assert!(segment::validate_name(name).is_ok(), "{name}");
+            assert!(name.starts_with("run-my-job-7-with-a-very-"), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_child_ended_by_a_signal_exits_as_a_shell_reports_it() {
+        assert_eq!(exit_code(ExitStatus::from_raw(15)), 143);
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+    }
 }

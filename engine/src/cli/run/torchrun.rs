@@ -493,3 +493,155 @@ fn nnodes((v, from): (String, String)) -> Result<u32, LaunchError> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(line: &str) -> Vec<OsString> {
+        line.split_whitespace().map(OsString::from).collect()
+    }
+
+    fn parse_with(line: &str, env: &[(&str, &str)]) -> Result<Launch, LaunchError> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        parse(&words(line), &|var| {
+            env.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone())
+        })
+    }
+
+    fn shape(line: &str) -> (u32, u32, u32, u32) {
+        let l = parse_with(line, &[]).unwrap_or_else(|e| panic!("{line}: {e}"));
+        (l.nproc_per_node, l.nnodes, l.node_rank, l.max_restarts)
+    }
+
+    #[test]
+    fn every_spelling_of_torchruns_flags_gives_the_same_shape() {
+        for line in [
+            "torchrun --nproc-per-node 8 --nnodes 2 --node-rank 1 --master-addr h train.py",
+            "torchrun --nproc_per_node=8 --nnodes=2 --node_rank=1 --master_addr=h train.py",
+            "/opt/venv/bin/torchrun --nnodes 2:2 --node-rank=1 --nproc-per-node=8 train.py --lr 1",
+            "python -m torch.distributed.run --nproc_per_node 8 --nnodes 2 --node_rank 1 train.py",
+            "python3.11 -u -m torch.distributed.run --nproc-per-node 8 --nnodes 2 --node-rank 1 train.py",
+            "torchrun --nproc 8 --nnodes 2 --node-r 1 train.py",
+        ] {
+            assert_eq!(shape(line), (8, 2, 1, 0), "{line}");
+        }
+    }
+
+    #[test]
+    fn the_training_scripts_own_arguments_are_never_read() {
+        assert_eq!(
+            shape(
+                "torchrun --nproc-per-node 2 train.py --nnodes 5 --node-rank 3 --nproc-per-node 9"
+            ),
+            (2, 1, 0, 0)
+        );
+        // A value that looks like a script is the option's value.
+        assert_eq!(
+            shape("torchrun --log-dir train.py --nproc-per-node 3 x.py"),
+            (3, 1, 0, 0)
+        );
+        assert_eq!(
+            shape("torchrun -r 3 -t3 --nproc-per-node 3 -- x.py"),
+            (3, 1, 0, 0)
+        );
+        assert_eq!(
+            shape("torchrun --unknown=1 --nproc-per-node 3 x.py"),
+            (3, 1, 0, 0)
+        );
+    }
+
+    #[test]
+    fn standalone_is_one_machine_and_max_restarts_is_read() {
+        assert_eq!(
+            shape("torchrun --standalone --nnodes 4 --nproc-per-node 2 --max-restarts 3 t.py"),
+            (2, 1, 0, 3)
+        );
+        assert_eq!(shape("torchrun --max_restarts=1 t.py"), (1, 1, 0, 1));
+    }
+
+    #[test]
+    fn a_flag_left_out_comes_from_torchruns_environment() {
+        let l = parse_with(
+            "torchrun --master-addr h train.py",
+            &[
+                ("PET_NPROC_PER_NODE", "4"),
+                ("PET_NNODES", "3"),
+                ("PET_NODE_RANK", "2"),
+                ("PET_MAX_RESTARTS", "2"),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (
+                l.nproc_per_node,
+                l.nnodes,
+                l.node_rank,
+                l.max_restarts,
+                l.world_size()
+            ),
+            (4, 3, 2, 2, 12)
+        );
+        // The command line wins over the environment.
+        let l = parse_with(
+            "torchrun --nproc-per-node 2 t.py",
+            &[("PET_NPROC_PER_NODE", "4")],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(l.nproc_per_node, 2);
+        let l = parse_with(
+            "torchrun --nnodes 2 --nproc-per-node 2 t.py",
+            &[("PET_STANDALONE", "1")],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(l.nnodes, 1);
+    }
+
+    #[test]
+    fn the_rdzv_id_is_kept_for_the_loaders_name() {
+        let l = parse_with("torchrun --rdzv-id job7 --rdzv-backend static t.py", &[])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(l.rdzv_id.as_deref(), Some("job7"));
+        let l = parse_with("torchrun t.py", &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(l.rdzv_id, None);
+    }
+
+    #[test]
+    fn command_lines_that_cannot_size_the_loader_are_refused_with_the_fix() {
+        let refused = |line: &str| {
+            parse_with(line, &[])
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert!(refused("srun python train.py").contains("is not torchrun"));
+        assert!(refused("python -m torch.distributed.launch t.py").contains("is not torchrun"));
+        assert!(refused("python train.py").contains("is not torchrun"));
+        assert!(refused("torchrun --nproc-per-node auto t.py")
+            .contains("give the number of processes per machine"));
+        assert!(refused("torchrun --nproc-per-node gpu t.py").contains("(e.g. --nproc-per-node 8)"));
+        assert!(
+            refused("torchrun --nproc-per-node 0 t.py").contains("expected a whole number from 1")
+        );
+        assert!(refused("torchrun --nnodes 1:4 t.py").contains("give one number (--nnodes 4)"));
+        assert!(refused("torchrun --nnodes 2 --rdzv-backend c10d t.py")
+            .contains("use static rendezvous"));
+        assert!(refused("torchrun --nnodes 2 --node-rank 2 t.py")
+            .contains("machines are numbered 0 to 1"));
+        assert!(refused("torchrun --nproc-per-node 2").contains("has no training script"));
+        assert!(refused("torchrun --nproc-per-node").contains("needs a value"));
+        assert!(refused("torchrun --frobnicate t.py").contains("write --frobnicate=VALUE"));
+        assert!(refused("torchrun --rdzv t.py").contains("ambiguous"));
+        assert!(refused("torchrun --standalone=1 t.py").contains("takes no value"));
+        assert!(refused("torchrun --help").contains("starts no job"));
+        assert_eq!(parse_with("", &[]), Err(LaunchError::NoCommand));
+        let pet = parse_with("torchrun t.py", &[("PET_NNODES", "two")])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(pet.contains("two") && pet.contains("PET_NNODES"), "{pet}");
+    }
+}
