@@ -289,8 +289,9 @@ fn supervise(mut job: Child, mut loader: LoaderProc, max_restarts: u32) -> Resul
         if let Some(status) = job.try_wait().context("cannot wait for torchrun")? {
             break status;
         }
-        if loader_failed_first.is_none() && !loader.stopped {
-            if let Some(status) = loader.exited()?.filter(|s| !s.success()) {
+        if loader_failed_first.is_none() && signalled.is_none() {
+            let exited = loader.exited()?;
+            if let Some(status) = exited.filter(|s| loader.failed_on_its_own(*s)) {
                 // With --max-restarts torchrun would restart ranks that
                 // wait for a loader that is gone: stop it.
                 say_err!(
@@ -320,8 +321,13 @@ fn supervise(mut job: Child, mut loader: LoaderProc, max_restarts: u32) -> Resul
     };
     let loader_status = finish_loader(&mut loader, job_status.success() && signalled.is_none())?;
     if let Some(sig) = signalled {
+        let segment = if loader.segment_gone() {
+            "its segment removed".to_owned()
+        } else {
+            "its segment left (run `ringfeed gc`)".to_owned()
+        };
         say_err!(
-            "ringfeed run: stopped by signal {sig}: torchrun ended with {}, the loader with {}, its segment removed",
+            "ringfeed run: stopped by signal {sig}: torchrun ended with {}, the loader with {}, {segment}",
             status_words(job_status),
             status_words(loader_status)
         );
@@ -331,7 +337,7 @@ fn supervise(mut job: Child, mut loader: LoaderProc, max_restarts: u32) -> Resul
         return Ok(loader.report_failure(status, ", and torchrun was stopped"));
     }
     let job_code = exit_code(job_status);
-    if !loader.stopped && !loader_status.success() {
+    if loader.failed_on_its_own(loader_status) {
         let code = loader.report_failure(
             loader_status,
             &format!(

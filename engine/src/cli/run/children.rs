@@ -127,6 +127,24 @@ impl LoaderProc {
         Ok(self.status)
     }
 
+    /// Whether `status`, its exit, is a failure of its own: an error (it
+    /// exits 1, or 2 for a bad flag, even when a signal came during its
+    /// error's exit), or an end no signal of this process asked for.
+    pub(super) fn failed_on_its_own(&self, status: ExitStatus) -> bool {
+        match status.code() {
+            Some(0) => false,
+            // A signal makes `serve` exit 128 + its number.
+            Some(code) if self.stopped => code < 128,
+            Some(_) => true,
+            None => !self.stopped,
+        }
+    }
+
+    /// Whether its segment is gone.
+    pub(super) fn segment_gone(&self) -> bool {
+        !segment::shm_path(&self.name).exists()
+    }
+
     /// Sends it `sig`, if it still runs.
     pub(super) fn signal(&mut self, sig: i32) -> Result<()> {
         if self.exited()?.is_none() {
