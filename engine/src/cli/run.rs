@@ -376,7 +376,10 @@ fn finish_loader(loader: &mut LoaderProc, job_succeeded: bool) -> Result<ExitSta
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
     use super::*;
+    use crate::ring::segment;
 
     fn words(line: &str) -> Vec<OsString> {
         line.split_whitespace().map(OsString::from).collect()
