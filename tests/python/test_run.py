@@ -227,6 +227,44 @@ def test_a_rank_crash_under_max_restarts_recovers_with_the_same_loader(tmp_path)
     assert not os.path.exists("/dev/shm/ringfeed-" + _loader_name(out))
 
 
+def test_the_same_command_on_two_machines_gives_each_loader_its_share_of_the_job(tmp_path):
+    """Two torchrun launchers meeting on 127.0.0.1 stand in for two machines,
+    each running the same `ringfeed run` but for its --node-rank: each loader
+    is started with --world-size 2 --nnodes 2 and its place, serves its one
+    rank the job rank's batches, and both train to the end."""
+    import socket
+
+    torchrun = _torchrun()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    runs = []
+    try:
+        for node in range(2):
+            data = _records(tmp_path / ("machine%d" % node))  # each machine's own copy
+            if node == 1:
+                for shard in (tmp_path / "machine0").iterdir():
+                    (data / shard.name).write_bytes(shard.read_bytes())
+            runs.append(subprocess.Popen(
+                [ringfeed_bin(), "run", *_serve_flags(data, "--epochs", "1"),
+                 "--", torchrun, "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+                 "--master-port", port, "--nproc-per-node", "1", EXAMPLE],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env()))
+        outs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in runs]
+        for node, (p, out) in enumerate(zip(runs, outs)):
+            assert p.returncode == 0, "machine %d:\n%s" % (node, out)
+            assert "for 2 rank(s) (1 per machine, machine %d of 2)" % node in out, out
+            # 300 records, W×B = 8 per step: 37 steps, one rank per machine;
+            # job ranks node..node of 2.
+            assert "job ranks %d to %d of 2" % (node, node) in out, out
+            assert "ringfeed: done: 37 batches, 148 samples" in out, out
+    finally:
+        for p in runs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 @pytest.mark.parametrize("flags,command,message", [
     ([], ["echo", "train.py"], '"echo" after -- is not torchrun'),
     (["--world-size", "4"], ["torchrun", "--nproc-per-node", "2", "train.py"],

@@ -347,8 +347,17 @@ fn supervise(mut job: Child, mut loader: LoaderProc, max_restarts: u32) -> Resul
         );
         return Ok(if job_code != 0 { job_code } else { code });
     }
-    if job_code != 0 && max_restarts > 0 {
-        say_err!("ringfeed run: torchrun ended with {} after up to {max_restarts} restart(s); the loader is stopped", status_words(job_status));
+    if job_code != 0 {
+        let restarts = if max_restarts > 0 {
+            format!(" (after up to {max_restarts} restart(s))")
+        } else {
+            String::new()
+        };
+        say_err!(
+            "ringfeed run: torchrun ended with {}{restarts}; the loader {:?} is stopped",
+            status_words(job_status),
+            loader.name
+        );
     }
     Ok(job_code)
 }
