@@ -62,6 +62,8 @@ def main():
         # torchrun restarted every rank (--max-restarts), it also brings the
         # ranks to the same step.
         ringfeed.check_same_plan(feed)
+    # For tests of torchrun --max-restarts: rank 1's first attempt dies there.
+    crash_at_step = int(os.environ.get("CRASH_AT_STEP", -1))
     # Each batch as a (B, L) uint16 tensor of tokens, on `device`.
     loader = ringfeed.torch.Loader(feed, dtype=torch.uint16, shape=(-1,), device=device)
     if saved:
@@ -76,6 +78,9 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if loader.step == crash_at_step and int(os.environ.get("RANK", 0)) == 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+            print("rank 1 crashing on purpose at step %d (CRASH_AT_STEP)" % loader.step, flush=True)
+            os._exit(3)
         if loader.step % 20 == 0 and int(os.environ.get("RANK", 0)) == 0:
             # Every rank has trained on this step (DDP's all-reduce), so
             # `ringfeed serve ... --resume E:N` with the loader's resume_state

@@ -22,9 +22,16 @@ struct Cli {
 enum Command {
     /// Serve a dataset to the training processes of this machine.
     Serve(cli::serve::ServeArgs),
+    /// Run torchrun with a loader beside it, sized from torchrun's flags:
+    /// ringfeed run [serve flags] -- torchrun [torchrun flags] train.py [args].
+    /// Exits with torchrun's status (128 + signal when a signal stopped it).
+    Run(cli::run::RunArgs),
     /// Run the whole path on a synthetic dataset and check every byte (no setup).
     Demo(cli::demo::DemoArgs),
     /// Show a live loader: per-rank queue depth, batches/s, MB/s, time waiting for data.
+    /// Exits 0 while it runs or once it finished its run, 3 when it is gone
+    /// without finishing (killed, or stopped before the end), 1 when there is
+    /// no loader of that name.
     Stat {
         /// The loader's --name.
         name: String,
@@ -97,6 +104,11 @@ fn main() -> ExitCode {
             Ok(code) => return ExitCode::from(code),
             Err(e) => Err(e),
         },
+        Command::Run(a) => match cli::run::run(&a) {
+            Ok(0) => Ok(()),
+            Ok(code) => return ExitCode::from(code),
+            Err(e) => Err(e),
+        },
         Command::Demo(a) => {
             let result = cli::demo::run(&a);
             // Stopped by a signal: exit as `serve` does, 128 + its number.
@@ -114,7 +126,12 @@ fn main() -> ExitCode {
             once,
         } => {
             restore_sigpipe();
-            stat_interval(interval).and_then(|interval| cli::stat::run(&name, interval, once))
+            match stat_interval(interval).and_then(|interval| cli::stat::run(&name, interval, once))
+            {
+                Ok(0) => Ok(()),
+                Ok(code) => return ExitCode::from(code),
+                Err(e) => Err(e),
+            }
         }
         Command::Gc { cache_dir } => {
             restore_sigpipe();

@@ -2,6 +2,7 @@
 
 pub mod demo;
 pub mod gc;
+pub mod run;
 pub mod say;
 pub mod serve;
 pub mod stat;

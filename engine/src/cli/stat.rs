@@ -8,8 +8,15 @@ use crate::ring::consumer::AttachError;
 use crate::ring::observer::{Observer, Snapshot};
 use crate::ring::segment::{self, human_bytes};
 
-/// Prints the loader's state every `interval` (once if `once`).
-pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
+/// `stat`'s exit status when the loader it reports is gone without having
+/// finished its run (killed, or stopped before the end): a health check
+/// can tell it from a loader that runs or finished (0) and from no loader
+/// of that name, or another error (1).
+pub const EXIT_DEAD: u8 = 3;
+
+/// Prints the loader's state every `interval` (once if `once`). Returns the
+/// exit status: 0, or [`EXIT_DEAD`] when the last report is of a dead loader.
+pub fn run(name: &str, interval: Duration, once: bool) -> Result<u8> {
     // Observer::open reports a missing segment as an attach timeout of
     // 0 ms; for a command that does not wait, say what it means.
     let obs = match Observer::open(name) {
@@ -27,7 +34,7 @@ pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
     if !once || !prev.loader_alive {
         print(name, &prev, &prev, Duration::ZERO, &recent_wait);
         if once || !prev.loader_alive {
-            return Ok(());
+            return Ok(exit_status(&prev, name));
         }
     }
     loop {
@@ -41,30 +48,42 @@ pub fn run(name: &str, interval: Duration, once: bool) -> Result<()> {
         // Every batch published ("ended") is not the end: trainers still
         // take and release the last ones while the loader waits for them.
         if once || !now.loader_alive {
-            return Ok(());
+            return Ok(exit_status(&now, name));
         }
         prev = now;
         prev_at = Instant::now();
     }
 }
 
+/// 0 for a loader that runs or finished its run, [`EXIT_DEAD`] for one
+/// that is gone without finishing it.
+fn exit_status(s: &Snapshot, name: &str) -> u8 {
+    if state(s, name).1 {
+        EXIT_DEAD
+    } else {
+        0
+    }
+}
+
 /// The loader's state as a user reads it: what it is doing, and whether its
 /// process is still there. A loader that exits cleanly removes its name from
 /// /dev/shm; with the loader dead and the name still there, it was killed.
-fn state_words(s: &Snapshot, name: &str) -> &'static str {
+/// The second part says whether it is dead: gone, its run unfinished.
+fn state(s: &Snapshot, name: &str) -> (&'static str, bool) {
     let left_behind = || segment::shm_path(name).exists();
     match (s.state_name(), s.loader_alive) {
-        ("creating", true) => "creating the ring",
-        ("running", true) => "running",
-        ("ended", true) => "running: every batch published, waiting for trainers to take and release the last",
-        ("ended", false) if left_behind() => {
-            "DEAD: the loader was killed after publishing every batch, before its trainers released them all (run `ringfeed gc`)"
-        }
-        ("ended", false) => "finished: every batch was published and the loader exited",
-        ("aborted", true) => "stopping: the run was aborted",
-        ("aborted", false) => "aborted: the loader stopped before the end of the run",
-        (_, false) => "DEAD: the loader exited without finishing (run `ringfeed gc`)",
-        _ => "in an unknown state",
+        ("creating", true) => ("creating the ring", false),
+        ("running", true) => ("running", false),
+        ("ended", true) => ("running: every batch published, waiting for trainers to take and release the last", false),
+        ("ended", false) if left_behind() => (
+            "DEAD: the loader was killed after publishing every batch, before its trainers released them all (run `ringfeed gc`)",
+            true,
+        ),
+        ("ended", false) => ("finished: every batch was published and the loader exited", false),
+        ("aborted", true) => ("stopping: the run was aborted", false),
+        ("aborted", false) => ("aborted: the loader stopped before the end of the run", true),
+        (_, false) => ("DEAD: the loader exited without finishing (run `ringfeed gc`)", true),
+        _ => ("in an unknown state", false),
     }
 }
 
@@ -87,7 +106,7 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
     println!(
         "loader {name:?} pid {} {} | reader {} ({in_flight} reads in flight) | {} slots/rank × {} | ring {}",
         s.loader_pid,
-        state_words(s, name),
+        state(s, name).0,
         if s.reader_backend.is_empty() { "-" } else { &s.reader_backend },
         s.slots_per_rank,
         human_bytes(s.slot_payload_bytes),
