@@ -88,6 +88,11 @@ pub struct Job {
     /// What, besides the dataset's sample count, decides the order of every
     /// epoch. None: not known (as for `start`).
     pub order: Option<RunOrder>,
+    /// The loader waits for its ranks' start requests (`--resume auto`,
+    /// [`flags::AWAITS_START`]): `start` holds the dataset's sample count and
+    /// the loader's own start, but the header says START_KNOWN only once the
+    /// ranks agreed (see [`crate::start`]).
+    pub awaits_start: bool,
 }
 
 /// The flags that decide the sample order of an epoch, with the sample count
@@ -122,6 +127,7 @@ impl Job {
             plan_digest: 0,
             start: None,
             order: None,
+            awaits_start: false,
         }
     }
 
@@ -185,6 +191,7 @@ impl Job {
             plan_digest,
             start,
             order: None,
+            awaits_start: false,
         })
     }
 }

@@ -28,7 +28,10 @@ pub mod start;
 pub mod sync;
 mod view;
 
-pub use consumer::{AttachError, AttachOptions, BatchRef, Consumer, Next, NextError, ReleaseError};
+pub use consumer::{
+    AttachError, AttachOptions, BatchRef, Consumer, Next, NextError, ReleaseError, StartError,
+    StartMode,
+};
 pub use layout::{Layout, RingGeometry};
 pub use producer::{CreateError, Producer, PublishError, Reclaimed, SlotClaim};
 

@@ -72,9 +72,11 @@ pub struct ServeArgs {
     /// Reads in flight.
     #[arg(long, default_value_t = 256)]
     pub queue_depth: u32,
-    /// Resume from EPOCH:SAMPLES (samples consumed in that epoch, all ranks of the job together, all machines).
+    /// Resume from EPOCH:SAMPLES (samples consumed in that epoch, all ranks of the job together, all machines),
+    /// or `auto`: wait for the trainers to say where (their `load_state_dict`; a first batch without one means
+    /// from the start), and refuse ranks that disagree. `ringfeed run` passes `auto`.
     #[arg(long, value_parser = parse_resume, allow_hyphen_values = true)]
-    pub resume: Option<ResumeState>,
+    pub resume: Option<ResumeFlag>,
     /// Manifest cache: use (a cached listing while the directories are
     /// unchanged, else list and store), refresh (list and store), off.
     #[arg(long, value_enum, default_value_t = CacheUse::Use)]
@@ -101,7 +103,23 @@ pub enum CacheUse {
     Off,
 }
 
-fn parse_resume(s: &str) -> Result<ResumeState, String> {
+/// `--resume`: a state, or `auto` (the trainers say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResumeFlag {
+    /// Start at this state.
+    At(ResumeState),
+    /// Wait for the ranks' start requests (`ring::start`).
+    Auto,
+}
+
+fn parse_resume(s: &str) -> Result<ResumeFlag, String> {
+    if s == "auto" {
+        return Ok(ResumeFlag::Auto);
+    }
+    parse_resume_state(s).map(ResumeFlag::At)
+}
+
+fn parse_resume_state(s: &str) -> Result<ResumeState, String> {
     let (e, c) = s
         .split_once(':')
         .ok_or_else(|| format!("--resume {s:?}: expected EPOCH:SAMPLES, e.g. 3:81920"))?;
@@ -252,6 +270,7 @@ pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Resul
             plan_digest: 0,
             start: None,
             order: None,
+            awaits_start: false,
         },
     ))
 }
@@ -307,6 +326,12 @@ impl ServeArgs {
     /// The loader configuration these arguments describe.
     pub fn config(&self) -> Result<ServeConfig> {
         let (world_size, job) = ranks_from(self.world_size, self.nnodes, self.node_rank)?;
+        let (start, awaits_start) = match self.resume {
+            None => (ResumeState::default(), false),
+            Some(ResumeFlag::At(state)) => (state, false),
+            Some(ResumeFlag::Auto) => (ResumeState::default(), true),
+        };
+        let job = Job { awaits_start, ..job };
         Ok(ServeConfig {
             source: local_source(&self.source)?,
             name: self.name.clone(),
@@ -324,7 +349,7 @@ impl ServeArgs {
                 queue_depth: self.queue_depth,
                 ..ReaderConfig::default()
             },
-            start: self.resume.unwrap_or_default(),
+            start,
             progress: true,
         })
     }

@@ -348,6 +348,7 @@ impl Consumer {
             consumed,
             tables: vec![Vec::new(); k],
             abandoned: false,
+            start_requested: false,
             forks_at_attach: forks_so_far(),
             pid: std::process::id(),
             last_liveness: None,

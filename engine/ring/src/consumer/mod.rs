@@ -24,10 +24,12 @@ use crate::SampleEntry;
 mod attach;
 mod errors;
 mod fork;
+mod start;
 
 pub use attach::validate_header;
 use attach::HeldHere;
 pub use errors::{AttachError, Forked, NextError, ReleaseError};
+pub use start::{StartError, StartMode};
 use fork::{forks_so_far, FORKS, LOCK_FDS};
 
 /// How long `next` spins before it sleeps. A futex wake costs 35–40 µs here,
@@ -122,6 +124,8 @@ pub struct Consumer {
     tables: Vec<Vec<SampleEntry>>,
     /// Set by `abandon`: drop leaves the ring as a dead process would.
     abandoned: bool,
+    /// This consumer made its start request, or found none needed.
+    start_requested: bool,
     /// `forks_so_far()` at attach: a different count now means this is a
     /// forked child, which must not touch the rank's shared state.
     forks_at_attach: u64,
@@ -145,7 +149,10 @@ impl Consumer {
     /// Where the ring's ranks sit in the training job: this consumer is job
     /// rank `job().first_rank + rank()` of `job().job_world_size`.
     pub fn job(&self) -> Job {
-        self.job
+        Job {
+            start: self.start_now(),
+            ..self.job
+        }
     }
 
     /// Batches this rank has taken in the run, by this process and by the
@@ -164,7 +171,7 @@ impl Consumer {
     /// `epoch` (see [`Job::resume_state_after`]): what `serve --resume`
     /// takes to go on with the next step.
     pub fn resume_state_after(&self, epoch: u64, step: u64) -> Option<(u64, u64)> {
-        self.job
+        self.job()
             .resume_state_after(self.layout().geometry.max_samples_per_slot, epoch, step)
     }
 
@@ -204,6 +211,9 @@ impl Consumer {
     pub fn try_next(&mut self) -> Result<Option<BatchRef>, NextError> {
         if let Some(f) = self.forked() {
             return Err(f.into());
+        }
+        if !self.start_requested {
+            self.request_start_if_unasked();
         }
         let block = self.view.rank(self.rank);
         let published = protocol::published_for(block);
