@@ -12,6 +12,7 @@ pub mod cli;
 pub mod loader;
 pub mod manifest;
 pub mod reader;
+pub mod remote;
 pub mod ring;
 pub mod sampler;
 pub mod sync;
