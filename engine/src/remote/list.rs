@@ -18,6 +18,7 @@ use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
 use super::error::RemoteError;
+use super::metrics::{AttemptOutcome, LastAttempt, LAST_ATTEMPT};
 use super::store::StoreHandle;
 use super::RemoteObject;
 
@@ -85,7 +86,18 @@ fn listing_error(store: &StoreHandle, e: object_store::Error) -> RemoteError {
         object_store::Error::NotFound { .. } => 404,
         object_store::Error::PermissionDenied { .. } => 403,
         object_store::Error::Unauthenticated { .. } => 401,
-        _ => 0,
+        // object_store hides the status of most failures: the counting
+        // connector recorded the last attempt's.
+        // Paginated listings may run their requests elsewhere; then the
+        // status is read from object_store's message.
+        _ => LAST_ATTEMPT
+            .try_with(|last| match last.get() {
+                AttemptOutcome::Status(s) => s,
+                _ => 0,
+            })
+            .ok()
+            .filter(|&s| s != 0)
+            .unwrap_or_else(|| status_in_text(&e.to_string())),
     };
     RemoteError::Listing {
         url: store.display.clone(),
@@ -93,6 +105,16 @@ fn listing_error(store: &StoreHandle, e: object_store::Error) -> RemoteError {
         scheme: store.scheme,
         detail: e.to_string(),
     }
+}
+
+/// The status in object_store's "Server returned non-2xx status code: 403
+/// Forbidden" message; 0 when there is none.
+fn status_in_text(text: &str) -> u16 {
+    const MARK: &str = "status code: ";
+    text.find(MARK)
+        .and_then(|i| text.get(i + MARK.len()..i + MARK.len() + 3))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 fn to_object(store: &StoreHandle, meta: ObjectMeta) -> Option<RemoteObject> {
@@ -153,6 +175,17 @@ struct Queue {
 /// start a listing after a key (Azure, HTTP) list everything for each
 /// range and filter, so for them use [`list`].
 pub async fn list_parallel(
+    store: &StoreHandle,
+    workers: usize,
+    progress: Option<&ProgressFn<'_>>,
+) -> Result<Vec<RemoteObject>, RemoteError> {
+    let last = Arc::new(LastAttempt::default());
+    LAST_ATTEMPT
+        .scope(last, list_ranges(store, workers, progress))
+        .await
+}
+
+async fn list_ranges(
     store: &StoreHandle,
     workers: usize,
     progress: Option<&ProgressFn<'_>>,

@@ -168,7 +168,7 @@ impl StoreHandle {
         };
         let build = |retry: RetryConfig| -> Result<Arc<dyn ObjectStore>, RemoteError> {
             let connector = CountingConnector::new(Arc::clone(&metrics));
-            let options = client_options(scheme_str == "http");
+            let options = client_options(scheme, scheme_str == "http");
             let base = format!("{scheme_str}://{authority}");
             let config_err = |e: object_store::Error| RemoteError::Config {
                 url: url.to_string(),
@@ -240,10 +240,33 @@ fn http_base_url(url: &str) -> String {
     format!("{}/", url.trim_end_matches('/'))
 }
 
-/// Timeouts for long bodies: connect and per-read limits, no whole-request
-/// limit; HTTP/1.1 with a pool as large as the window.
-fn client_options(allow_http: bool) -> ClientOptions {
-    let options = ClientOptions::new()
+/// The client settings of the cloud's environment (`AWS_ALLOW_HTTP`,
+/// `AZURE_ALLOW_HTTP`, proxies, ...), which a builder's `from_env` would
+/// read but `with_client_options` replaces; then timeouts for long bodies:
+/// connect and per-read limits, no whole-request limit; HTTP/1.1 with a
+/// pool as large as the window.
+fn client_options(scheme: Scheme, allow_http: bool) -> ClientOptions {
+    let env_prefix = match scheme {
+        Scheme::S3 => Some("AWS_"),
+        Scheme::Gcs => Some("GOOGLE_"),
+        Scheme::Azure => Some("AZURE_"),
+        Scheme::Http | Scheme::Custom => None,
+    };
+    let mut options = ClientOptions::new();
+    if let Some(prefix) = env_prefix {
+        for (k, v) in std::env::vars() {
+            let Some(name) = k.strip_prefix(prefix) else {
+                continue;
+            };
+            if let Ok(key) = name
+                .to_ascii_lowercase()
+                .parse::<object_store::ClientConfigKey>()
+            {
+                options = options.with_config(key, v);
+            }
+        }
+    }
+    let options = options
         .with_timeout_disabled()
         .with_connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
         .with_read_timeout(Duration::from_millis(SOCKET_READ_TIMEOUT_MS))
