@@ -32,12 +32,12 @@ fn quick_config() -> FetchConfig {
     }
 }
 
+/// The buffer, where each read landed in it, and the results by tag.
+type Fetched = (Vec<u8>, Vec<usize>, BTreeMap<u64, Result<(), RemoteError>>);
+
 /// Reads every `(object, range)` into one buffer, all submitted at once;
 /// returns the buffer, where each range landed, and the completions by tag.
-fn fetch_all(
-    engine: &mut FetchEngine,
-    reads: &[(u32, Range<u64>)],
-) -> (Vec<u8>, Vec<usize>, BTreeMap<u64, Result<(), RemoteError>>) {
+fn fetch_all(engine: &mut FetchEngine, reads: &[(u32, Range<u64>)]) -> Fetched {
     let total: u64 = reads.iter().map(|(_, r)| r.end - r.start).sum();
     let mut buf = vec![0u8; total as usize];
     let mut at = Vec::new();

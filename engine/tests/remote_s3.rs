@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 use ringfeed::remote::{
@@ -179,4 +180,37 @@ fn s3_server_serves_listings_and_exact_bytes_and_errors_name_the_fix() {
     for o in objects.iter() {
         let _ = rt.block_on(store.meta.delete(&store.path_of(&o.key)));
     }
+
+    // Enough keys for the parallel listing to split its key space (start-after).
+    let many_url = format!("s3://{bucket}/{prefix}-many");
+    let many_store = StoreHandle::open(&many_url).unwrap();
+    let keys: Vec<Path> = (0..2500)
+        .map(|i| many_store.path_of(&format!("k/{i:05}")))
+        .collect();
+    rt.block_on(
+        futures::stream::iter(
+            keys.iter()
+                .map(|k| many_store.meta.put(k, PutPayload::from_static(b"x"))),
+        )
+        .buffer_unordered(32)
+        .collect::<Vec<_>>(),
+    )
+    .into_iter()
+    .for_each(|r| assert!(r.is_ok(), "{r:?}"));
+    let ranges = std::sync::atomic::AtomicU64::new(0);
+    let progress = |p: ringfeed::remote::ListProgress| {
+        ranges.fetch_max(p.ranges_done, std::sync::atomic::Ordering::Relaxed);
+    };
+    let one = rt.block_on(list(&many_store, None)).unwrap();
+    let many = rt
+        .block_on(list_parallel(&many_store, 8, Some(&progress)))
+        .unwrap();
+    assert_eq!(one.len(), 2500);
+    assert_eq!(one, many);
+    assert!(ranges.into_inner() > 1, "the key space was never split");
+    rt.block_on(
+        futures::stream::iter(keys.iter().map(|k| many_store.meta.delete(k)))
+            .buffer_unordered(32)
+            .collect::<Vec<_>>(),
+    );
 }

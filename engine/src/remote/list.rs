@@ -136,7 +136,7 @@ pub async fn list(
     while let Some(meta) = stream.next().await {
         let meta = meta.map_err(|e| listing_error(store, e))?;
         out.extend(to_object(store, meta));
-        if out.len() % LIST_SPLIT_AFTER_KEYS == 0 {
+        if out.len().is_multiple_of(LIST_SPLIT_AFTER_KEYS) {
             if let Some(p) = progress {
                 p(ListProgress {
                     keys: out.len() as u64,
@@ -302,7 +302,7 @@ async fn list_range(
         first.get_or_insert_with(|| loc.clone());
         out.extend(to_object(store, item));
         seen += 1;
-        if seen % LIST_SPLIT_AFTER_KEYS == 0 {
+        if seen.is_multiple_of(LIST_SPLIT_AFTER_KEYS) {
             let mut q = lock(queue);
             q.keys += LIST_SPLIT_AFTER_KEYS as u64;
             let idle = workers.saturating_sub(q.busy) > q.ranges.len();
