@@ -438,3 +438,42 @@ fn bad_urls_and_missing_credentials_say_what_to_set() {
     let text = StoreHandle::open("s3://").unwrap_err().to_string();
     assert!(text.contains("no bucket"), "{text}");
 }
+
+#[test]
+fn dropping_the_engine_with_gets_stalled_in_flight_returns_promptly() {
+    let server = TestServer::start(server_objects());
+    let rt = runtime();
+    let store = StoreHandle::open(&server.url).unwrap();
+    let objects = Arc::new(rt.block_on(list_webdav(&store)).unwrap());
+    let cfg = FetchConfig {
+        stall_timeout_ms: 10_000,
+        ..quick_config()
+    };
+    let mut engine = FetchEngine::start(Arc::clone(&rt), store, Arc::clone(&objects), cfg).unwrap();
+    server.faults.stall_ms.store(5_000, Ordering::SeqCst);
+    server.faults.stall.store(1000, Ordering::SeqCst);
+    let mut bufs: Vec<Vec<u8>> = objects.iter().map(|o| vec![0u8; o.size as usize]).collect();
+    let reads: Vec<FetchRead> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| FetchRead {
+            object: i as u32,
+            range: 0..b.len() as u64,
+            dest: b.as_mut_ptr(),
+            tag: i as u64,
+        })
+        .collect();
+    // SAFETY: the buffers outlive the engine, whose drop waits for every GET.
+    unsafe { engine.submit(&reads).unwrap() };
+    while server.faults.gets.load(Ordering::SeqCst) < 10 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t = std::time::Instant::now();
+    drop(engine);
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "drop took {:?}",
+        t.elapsed()
+    );
+    drop(bufs);
+}
