@@ -317,8 +317,27 @@ async fn dispatch(
                     }
                     Err(join_error) => {
                         // A part task panicked: nothing can say which read it
-                        // was, so stop the engine loudly rather than lose it.
+                        // was. Stop every GET, then fail every read under way,
+                        // so the loader sees an error instead of waiting.
                         tracing::error!("remote fetch task failed: {join_error}");
+                        tasks.abort_all();
+                        while tasks.join_next().await.is_some() {}
+                        metrics.gets_in_flight.store(0, Ordering::Relaxed);
+                        let stopped = |tag| FetchCompletion {
+                            tag,
+                            result: Err(RemoteError::Stopped {
+                                reason: format!("a fetch task failed ({join_error}); restart the loader"),
+                            }),
+                        };
+                        for (_, state) in reads.drain() {
+                            let _ = done.send(stopped(state.tag));
+                        }
+                        // Reads still in the channel, and any sent until the
+                        // engine notices: each gets its completion too.
+                        commands.close();
+                        while let Some(Command::Read { tag, .. }) = commands.recv().await {
+                            let _ = done.send(stopped(tag));
+                        }
                         return;
                     }
                 }
