@@ -15,6 +15,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod planner;
 pub mod reader;
+pub mod remote;
 pub use ringfeed_ring as ring;
 pub mod sampler;
 pub mod source;

@@ -1,0 +1,477 @@
+//! Listing a prefix: `(key relative to the prefix, size, ETag)` in byte-wise
+//! order of keys, directory markers skipped; sequential, or in parallel over
+//! key ranges with work stealing; or from an explicit key list.
+//!
+//! Parallel listing splits the key space as it goes: a worker lists its
+//! range `(after, upto]` with start-after (`list_with_offset`), and every
+//! `LIST_SPLIT_AFTER_KEYS` keys, if a worker is idle, it cuts its remaining
+//! range at a split key and queues the upper part, which the idle worker
+//! takes. Split keys come from the keys seen (see `split_key`), so they
+//! follow the shape of real keys (`shard-000123`), not the alphabet.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use object_store::path::Path;
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+
+use super::error::RemoteError;
+use super::metrics::{AttemptOutcome, LastAttempt, LAST_ATTEMPT};
+use super::store::StoreHandle;
+use super::RemoteObject;
+
+/// A worker with a range checks for idle workers after this many keys.
+pub const LIST_SPLIT_AFTER_KEYS: usize = 1000;
+/// Most parallel listing workers.
+pub const LIST_WORKERS_MAX: usize = 256;
+/// HEAD requests in flight while sizing a key list.
+pub const HEADS_IN_FLIGHT: usize = 64;
+/// Characters split keys are made of: ASCII-ordered, and each one
+/// kept as is by object_store's `Path` (so a split key round-trips).
+const SPLIT_ALPHABET: &[u8] = b"-.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz";
+/// Digits of a split key after the common prefix (64^16 fits a u128).
+const SPLIT_DIGITS: usize = 16;
+
+/// How far a listing is.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ListProgress {
+    /// Keys listed so far.
+    pub keys: u64,
+    /// Key ranges finished (parallel listing; 1 for a sequential one).
+    pub ranges_done: u64,
+}
+
+/// A progress callback, called from runtime threads.
+pub type ProgressFn<'a> = dyn Fn(ListProgress) + Send + Sync + 'a;
+
+fn relative(store: &StoreHandle, meta: &ObjectMeta) -> Option<String> {
+    let full = meta.location.as_ref();
+    let prefix = store.prefix.as_ref();
+    let rel = if prefix.is_empty() {
+        full
+    } else {
+        full.strip_prefix(prefix)?.strip_prefix('/')?
+    };
+    (!rel.is_empty() && !rel.ends_with('/')).then(|| rel.to_string())
+}
+
+/// Sorts, and drops directory markers: object_store strips a key's
+/// trailing `/`, so a marker shows as an empty object whose key is also a
+/// directory of other keys.
+fn finish(mut objects: Vec<RemoteObject>) -> Vec<RemoteObject> {
+    objects.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
+    objects.dedup_by(|a, b| a.key == b.key);
+    let mut keep = vec![true; objects.len()];
+    for i in 0..objects.len() {
+        if objects[i].size == 0 {
+            let dir = format!("{}/", objects[i].key);
+            // Keys under `dir` sort right after it or after keys such as
+            // `dir-x` and `dir.x`; look ahead for the first with `dir` as prefix.
+            let under = objects[i + 1..]
+                .iter()
+                .take_while(|o| o.key.starts_with(objects[i].key.as_str()))
+                .any(|o| o.key.starts_with(&dir));
+            keep[i] = !under;
+        }
+    }
+    let mut it = keep.into_iter();
+    objects.retain(|_| it.next().unwrap_or(true));
+    objects
+}
+
+fn listing_error(store: &StoreHandle, e: object_store::Error) -> RemoteError {
+    let status = match &e {
+        object_store::Error::NotFound { .. } => 404,
+        object_store::Error::PermissionDenied { .. } => 403,
+        object_store::Error::Unauthenticated { .. } => 401,
+        // object_store hides the status of most failures: the counting
+        // connector recorded the last attempt's.
+        // Paginated listings may run their requests elsewhere; then the
+        // status is read from object_store's message.
+        _ => LAST_ATTEMPT
+            .try_with(|last| match last.get() {
+                AttemptOutcome::Status(s) => s,
+                _ => 0,
+            })
+            .ok()
+            .filter(|&s| s != 0)
+            .unwrap_or_else(|| status_in_text(&e.to_string())),
+    };
+    RemoteError::Listing {
+        url: store.display.clone(),
+        status,
+        scheme: store.scheme,
+        detail: e.to_string(),
+    }
+}
+
+/// The status in object_store's "Server returned non-2xx status code: 403
+/// Forbidden" message; 0 when there is none.
+fn status_in_text(text: &str) -> u16 {
+    const MARK: &str = "status code: ";
+    text.find(MARK)
+        .and_then(|i| text.get(i + MARK.len()..i + MARK.len() + 3))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn to_object(store: &StoreHandle, meta: ObjectMeta) -> Option<RemoteObject> {
+    Some(RemoteObject {
+        key: relative(store, &meta)?,
+        size: meta.size,
+        etag: meta.e_tag,
+    })
+}
+
+/// Lists the prefix with one paginated listing.
+pub async fn list(
+    store: &StoreHandle,
+    progress: Option<&ProgressFn<'_>>,
+) -> Result<Vec<RemoteObject>, RemoteError> {
+    let prefix = (!store.prefix.as_ref().is_empty()).then_some(&store.prefix);
+    let mut stream = store.meta.list(prefix);
+    let mut out = Vec::new();
+    while let Some(meta) = stream.next().await {
+        let meta = meta.map_err(|e| listing_error(store, e))?;
+        out.extend(to_object(store, meta));
+        if out.len().is_multiple_of(LIST_SPLIT_AFTER_KEYS) {
+            if let Some(p) = progress {
+                p(ListProgress {
+                    keys: out.len() as u64,
+                    ranges_done: 0,
+                });
+            }
+        }
+    }
+    if let Some(p) = progress {
+        p(ListProgress {
+            keys: out.len() as u64,
+            ranges_done: 1,
+        });
+    }
+    Ok(finish(out))
+}
+
+/// A key range `(after, upto]` of full object paths; `None` is unbounded.
+#[derive(Debug, Clone)]
+struct KeyRange {
+    after: Option<String>,
+    upto: Option<String>,
+}
+
+#[derive(Default)]
+struct Queue {
+    ranges: VecDeque<KeyRange>,
+    busy: usize,
+    keys: u64,
+    ranges_done: u64,
+    error: Option<RemoteError>,
+}
+
+/// Lists the prefix with `workers` concurrent range listings (see the
+/// module docs). Gives the same objects as [`list`]. Stores that cannot
+/// start a listing after a key (Azure, HTTP) list everything for each
+/// range and filter, so for them use [`list`].
+pub async fn list_parallel(
+    store: &StoreHandle,
+    workers: usize,
+    progress: Option<&ProgressFn<'_>>,
+) -> Result<Vec<RemoteObject>, RemoteError> {
+    let last = Arc::new(LastAttempt::default());
+    LAST_ATTEMPT
+        .scope(last, list_ranges(store, workers, progress))
+        .await
+}
+
+async fn list_ranges(
+    store: &StoreHandle,
+    workers: usize,
+    progress: Option<&ProgressFn<'_>>,
+) -> Result<Vec<RemoteObject>, RemoteError> {
+    if !(1..=LIST_WORKERS_MAX).contains(&workers) {
+        return Err(RemoteError::InvalidConfig {
+            reason: format!("listing workers {workers} is not in 1..={LIST_WORKERS_MAX}"),
+        });
+    }
+    let queue = Arc::new(Mutex::new(Queue::default()));
+    lock(&queue).ranges.push_back(KeyRange {
+        after: None,
+        upto: None,
+    });
+    let notify = Arc::new(tokio::sync::Notify::new());
+    let results = futures::future::join_all((0..workers).map(|_| {
+        worker(
+            store,
+            workers,
+            Arc::clone(&queue),
+            Arc::clone(&notify),
+            progress,
+        )
+    }))
+    .await;
+    if let Some(e) = lock(&queue).error.take() {
+        return Err(e);
+    }
+    let all: Vec<RemoteObject> = results.into_iter().flatten().collect();
+    Ok(finish(all))
+}
+
+fn lock(queue: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
+    // A poisoned lock only means another worker panicked mid-update of
+    // plain counters; the queue itself stays consistent.
+    queue.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn worker(
+    store: &StoreHandle,
+    workers: usize,
+    queue: Arc<Mutex<Queue>>,
+    notify: Arc<tokio::sync::Notify>,
+    progress: Option<&ProgressFn<'_>>,
+) -> Vec<RemoteObject> {
+    let mut out = Vec::new();
+    loop {
+        let range = {
+            let mut q = lock(&queue);
+            if q.error.is_some() {
+                return out;
+            }
+            match q.ranges.pop_front() {
+                Some(r) => {
+                    q.busy += 1;
+                    Some(r)
+                }
+                None if q.busy == 0 => {
+                    notify.notify_waiters();
+                    return out;
+                }
+                None => None,
+            }
+        };
+        let Some(range) = range else {
+            // Bounded wait: a wakeup between the check and here is not lost for long.
+            let _ = tokio::time::timeout(Duration::from_millis(20), notify.notified()).await;
+            continue;
+        };
+        let result = list_range(store, workers, range, &queue, &notify, &mut out).await;
+        let mut q = lock(&queue);
+        q.busy -= 1;
+        q.ranges_done += 1;
+        if let Err(e) = result {
+            q.error.get_or_insert(e);
+        }
+        if let Some(p) = progress {
+            p(ListProgress {
+                keys: q.keys,
+                ranges_done: q.ranges_done,
+            });
+        }
+        drop(q);
+        notify.notify_waiters();
+    }
+}
+
+async fn list_range(
+    store: &StoreHandle,
+    workers: usize,
+    mut range: KeyRange,
+    queue: &Mutex<Queue>,
+    notify: &tokio::sync::Notify,
+    out: &mut Vec<RemoteObject>,
+) -> Result<(), RemoteError> {
+    let prefix = (!store.prefix.as_ref().is_empty()).then_some(&store.prefix);
+    let meta: &dyn ObjectStore = store.meta.as_ref();
+    let mut stream = match &range.after {
+        Some(after) => meta.list_with_offset(prefix, &Path::from(after.as_str())),
+        None => meta.list(prefix),
+    };
+    let mut first: Option<String> = None;
+    let mut seen = 0usize;
+    while let Some(item) = stream.next().await {
+        let item = item.map_err(|e| listing_error(store, e))?;
+        let loc = item.location.as_ref().to_string();
+        if range
+            .upto
+            .as_deref()
+            .is_some_and(|upto| loc.as_str() > upto)
+        {
+            break;
+        }
+        first.get_or_insert_with(|| loc.clone());
+        out.extend(to_object(store, item));
+        seen += 1;
+        if seen.is_multiple_of(LIST_SPLIT_AFTER_KEYS) {
+            let mut q = lock(queue);
+            q.keys += LIST_SPLIT_AFTER_KEYS as u64;
+            let idle = workers.saturating_sub(q.busy) > q.ranges.len();
+            if idle {
+                let lo = first.as_deref().unwrap_or(&loc);
+                if let Some(split) = split_key(lo, &loc, range.upto.as_deref()) {
+                    q.ranges.push_back(KeyRange {
+                        after: Some(split.clone()),
+                        upto: range.upto.take(),
+                    });
+                    range.upto = Some(split);
+                    drop(q);
+                    notify.notify_waiters();
+                }
+            }
+        }
+    }
+    lock(queue).keys += (seen % LIST_SPLIT_AFTER_KEYS) as u64;
+    Ok(())
+}
+
+fn digit(c: u8) -> u128 {
+    // Index of the largest alphabet character <= c (0 below the alphabet):
+    // monotone, so the order of keys is kept.
+    SPLIT_ALPHABET.iter().rposition(|&a| a <= c).unwrap_or(0) as u128
+}
+
+fn to_number(key: &[u8], skip: usize) -> u128 {
+    let base = SPLIT_ALPHABET.len() as u128;
+    (0..SPLIT_DIGITS).fold(0u128, |n, i| {
+        n * base + key.get(skip + i).map_or(0, |&c| digit(c))
+    })
+}
+
+fn from_number(mut n: u128) -> Vec<u8> {
+    let base = SPLIT_ALPHABET.len() as u128;
+    let mut digits = vec![0u8; SPLIT_DIGITS];
+    for d in digits.iter_mut().rev() {
+        *d = SPLIT_ALPHABET[(n % base) as usize];
+        n /= base;
+    }
+    while digits.len() > 1 && digits.last() == Some(&SPLIT_ALPHABET[0]) {
+        digits.pop();
+    }
+    digits
+}
+
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// A key strictly between `current` and `upto` where to cut a range: their
+/// midpoint read as numbers in `SPLIT_ALPHABET` after their common prefix;
+/// with no `upto`, `current` plus the distance from `first` (the range is
+/// guessed to go on as it went). `None` when no such key is found.
+pub(crate) fn split_key(first: &str, current: &str, upto: Option<&str>) -> Option<String> {
+    let cur = current.as_bytes();
+    let (skip, target) = match upto {
+        Some(hi) => {
+            let skip = common_prefix(cur, hi.as_bytes());
+            let (a, b) = (to_number(cur, skip), to_number(hi.as_bytes(), skip));
+            (skip, a + (b.saturating_sub(a)) / 2)
+        }
+        None => {
+            let skip = common_prefix(first.as_bytes(), cur);
+            let (a, b) = (to_number(first.as_bytes(), skip), to_number(cur, skip));
+            (skip, b.saturating_add(b - a.min(b)).saturating_add(1))
+        }
+    };
+    if !current.is_char_boundary(skip) {
+        return None;
+    }
+    let max = (SPLIT_ALPHABET.len() as u128).pow(SPLIT_DIGITS as u32) - 1;
+    let mut key = cur[..skip].to_vec();
+    key.extend(from_number(target.min(max)));
+    let key = String::from_utf8(key).ok()?;
+    let ordered = key.as_str() > current && upto.is_none_or(|hi| key.as_str() < hi);
+    let round_trips = Path::from(key.as_str()).as_ref() == key;
+    (ordered && round_trips).then_some(key)
+}
+
+/// Reads an explicit key list: one key per line, optionally a tab and its
+/// size in bytes; blank lines and lines starting with `#` are skipped. Keys
+/// without a size are sized with HEAD requests (which also give the ETag).
+pub async fn read_keys_file(
+    store: &StoreHandle,
+    path: &std::path::Path,
+) -> Result<Vec<RemoteObject>, RemoteError> {
+    let file_err = |line: usize, reason: String| RemoteError::KeysFile {
+        path: path.display().to_string(),
+        line,
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| file_err(0, e.to_string()))?;
+    let mut objects = Vec::new();
+    let mut unsized_at = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim_end_matches('\r');
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (key, size) = match line.split_once('\t') {
+            Some((k, s)) => {
+                let size = s
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|e| file_err(i + 1, format!("size {s:?}: {e}")))?;
+                (k, Some(size))
+            }
+            None => (line, None),
+        };
+        let key = key.trim_start_matches('/');
+        if key.is_empty() || key.ends_with('/') {
+            return Err(file_err(i + 1, format!("{key:?} is not an object key")));
+        }
+        if size.is_none() {
+            unsized_at.push((objects.len(), i + 1));
+        }
+        objects.push(RemoteObject {
+            key: key.to_string(),
+            size: size.unwrap_or(0),
+            etag: None,
+        });
+    }
+    let heads = futures::stream::iter(unsized_at.into_iter().map(|(at, line)| {
+        let location = store.path_of(&objects[at].key);
+        async move { (at, line, store.meta.head(&location).await) }
+    }))
+    .buffer_unordered(HEADS_IN_FLIGHT)
+    .collect::<Vec<_>>()
+    .await;
+    for (at, line, head) in heads {
+        let meta = head.map_err(|e| file_err(line, format!("HEAD {}: {e}", objects[at].key)))?;
+        objects[at].size = meta.size;
+        objects[at].etag = meta.e_tag;
+    }
+    objects.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
+    if let Some(w) = objects.windows(2).find(|w| w[0].key == w[1].key) {
+        return Err(file_err(0, format!("key {:?} is listed twice", w[0].key)));
+    }
+    Ok(objects)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{finish, split_key};
+    use crate::remote::RemoteObject;
+
+    #[test]
+    fn directory_markers_are_dropped_and_empty_files_kept() {
+        let o = |key: &str, size| RemoteObject {
+            key: key.to_string(),
+            size,
+            etag: None,
+        };
+        let got = finish(vec![o("b", 0), o("a/b", 3), o("a", 0), o("a-c", 0)]);
+        assert_eq!(got, vec![o("a-c", 0), o("a/b", 3), o("b", 0)]);
+    }
+
+    #[test]
+    fn split_keys_fall_strictly_inside_their_range() {
+        let k = split_key("d/shard-000000", "d/shard-000999", None).unwrap();
+        assert!(k.as_str() > "d/shard-000999", "{k}");
+        assert!(k.starts_with("d/shard-00"), "{k}");
+        let m = split_key("d/shard-000000", "d/shard-001000", Some("d/shard-003000")).unwrap();
+        assert!(
+            m.as_str() > "d/shard-001000" && m.as_str() < "d/shard-003000",
+            "{m}"
+        );
+        assert_eq!(split_key("a", "a0", Some("a0-")), None);
+    }
+}

@@ -1,0 +1,352 @@
+//! A store from a source URL: which object_store backend, which bucket and
+//! prefix, credentials and endpoints from the cloud's usual environment.
+//!
+//! Two object_store instances are built over the same URL and the same
+//! counting HTTP connector: `fetch` with object_store's own retries turned
+//! off (the fetch engine retries whole ranges itself, and counts each cause),
+//! and `meta` with object_store's default retries, for listing and HEAD.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::http::HttpBuilder;
+use object_store::path::Path;
+use object_store::{ClientOptions, ObjectStore, RetryConfig};
+
+use super::error::RemoteError;
+use super::metrics::{CountingConnector, RemoteMetrics};
+
+/// Environment variable that, set to `1`, lets an s3:// source with no
+/// credential variables use the EC2 instance metadata service (without it
+/// such a source is an error that names the variables to set).
+pub const AWS_INSTANCE_CREDENTIALS_ENV: &str = "RINGFEED_AWS_INSTANCE_CREDENTIALS";
+
+/// Connect timeout of every request (object_store's default is 5 s).
+pub const CONNECT_TIMEOUT_MS: u64 = 5_000;
+/// Longest wait for any one read of the socket (reqwest's read timeout):
+/// a backstop behind the fetch engine's own stall detector. object_store's
+/// default whole-request timeout (30 s, body included) is turned off, since
+/// it kills long downloads that are still making progress.
+pub const SOCKET_READ_TIMEOUT_MS: u64 = 60_000;
+/// Idle connections kept per host for reuse (HTTP/1.1 keep-alive): as many
+/// as the largest window, so a full window never reconnects.
+pub const POOL_IDLE_PER_HOST_MAX: usize = 1024;
+
+/// The kind of store a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// `s3://` (and S3-compatible servers through `AWS_ENDPOINT_URL`).
+    S3,
+    /// `gs://`.
+    Gcs,
+    /// `az://`, `abfs://`, `abfss://`.
+    Azure,
+    /// `http://`, `https://`.
+    Http,
+    /// A store handed in by the caller (object_store's in-memory store, tests).
+    Custom,
+}
+
+impl Scheme {
+    /// What to do about a 401/403.
+    pub fn permission_fix(self) -> &'static str {
+        match self {
+            Scheme::S3 => {
+                "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
+                 keys) and that they grant s3:GetObject and s3:ListBucket on the bucket"
+            }
+            Scheme::Gcs => {
+                "check GOOGLE_APPLICATION_CREDENTIALS (or GOOGLE_SERVICE_ACCOUNT) and that the account \
+                 has storage.objects.get and storage.objects.list on the bucket"
+            }
+            Scheme::Azure => {
+                "check AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_KEY, or a client id/secret) and \
+                 that it has the Storage Blob Data Reader role on the container"
+            }
+            Scheme::Http => "the server refused: check its access rules for this path",
+            Scheme::Custom => "the store refused the credentials it was built with",
+        }
+    }
+
+    fn env_fix(self) -> &'static str {
+        match self {
+            Scheme::S3 => "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for http endpoints)",
+            Scheme::Gcs => "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT (and GOOGLE_BUCKET)",
+            Scheme::Azure => "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_KEY (AZURE_STORAGE_USE_EMULATOR=true for Azurite)",
+            Scheme::Http => "the URL",
+            Scheme::Custom => "the store's construction",
+        }
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Scheme::S3 => "s3",
+            Scheme::Gcs => "gcs",
+            Scheme::Azure => "azure",
+            Scheme::Http => "http",
+            Scheme::Custom => "custom",
+        })
+    }
+}
+
+/// A store and the prefix under which a source's objects live.
+#[derive(Debug, Clone)]
+pub struct StoreHandle {
+    /// The source URL, for messages.
+    pub display: String,
+    /// Which kind of store.
+    pub scheme: Scheme,
+    /// Reads (no internal retries: the fetch engine retries).
+    pub fetch: Arc<dyn ObjectStore>,
+    /// Listing and HEAD (object_store's own retries).
+    pub meta: Arc<dyn ObjectStore>,
+    /// Where the source's keys start; keys are relative to it.
+    pub prefix: Path,
+    /// For http(s):// sources, the base URL (WebDAV listing goes there).
+    pub http_base: Option<String>,
+    /// Counters every part of the remote engine adds to.
+    pub metrics: Arc<RemoteMetrics>,
+}
+
+impl StoreHandle {
+    /// The full object path of a key relative to the prefix.
+    pub fn path_of(&self, key: &str) -> Path {
+        if self.prefix.as_ref().is_empty() {
+            Path::from(key)
+        } else {
+            Path::from(format!("{}/{key}", self.prefix.as_ref()))
+        }
+    }
+
+    /// A handle over a store built by the caller (object_store's in-memory
+    /// store, a fault-injecting wrapper). `store` serves both reads and
+    /// listing; its retries are its own.
+    pub fn from_store(store: Arc<dyn ObjectStore>, prefix: &str, display: &str) -> StoreHandle {
+        StoreHandle {
+            display: display.to_string(),
+            scheme: Scheme::Custom,
+            fetch: Arc::clone(&store),
+            meta: store,
+            prefix: Path::from(prefix.trim_matches('/')),
+            http_base: None,
+            metrics: Arc::new(RemoteMetrics::default()),
+        }
+    }
+
+    /// Builds the stores a source URL names (see the module docs). Must be
+    /// called where a tokio runtime's handle is available if the store's
+    /// construction needs one (it does not today).
+    pub fn open(url: &str) -> Result<StoreHandle, RemoteError> {
+        let bad = |reason: &str| RemoteError::BadUrl {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let (scheme_str, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("it has no scheme://"))?;
+        let scheme = match scheme_str {
+            "s3" | "s3a" => Scheme::S3,
+            "gs" => Scheme::Gcs,
+            "az" | "abfs" | "abfss" | "azure" => Scheme::Azure,
+            "http" | "https" => Scheme::Http,
+            other => return Err(bad(&format!("scheme {other:?} is not supported"))),
+        };
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if authority.is_empty() {
+            return Err(bad("it names no bucket, container or host"));
+        }
+        let metrics = Arc::new(RemoteMetrics::default());
+        let fetch_retry = RetryConfig {
+            max_retries: 0,
+            ..RetryConfig::default()
+        };
+        let build = |retry: RetryConfig| -> Result<Arc<dyn ObjectStore>, RemoteError> {
+            let connector = CountingConnector::new(Arc::clone(&metrics));
+            let options = client_options(scheme, scheme_str == "http");
+            let base = format!("{scheme_str}://{authority}");
+            let config_err = |e: object_store::Error| RemoteError::Config {
+                url: url.to_string(),
+                scheme,
+                detail: e.to_string(),
+                fix: scheme.env_fix(),
+            };
+            Ok(match scheme {
+                Scheme::S3 => Arc::new(
+                    AmazonS3Builder::from_env()
+                        .with_url(base)
+                        .with_client_options(options)
+                        .with_retry(retry)
+                        .with_http_connector(connector)
+                        .build()
+                        .map_err(config_err)?,
+                ),
+                Scheme::Gcs => Arc::new(
+                    GoogleCloudStorageBuilder::from_env()
+                        .with_url(base)
+                        .with_client_options(options)
+                        .with_retry(retry)
+                        .with_http_connector(connector)
+                        .build()
+                        .map_err(config_err)?,
+                ),
+                Scheme::Azure => Arc::new(
+                    MicrosoftAzureBuilder::from_env()
+                        .with_url(base)
+                        .with_client_options(options)
+                        .with_retry(retry)
+                        .with_http_connector(connector)
+                        .build()
+                        .map_err(config_err)?,
+                ),
+                Scheme::Http | Scheme::Custom => Arc::new(
+                    HttpBuilder::new()
+                        .with_url(url.trim_end_matches('/'))
+                        .with_client_options(options)
+                        .with_retry(retry)
+                        .with_http_connector(connector)
+                        .build()
+                        .map_err(config_err)?,
+                ),
+            })
+        };
+        check_credentials(url, scheme)?;
+        let fetch = build(fetch_retry)?;
+        let meta = build(RetryConfig::default())?;
+        let (prefix, http_base) = match scheme {
+            // The HTTP store is rooted at the URL itself: keys are relative to it.
+            Scheme::Http => (Path::default(), Some(http_base_url(url))),
+            _ => (Path::from(path.trim_matches('/')), None),
+        };
+        Ok(StoreHandle {
+            display: url.to_string(),
+            scheme,
+            fetch,
+            meta,
+            prefix,
+            http_base,
+            metrics,
+        })
+    }
+}
+
+/// The URL with exactly one trailing slash (the HTTP store's root).
+fn http_base_url(url: &str) -> String {
+    format!("{}/", url.trim_end_matches('/'))
+}
+
+/// The client settings of the cloud's environment (`AWS_ALLOW_HTTP`,
+/// `AZURE_ALLOW_HTTP`, proxies, ...), which a builder's `from_env` would
+/// read but `with_client_options` replaces; then timeouts for long bodies:
+/// connect and per-read limits, no whole-request limit; HTTP/1.1 with a
+/// pool as large as the window.
+fn client_options(scheme: Scheme, allow_http: bool) -> ClientOptions {
+    let env_prefix = match scheme {
+        Scheme::S3 => Some("AWS_"),
+        Scheme::Gcs => Some("GOOGLE_"),
+        Scheme::Azure => Some("AZURE_"),
+        Scheme::Http | Scheme::Custom => None,
+    };
+    let mut options = ClientOptions::new();
+    if let Some(prefix) = env_prefix {
+        for (k, v) in std::env::vars() {
+            let Some(name) = k.strip_prefix(prefix) else {
+                continue;
+            };
+            if let Ok(key) = name
+                .to_ascii_lowercase()
+                .parse::<object_store::ClientConfigKey>()
+            {
+                options = options.with_config(key, v);
+            }
+        }
+    }
+    let options = options
+        .with_timeout_disabled()
+        .with_connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+        .with_read_timeout(Duration::from_millis(SOCKET_READ_TIMEOUT_MS))
+        .with_pool_max_idle_per_host(POOL_IDLE_PER_HOST_MAX)
+        .with_http1_only();
+    if allow_http {
+        options.with_allow_http(true)
+    } else {
+        options
+    }
+}
+
+fn env_set(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| !v.is_empty())
+}
+
+fn env_true(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// Fails early, naming the variables, where the environment holds no
+/// credentials (object_store would otherwise try the instance metadata
+/// service and fail much later with a connection error).
+fn check_credentials(url: &str, scheme: Scheme) -> Result<(), RemoteError> {
+    let missing = |reason: &str, fix: &str| {
+        Err(RemoteError::MissingCredentials {
+            url: url.to_string(),
+            reason: reason.to_string(),
+            fix: fix.to_string(),
+        })
+    };
+    match scheme {
+        Scheme::S3 => {
+            let has_key = env_set("AWS_ACCESS_KEY_ID");
+            if has_key && !env_set("AWS_SECRET_ACCESS_KEY") {
+                return missing(
+                    "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not",
+                    "AWS_SECRET_ACCESS_KEY",
+                );
+            }
+            let other_source = [
+                "AWS_WEB_IDENTITY_TOKEN_FILE",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            ]
+            .iter()
+            .any(|v| env_set(v));
+            if !has_key
+                && !other_source
+                && !env_true("AWS_SKIP_SIGNATURE")
+                && !env_true(AWS_INSTANCE_CREDENTIALS_ENV)
+            {
+                return missing(
+                    "no AWS credentials in the environment",
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_SKIP_SIGNATURE=true for a \
+                     public bucket, or RINGFEED_AWS_INSTANCE_CREDENTIALS=1 to use the EC2 instance role)",
+                );
+            }
+            if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
+                if endpoint.starts_with("http://") && !env_true("AWS_ALLOW_HTTP") {
+                    return missing(
+                        &format!("AWS_ENDPOINT_URL={endpoint} is plain http"),
+                        "AWS_ALLOW_HTTP=true (or use an https endpoint)",
+                    );
+                }
+            }
+            Ok(())
+        }
+        Scheme::Azure => {
+            if !env_set("AZURE_STORAGE_ACCOUNT_NAME")
+                && !url.contains('@')
+                && !env_true("AZURE_STORAGE_USE_EMULATOR")
+            {
+                return missing(
+                    "no Azure storage account is named",
+                    "AZURE_STORAGE_ACCOUNT_NAME (or use abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/)",
+                );
+            }
+            Ok(())
+        }
+        Scheme::Gcs | Scheme::Http | Scheme::Custom => Ok(()),
+    }
+}
