@@ -1,0 +1,264 @@
+//! Creating a ring: the name, the /dev/shm room check and sizing, the
+//! header, and the removal of a segment whose loader died.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::backing::Backing;
+use super::errors::{alloc_error, open_existing_error, shm_too_small};
+use super::{CreateError, Producer};
+use crate::layout::{
+    state, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES,
+};
+use crate::segment::{self, LOADER_LOCK_BYTE};
+use crate::sync::Ordering;
+use crate::view::View;
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Producer {
+    /// Creates the segment `/ringfeed-NAME` (mode 0600, O_EXCL, every byte
+    /// allocated now) and opens it to consumers. A segment of that name left by
+    /// a dead loader is replaced; one whose loader lives is an error.
+    pub fn create(name: &str, geometry: RingGeometry) -> Result<Producer, CreateError> {
+        Self::create_in_job(name, geometry, Job::single(geometry.world_size))
+    }
+
+    /// [`Producer::create`] for a loader that serves part of a job spread
+    /// over several machines: its ranks are the job's `job.first_rank..`.
+    pub fn create_in_job(
+        name: &str,
+        geometry: RingGeometry,
+        job: Job,
+    ) -> Result<Producer, CreateError> {
+        segment::validate_name(name)?;
+        if let Err(e) = Job::from_header(
+            job.first_rank,
+            job.job_world_size,
+            geometry.world_size,
+            job.plan_digest,
+            job.start,
+        ) {
+            return Err(CreateError::Job(e));
+        }
+        let layout = Layout::compute(geometry)?;
+        let path = segment::shm_path(name).display().to_string();
+        let io_err = |what, source| CreateError::Io {
+            what,
+            path: path.clone(),
+            source,
+        };
+        // Held from before the name is taken to the sizing: another loader
+        // (or `ringfeed gc`) never sees this segment between its shm_open and
+        // its lock, where it would look dead, and the room check below and
+        // the sizing are one step against loaders starting at once.
+        let shm_lock = segment::ShmDirLock::take();
+        let fd = match segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                Self::remove_if_dead(name)?;
+                segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600)
+                    .map_err(|e| io_err("cannot create", e))?
+            }
+            Err(e) => return Err(io_err("cannot create", e)),
+        };
+        let created = CreatedGuard { name };
+        match segment::try_lock_byte(&fd, LOADER_LOCK_BYTE) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(io_err(
+                    "cannot lock",
+                    io::Error::from_raw_os_error(libc::EAGAIN),
+                ))
+            }
+            Err(e) => return Err(io_err("cannot lock", e)),
+        }
+        // Room for the whole ring must be free now, less what other loaders'
+        // rings will still allocate; the payloads themselves are allocated
+        // slot by slot (see `Backing`).
+        if let Some(room) = segment::shm_room_for(name) {
+            if room.left() < layout.segment_bytes {
+                return Err(shm_too_small(&path, layout.segment_bytes, room));
+            }
+        }
+        segment::set_len(&fd, layout.segment_bytes).map_err(|e| io_err("cannot size", e))?;
+        drop(shm_lock);
+        segment::allocate(&fd, 0, layout.payload_offset)
+            .map_err(|e| alloc_error(&path, &fd, layout.segment_bytes, e))?;
+        let map = segment::map(&fd, layout.segment_bytes).map_err(|e| io_err("cannot map", e))?;
+        let view = View::new(map, layout);
+        Self::write_header(&view, job);
+        let w = layout.geometry.world_size as usize;
+        let backing = Arc::new(Backing {
+            allocated: (0..layout.slot_count())
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            stop: AtomicBool::new(false),
+        });
+        let producer = Producer {
+            name: name.to_string(),
+            path,
+            fd,
+            view,
+            next_claim: vec![0; w],
+            published: vec![0; w],
+            abandoned: false,
+            name_removed: false,
+            backing,
+            reserver: None,
+        };
+        // SYNC POINT: Release pairs with the consumer's Acquire of `state` in
+        // attach: a consumer that reads READY sees every header field.
+        producer
+            .view
+            .header()
+            .state
+            .store(state::READY, Ordering::Release);
+        std::mem::forget(created);
+        Ok(producer)
+    }
+
+    /// Fails with AlreadyRunning if a live loader holds `name`: for a check
+    /// before the listing, which can take minutes. A dead loader's segment
+    /// passes (create replaces it). `name` has passed `segment::validate_name`.
+    pub fn check_name_free(name: &str) -> Result<(), CreateError> {
+        Self::dead_segment_there(name).map(|_| ())
+    }
+
+    /// Ok(true) if a dead loader's segment holds `name`, Ok(false) if no
+    /// segment does; AlreadyRunning if a live loader (or one creating its
+    /// segment right now) holds it.
+    fn dead_segment_there(name: &str) -> Result<bool, CreateError> {
+        let path = segment::shm_path(name).display().to_string();
+        let fd = match segment::shm_open(name, libc::O_RDWR, 0) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+            Err(_) if segment::is_a_directory(name) => {
+                return Err(CreateError::NotASegment {
+                    path,
+                    what: "a directory".into(),
+                })
+            }
+            Err(e) => return Err(open_existing_error(&path, e)),
+        };
+        if let Some(what) = segment::not_a_segment(&fd) {
+            return Err(CreateError::NotASegment { path, what });
+        }
+        if segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).map_err(|source| CreateError::Io {
+            what: "cannot check",
+            path,
+            source,
+        })? {
+            let pid = read_loader_pid(&fd).unwrap_or(0);
+            return Err(CreateError::AlreadyRunning {
+                name: name.to_string(),
+                pid,
+            });
+        }
+        if segment::is_fresh_and_empty(&fd) {
+            // A loader that could not take the /dev/shm lock, between its
+            // shm_open and its own lock.
+            return Err(CreateError::AlreadyRunning {
+                name: name.to_string(),
+                pid: 0,
+            });
+        }
+        Ok(true)
+    }
+
+    /// Removes the segment of loader `name` if its loader is dead, so that
+    /// trainers attaching while a new loader of the name lists its dataset
+    /// wait for it instead of reporting the dead one. A live loader's
+    /// segment, or none, is left as it is.
+    pub fn remove_dead_segment(name: &str) -> Result<(), CreateError> {
+        // Under the /dev/shm lock, as in `create`: a loader between its
+        // shm_open and its lock is never taken for a dead one.
+        let _shm_lock = segment::ShmDirLock::take();
+        Self::remove_if_dead(name)
+    }
+
+    fn remove_if_dead(name: &str) -> Result<(), CreateError> {
+        if !Self::dead_segment_there(name)? {
+            return Ok(()); // gone meanwhile: the caller creates it anew
+        }
+        let path = segment::shm_path(name).display().to_string();
+        tracing::warn!("removing {path}, left behind by a loader that died");
+        segment::shm_unlink(name).map_err(|source| CreateError::Io {
+            what: "cannot remove stale",
+            path,
+            source,
+        })
+    }
+
+    fn write_header(view: &View, job: Job) {
+        let l = view.layout();
+        let g = l.geometry;
+        let h = view.header();
+        let r = Ordering::Relaxed;
+        h.magic.store(MAGIC, r);
+        h.abi_version.store(ABI_VERSION, r);
+        h.header_bytes.store(HEADER_BYTES as u32, r);
+        h.world_size.store(g.world_size, r);
+        h.slots_per_rank.store(g.slots_per_rank, r);
+        h.max_samples_per_slot.store(g.max_samples_per_slot, r);
+        h.page_bytes.store(PAGE_BYTES as u32, r);
+        h.slot_payload_bytes.store(g.slot_payload_bytes, r);
+        h.segment_bytes.store(l.segment_bytes, r);
+        h.rank_table_offset.store(l.rank_table_offset, r);
+        h.slot_table_offset.store(l.slot_table_offset, r);
+        h.payload_offset.store(l.payload_offset, r);
+        h.slot_meta_bytes.store(l.slot_meta_bytes, r);
+        h.loader_pid.store(std::process::id(), r);
+        h.created_unix_ms.store(now_unix_ms(), r);
+        h.job_world_size.store(job.job_world_size, r);
+        h.first_rank.store(job.first_rank, r);
+        h.plan_digest.store(job.plan_digest, r);
+        if let Some(start) = job.start {
+            h.start_epoch.store(start.epoch, r);
+            h.start_samples.store(start.samples_consumed, r);
+            h.dataset_samples.store(start.dataset_samples, r);
+            h.flags.fetch_or(crate::layout::flags::START_KNOWN, r);
+        }
+        if let Some(order) = job.order {
+            h.order_seed.store(order.seed, r);
+            h.order_shuffled.store(u64::from(order.shuffled), r);
+            h.flags.fetch_or(crate::layout::flags::ORDER_KNOWN, r);
+        }
+        for rank in 0..g.world_size {
+            view.rank(rank).batches_expected.store(u64::MAX, r);
+        }
+        for slot in 0..l.slot_count() {
+            view.slot(slot).rank.store(slot / g.slots_per_rank, r);
+        }
+    }
+}
+
+/// Removes a half-created segment if `create` fails after shm_open.
+struct CreatedGuard<'a> {
+    name: &'a str,
+}
+
+impl Drop for CreatedGuard<'_> {
+    fn drop(&mut self) {
+        let _ = segment::shm_unlink(self.name);
+    }
+}
+
+/// Reads the loader pid of an existing segment, if it is big enough to hold one.
+pub(crate) fn read_loader_pid(fd: &OwnedFd) -> Option<u32> {
+    if segment::file_size(fd).ok()? < HEADER_BYTES {
+        return None;
+    }
+    let map = segment::map(fd, HEADER_BYTES).ok()?;
+    // SAFETY: the mapping is HEADER_BYTES long; the header is made of atomics.
+    let header = unsafe { &*(map.as_ptr() as *const crate::layout::Header) };
+    Some(header.loader_pid.load(Ordering::Relaxed))
+}
