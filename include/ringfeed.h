@@ -106,6 +106,22 @@
 #define RF_E_FORKED -12
 
 /**
+ * The loader starts where its `--resume` says (or at the beginning); the
+ * trainers cannot move it.
+ */
+#define RF_START_FIXED 0
+
+/**
+ * The loader waits for every rank's rf_request_start (or first batch).
+ */
+#define RF_START_AWAITING 1
+
+/**
+ * The loader waited for its ranks and started where they agreed.
+ */
+#define RF_START_DECIDED 2
+
+/**
  * An attached trainer (opaque). A feed is used by one thread at a time:
  * calls on the same feed from several threads must be serialised by the
  * caller (a mutex), releases included. Different feeds are independent.
@@ -308,6 +324,9 @@ int32_t rf_get_job(const struct rf_feed *feed, struct rf_job *job);
  * with the samples of the dataset (those of one epoch, dropped tail
  * included). `rf_batch.step` counts from the start in that epoch.
  * RF_E_VERSION if the loader does not record them (an older loader).
+ * RF_TIMEOUT while a loader under `--resume auto` waits for its ranks to say
+ * where the run starts (rf_request_start): then only `*dataset_samples` is
+ * set; the start is known once the rank has its first batch.
  *
  * # Safety
  * `feed` comes from rf_attach and was not detached; `epoch`, `samples` and
@@ -443,6 +462,30 @@ int32_t rf_resume_advance(uint64_t in_epoch,
                           uint64_t samples_per_step,
                           uint64_t *epoch,
                           uint64_t *samples);
+
+/**
+ * Fills `*mode` with how the loader decides where its run starts: one of
+ * `RF_START_FIXED`, `RF_START_AWAITING`, `RF_START_DECIDED`.
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `mode` is writable.
+ */
+int32_t rf_get_start_mode(const struct rf_feed *feed, uint32_t *mode);
+
+/**
+ * Asks the loader to start this rank's run at the resume state `(epoch,
+ * samples)` of a checkpoint (`has_state` non-zero), or where the loader
+ * starts (`has_state` 0: a fresh run; a first rf_next says the same). Call
+ * it before the first rf_next. The loader serves once every rank has asked,
+ * and stops with an error naming each rank's request (what rf_next then
+ * reports) when they differ. RF_E_INVALID, saying why, when the loader does
+ * not wait for its ranks (`RF_START_FIXED`: check its start with
+ * rf_get_start instead) or has already started elsewhere.
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached.
+ */
+int32_t rf_request_start(struct rf_feed *feed, int32_t has_state, uint64_t epoch, uint64_t samples);
 
 #ifdef __cplusplus
 }  // extern "C"

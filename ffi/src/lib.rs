@@ -13,7 +13,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 mod resume;
+mod start;
 pub use resume::{rf_resume_advance, rf_resume_after, rf_resume_normal};
+pub use start::{rf_get_start_mode, rf_request_start};
 
 use ring::{AttachError, AttachOptions, Consumer, Next, NextError, ReleaseError, SampleEntry};
 
@@ -414,6 +416,9 @@ pub unsafe extern "C" fn rf_get_job(feed: *const rf_feed, job: *mut rf_job) -> i
 /// with the samples of the dataset (those of one epoch, dropped tail
 /// included). `rf_batch.step` counts from the start in that epoch.
 /// RF_E_VERSION if the loader does not record them (an older loader).
+/// RF_TIMEOUT while a loader under `--resume auto` waits for its ranks to say
+/// where the run starts (rf_request_start): then only `*dataset_samples` is
+/// set; the start is known once the rank has its first batch.
 ///
 /// # Safety
 /// `feed` comes from rf_attach and was not detached; `epoch`, `samples` and
@@ -435,6 +440,16 @@ pub unsafe extern "C" fn rf_get_start(
         // SAFETY: a live feed from rf_attach.
         let consumer = unsafe { &(*feed).consumer };
         let Some(start) = consumer.job().start else {
+            if consumer.start_mode() == ring::StartMode::Awaiting {
+                // Not decided yet (--resume auto): the sample count is known.
+                // SAFETY: all three non-NULL and writable by contract.
+                unsafe {
+                    *epoch = 0;
+                    *samples = 0;
+                    *dataset_samples = consumer.dataset_samples().unwrap_or(0);
+                }
+                return RF_TIMEOUT;
+            }
             return fail(RF_E_VERSION, not_recorded(consumer.name()));
         };
         // SAFETY: all three non-NULL and writable by contract.

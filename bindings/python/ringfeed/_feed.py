@@ -160,6 +160,40 @@ class Feed:
             return None
         return (i.dataset_samples, i.seed, i.shuffled)
 
+    def request_start(self, epoch, samples, order=None):
+        """Asks the loader to start the run at a checkpoint's resume state
+        ``(epoch, samples)`` (``Batch.resume_state``), under the checkpoint's
+        ``order`` (``Feed.order``, or None to leave it unchecked). Call it on
+        every rank before the first batch; ``ringfeed.torch.Loader``'s
+        ``load_state_dict`` does.
+
+        A loader started with ``--resume auto`` (as ``ringfeed run`` starts
+        it) waits for every rank's request, starts there, and stops with an
+        error naming each rank's request if they differ. Any other loader
+        cannot be moved: this then checks that it starts there
+        (``check_resume``), raising ``ResumeMismatchError`` with the flag to
+        fix; after a restart of the trainers alone it logs the steps served
+        past the checkpoint instead."""
+        from . import _resume
+
+        handle = self._handle
+        if handle is None:
+            raise ValueError("the feed of %r rank %d is closed" % (self._name, self._rank))
+        if handle.awaited_start:
+            _learn_start(handle, self)
+        mode = ctypes.c_uint32(0)
+        if not hasattr(_LIB, "rf_request_start") or _LIB.rf_get_start_mode(handle.ptr, ctypes.byref(mode)) != _lib.RF_OK:
+            mode.value = _lib.RF_START_FIXED
+        if mode.value != _lib.RF_START_AWAITING:
+            return _resume.check_resume(self, (epoch, samples), order)
+        if order is not None:
+            _resume._check_order(self, order)
+        with handle.call_lock:
+            rc = _LIB.rf_request_start(handle.ptr, 1, epoch, samples)
+            message = _lib.last_error(_LIB) if rc < 0 else ""
+        if rc != _lib.RF_OK:
+            raise errors.error_for(rc, message)
+
     @property
     def closed(self):
         """True after close()."""
@@ -285,6 +319,8 @@ class Feed:
                     rc = _LIB.rf_next(handle.ptr, ctypes.byref(raw), timeout_ms)
                     message = _lib.last_error(_LIB) if rc < 0 else ""
                 if rc == _lib.RF_OK:
+                    if handle.resume is None and handle.awaited_start:
+                        _learn_start(handle, self)
                     batch = Batch(handle, raw, claim)
                     handle.in_transit = batch
             except BaseException:
@@ -395,6 +431,11 @@ def attach(name=None, rank=None, timeout=30.0):
         rc = _LIB.rf_get_start(handle.ptr, ctypes.byref(epoch), ctypes.byref(samples), ctypes.byref(dataset_samples))
         if rc == _lib.RF_OK:
             info = info._replace(start=(epoch.value, samples.value), dataset_samples=dataset_samples.value)
+        elif rc == _lib.RF_TIMEOUT:
+            # --resume auto: the ranks say where the run starts; known once
+            # this rank has its first batch (_learn_start).
+            info = info._replace(dataset_samples=dataset_samples.value)
+            handle.awaited_start = True
         elif rc != _lib.RF_E_VERSION:
             raise errors.error_for(rc, _lib.last_error(_LIB))
     if hasattr(_LIB, "rf_get_order"):
@@ -495,3 +536,17 @@ def _seconds(s):
 def abi_version():
     """The ring ABI version the loaded library speaks."""
     return int(_LIB.rf_abi_version())
+
+
+def _learn_start(handle, feed):
+    """Under --resume auto: once a batch came, the loader's start is decided
+    and in the header; the batch's resume_state needs it."""
+    epoch, samples, dataset_samples = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+    rc = _LIB.rf_get_start(handle.ptr, ctypes.byref(epoch), ctypes.byref(samples), ctypes.byref(dataset_samples))
+    if rc != _lib.RF_OK:
+        return
+    info = feed._info._replace(start=(epoch.value, samples.value), dataset_samples=dataset_samples.value)
+    feed._info = info
+    job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
+    handle.resume = (info.start, info.dataset_samples, job_world_size * info.max_samples_per_slot)
+    handle.awaited_start = False

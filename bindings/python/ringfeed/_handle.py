@@ -108,7 +108,7 @@ class _Handle:
     """
 
     __slots__ = ("ptr", "pid", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "in_transit", "feeds",
-                 "resume", "__weakref__")
+                 "resume", "awaited_start", "__weakref__")
 
     def __init__(self, cell, name, rank):
         self.ptr = cell[0]
@@ -136,6 +136,9 @@ class _Handle:
         # for Batch.resume_state, or None if the loader did not say; set by
         # attach().
         self.resume = None
+        # The loader waits for its ranks to say where the run starts
+        # (--resume auto) and has not said yet.
+        self.awaited_start = False
         # atexit=False: at interpreter exit the OS unmaps; unmapping earlier
         # could pull memory from under a daemon thread still reading a view.
         weakref.finalize(self, _detach, cell).atexit = False

@@ -24,6 +24,9 @@ RF_E_IO = -9
 RF_E_INTERNAL = -10
 RF_E_HELD = -11
 RF_E_FORKED = -12
+RF_START_FIXED = 0
+RF_START_AWAITING = 1
+RF_START_DECIDED = 2
 
 # Sentinel of rf_info.batches_expected: the loader did not say.
 BATCHES_UNKNOWN = 2**64 - 1
@@ -143,6 +146,11 @@ def _declare(lib):
             fn = getattr(lib, name)
             fn.argtypes = [ctypes.c_uint64] * arity + [ctypes.POINTER(ctypes.c_uint64)] * 2
             fn.restype = ctypes.c_int
+    if hasattr(lib, "rf_request_start"):
+        lib.rf_get_start_mode.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32)]
+        lib.rf_get_start_mode.restype = ctypes.c_int
+        lib.rf_request_start.argtypes = [_feed_p, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64]
+        lib.rf_request_start.restype = ctypes.c_int
     if hasattr(lib, "rf_get_order"):
         lib.rf_get_order.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)]
         lib.rf_get_order.restype = ctypes.c_int

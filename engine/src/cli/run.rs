@@ -81,6 +81,11 @@ pub fn serve_argv(user_flags: &[OsString], name: &str, launch: &Launch) -> Vec<O
     if flag_value(user_flags, "--name").is_none() {
         argv.extend(["--name".into(), name.into()]);
     }
+    // The trainers say where the run starts (a checkpoint's load_state_dict),
+    // so the same command resumes a job; an explicit --resume stands.
+    if flag_value(user_flags, "--resume").is_none() {
+        argv.extend(["--resume".into(), "auto".into()]);
+    }
     argv.extend([
         "--world-size".into(),
         launch.world_size().to_string().into(),
@@ -409,18 +414,24 @@ mod tests {
         let flags = words("--source /data --batch-size 32 --epochs 3");
         assert_eq!(
             serve_argv(&flags, "run-1", &launch(8, 1, 0)),
-            words("serve --source /data --batch-size 32 --epochs 3 --name run-1 --world-size 8")
+            words("serve --source /data --batch-size 32 --epochs 3 --name run-1 --resume auto --world-size 8")
         );
         assert_eq!(
             serve_argv(&flags, "run-1", &launch(8, 2, 1)),
-            words("serve --source /data --batch-size 32 --epochs 3 --name run-1 --world-size 16 --nnodes 2 --node-rank 1")
+            words("serve --source /data --batch-size 32 --epochs 3 --name run-1 --resume auto --world-size 16 --nnodes 2 --node-rank 1")
         );
         // A --name of the user's is theirs.
         let named = words("--name=job1 --source /data --batch-size 32");
         assert_eq!(flag_value(&named, "--name"), Some("job1".into()));
         assert_eq!(
             serve_argv(&named, "ignored", &launch(2, 1, 0)),
-            words("serve --name=job1 --source /data --batch-size 32 --world-size 2")
+            words("serve --name=job1 --source /data --batch-size 32 --resume auto --world-size 2")
+        );
+        // So is a --resume: the trainers cannot move that loader.
+        let resumed = words("--source /data --resume 2:64");
+        assert_eq!(
+            serve_argv(&resumed, "run-1", &launch(2, 1, 0)),
+            words("serve --source /data --resume 2:64 --name run-1 --world-size 2")
         );
     }
 

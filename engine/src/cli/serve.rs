@@ -331,7 +331,10 @@ impl ServeArgs {
             Some(ResumeFlag::At(state)) => (state, false),
             Some(ResumeFlag::Auto) => (ResumeState::default(), true),
         };
-        let job = Job { awaits_start, ..job };
+        let job = Job {
+            awaits_start,
+            ..job
+        };
         Ok(ServeConfig {
             source: local_source(&self.source)?,
             name: self.name.clone(),

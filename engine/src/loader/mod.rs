@@ -15,6 +15,7 @@ mod pending;
 mod plan;
 mod run;
 pub mod signals;
+mod start;
 mod watch;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -40,6 +41,9 @@ pub enum ServeError {
     /// The run cannot be planned.
     #[error(transparent)]
     Sampler(#[from] SamplerError),
+    /// The ranks asked for different starts (`--resume auto`).
+    #[error("{0}")]
+    StartDisagreement(String),
     /// The ring could not be made.
     #[error(transparent)]
     Ring(#[from] CreateError),

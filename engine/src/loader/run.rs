@@ -92,9 +92,17 @@ impl Loader {
             }
             other => other?,
         };
-        let per_rank = plan.batches_per_rank();
-        for r in 0..cfg.world_size {
-            producer.set_batches_expected(r, per_rank);
+        // Under --resume auto the count is known once the ranks said where
+        // the run starts (await_start).
+        let per_rank = if plan.job.awaits_start {
+            u64::MAX
+        } else {
+            plan.batches_per_rank()
+        };
+        if !plan.job.awaits_start {
+            for r in 0..cfg.world_size {
+                producer.set_batches_expected(r, per_rank);
+            }
         }
         producer.set_reader_info(opened.engine.backend_name(), 0);
         let cursors = (0..cfg.world_size)
@@ -223,6 +231,9 @@ impl Loader {
         let mut last_progress = Instant::now();
         let mut progress_base = (0u64, Instant::now());
         let mut batch = Vec::with_capacity(self.plan.cfg.batch_size as usize);
+        if self.plan.job.awaits_start {
+            self.await_start(stop)?;
+        }
         loop {
             check_stop(stop)?;
             let blocked = self.fill_ranks(&mut batch)?;

@@ -29,8 +29,8 @@ mod start;
 pub use attach::validate_header;
 use attach::HeldHere;
 pub use errors::{AttachError, Forked, NextError, ReleaseError};
-pub use start::{StartError, StartMode};
 use fork::{forks_so_far, FORKS, LOCK_FDS};
+pub use start::{StartError, StartMode};
 
 /// How long `next` spins before it sleeps. A futex wake costs 35–40 µs here,
 /// so a batch arriving within this window is taken with no system call.

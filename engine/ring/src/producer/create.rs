@@ -222,10 +222,16 @@ impl Producer {
         h.first_rank.store(job.first_rank, r);
         h.plan_digest.store(job.plan_digest, r);
         if let Some(start) = job.start {
-            h.start_epoch.store(start.epoch, r);
-            h.start_samples.store(start.samples_consumed, r);
             h.dataset_samples.store(start.dataset_samples, r);
-            h.flags.fetch_or(crate::layout::flags::START_KNOWN, r);
+            if job.awaits_start {
+                // The ranks say where the run starts (crate::start): the
+                // loader writes it, with START_KNOWN, once they agree.
+                h.flags.fetch_or(crate::layout::flags::AWAITS_START, r);
+            } else {
+                h.start_epoch.store(start.epoch, r);
+                h.start_samples.store(start.samples_consumed, r);
+                h.flags.fetch_or(crate::layout::flags::START_KNOWN, r);
+            }
         }
         if let Some(order) = job.order {
             h.order_seed.store(order.seed, r);

@@ -22,6 +22,7 @@ mod backing;
 mod create;
 mod errors;
 mod reclaim;
+mod start;
 
 use backing::Backing;
 pub use errors::{CreateError, PublishError};
