@@ -662,6 +662,7 @@ mod tests {
             plan_digest: 0,
             start: Some(start),
             order: None,
+            awaits_start: false,
         };
         assert_eq!(job.resume_state_after(8, 2, 0), Some((2, 164)));
         assert_eq!(job.resume_state_after(8, 2, 3), Some((2, 356)));

@@ -326,6 +326,7 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
         plan_digest: 0x1234_5678_9abc_def0,
         start,
         order,
+        awaits_start: false,
     };
     let _producer = Producer::create_in_job(&name, GEOMETRY, job).unwrap();
     let consumer = Consumer::attach(&name, 1, SHORT).unwrap();
@@ -345,6 +346,7 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
             plan_digest: 0,
             start: None,
             order: None,
+            awaits_start: false,
         },
     )
     .err()
