@@ -24,6 +24,13 @@ fi
 .venv/bin/python -m pip install -q numpy pytest torch prometheus_client
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked -q
 
+step "lint: cargo fmt --check, clippy -D warnings, docs with missing docs denied"
+cargo fmt --all --check
+cargo clippy --workspace --release --all-targets --locked -- -D warnings
+RUSTDOCFLAGS="-D warnings -D missing_docs" cargo doc --no-deps --locked -p ringfeed -p ringfeed-ring
+# ffi's library is also named ringfeed: documented apart, so the two do not collide.
+RUSTDOCFLAGS="-D warnings -D missing_docs" CARGO_TARGET_DIR=target/doc-ffi cargo doc --no-deps --locked -p ringfeed-ffi -p faultproxy
+
 step "build (release): ringfeed binary, libringfeed.so/.a"
 cargo build --workspace --release --locked
 

@@ -63,7 +63,7 @@ impl FileTable {
     ///
     /// With `keep_open`, each file is opened on its first read and kept open
     /// for the engine's life, up to `ReaderConfig::keep_open_files_max` files
-    /// ([`KeptFiles`], one descriptor per file for the whole engine); reads
+    /// (`KeptFiles`, one descriptor per file for the whole engine); reads
     /// of files past that limit open, read and close. Every such open checks
     /// the file's size (`SizeAtOpen`), since a read of one record would not
     /// see a replaced file. Use it for few, large files read many times
