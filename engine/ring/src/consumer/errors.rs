@@ -6,7 +6,7 @@ use crate::segment::NameError;
 
 /// A feed used in a child forked from the process that attached it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("this feed of {name:?} rank {rank} was attached by process {attached_by}, and this process is a fork of it: a forked child cannot take or give back that process's batches (the parent would see batches twice, or have a batch overwritten under its views). Take batches in the process that attached (a torch DataLoader over a feed needs num_workers=0: the loader does the reading), or attach in the child itself, and not in the parent")]
+#[error("this feed of {name:?} rank {rank} was attached by process {attached_by}; a forked child cannot take or give back its batches: take them in that process (a torch DataLoader over a feed needs num_workers=0), or attach in the child")]
 pub struct Forked {
     /// The loader's name.
     pub name: String,
@@ -72,7 +72,7 @@ pub enum AttachError {
     },
     /// This very process holds the rank: an attachment of it that was
     /// never detached. Waiting would wait on itself, so attach fails at once.
-    #[error("rank {rank} of loader {name:?} is already attached by this process (pid {pid}) and not detached: an earlier rf_attach of this rank without rf_detach, or in Python an earlier Feed of it, or a batch or array of one, still alive; keep using that attachment, or detach it before attaching again")]
+    #[error("rank {rank} of loader {name:?} is already attached by this process (pid {pid}), by an earlier attach not detached (a Feed, or a batch or array of one, alive); keep using it, or detach it first")]
     RankHeldByThisProcess {
         /// The name.
         name: String,
@@ -127,7 +127,7 @@ pub enum AttachError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NextError {
     /// The loader died.
-    #[error("the loader of {name:?} (pid {pid}) is gone: it died or was killed before the end of the run; restart `ringfeed serve` (with --resume EPOCH:SAMPLES, the resume_state of the last batch in your checkpoint, to go on where it stopped) and attach again")]
+    #[error("the loader of {name:?} (pid {pid}) is gone: it died before the end of the run; restart it (`ringfeed run` resumes from your checkpoint; `ringfeed serve` needs --resume EPOCH:SAMPLES) and attach again")]
     LoaderGone {
         /// The name.
         name: String,
@@ -152,7 +152,7 @@ pub enum NextError {
     },
     /// The next batch goes into a slot that still holds a batch this
     /// consumer took and did not release: no wait can end until it does.
-    #[error("the next batch of rank {rank} of {name:?} goes into slot {slot}, which still holds the batch of epoch {epoch} step {step} that this process took and has not given back: the loader cannot publish until it is. A rank's batches take its {slots_per_rank} slot(s) in turn, so batch n + {slots_per_rank} waits for batch n to be given back. Give that batch back first (nothing was taken by this call), or start the loader with more --slots-per-rank")]
+    #[error("the next batch of rank {rank} of {name:?} goes into slot {slot}, which still holds the batch of epoch {epoch} step {step} this process has not given back ({slots_per_rank} slot(s) a rank, used in turn); release it first, or raise --slots-per-rank")]
     SlotHeld {
         /// The name.
         name: String,

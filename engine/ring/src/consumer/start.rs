@@ -22,7 +22,7 @@ pub enum StartMode {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StartError {
     /// The loader does not wait for its trainers' start.
-    #[error("the loader of {name:?} does not wait for its trainers to say where to start (it was started without --resume auto); start it with `ringfeed run`, or `ringfeed serve --resume auto`, or give it the checkpoint's --resume")]
+    #[error("the loader of {name:?} does not wait for its trainers to say where to start; start it with `ringfeed run` (or `serve --resume auto`), or give it the checkpoint's --resume")]
     NotAwaited {
         /// The name.
         name: String,

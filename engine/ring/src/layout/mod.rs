@@ -66,135 +66,8 @@ pub mod flags {
     pub const AWAITS_START: u32 = 4;
 }
 
-/// Where a ring's ranks sit in the training job. A job spread over several
-/// machines has one loader per machine; each serves a contiguous run of the
-/// job's ranks, so ring rank r is job rank `first_rank + r`, and the sampler
-/// splits every step over all `job_world_size` ranks. On one machine,
-/// `first_rank` is 0 and `job_world_size` is the ring's world size.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Job {
-    /// Job rank of ring rank 0.
-    pub first_rank: u32,
-    /// Ranks of the whole job.
-    pub job_world_size: u32,
-    /// Digest of what the loader serves: the dataset's manifest and the
-    /// flags that decide the order (seed, shuffle, batch size, world size,
-    /// epochs, resume state). Loaders of one job on several machines must
-    /// agree on it; trainers can compare it across ranks. 0: not known.
-    pub plan_digest: u64,
-    /// Where the loader started (its `--resume`). None: not known (a loader
-    /// that predates the fields, or a test producer).
-    pub start: Option<RunStart>,
-    /// What, besides the dataset's sample count, decides the order of every
-    /// epoch. None: not known (as for `start`).
-    pub order: Option<RunOrder>,
-    /// The loader waits for its ranks' start requests (`--resume auto`,
-    /// [`flags::AWAITS_START`]): `start` holds the dataset's sample count and
-    /// the loader's own start, but the header says START_KNOWN only once the
-    /// ranks agreed (see [`crate::start`]).
-    pub awaits_start: bool,
-}
-
-/// The flags that decide the sample order of an epoch, with the sample count
-/// ([`RunStart::dataset_samples`]; docs/sampler.md): a resume state holds only
-/// under the order it was saved under, and a trainer can compare them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RunOrder {
-    /// `--seed`.
-    pub seed: u64,
-    /// False with `--no-shuffle`.
-    pub shuffled: bool,
-}
-
-/// The state a loader started at, and what it needs to say the state after
-/// any of its steps.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RunStart {
-    /// Epoch of its `--resume` (0 without one).
-    pub epoch: u64,
-    /// Samples of that epoch consumed before it started (0 without `--resume`).
-    pub samples_consumed: u64,
-    /// Samples in the dataset (n): every epoch has that many.
-    pub dataset_samples: u64,
-}
-
-impl Job {
-    /// A job that is all on this machine: ring ranks are job ranks.
-    pub fn single(world_size: u32) -> Job {
-        Job {
-            first_rank: 0,
-            job_world_size: world_size,
-            plan_digest: 0,
-            start: None,
-            order: None,
-            awaits_start: false,
-        }
-    }
-
-    /// The resume state once every rank of the job has taken its batch of
-    /// `step` in `epoch`: `(epoch, samples consumed in it)`, what `serve
-    /// --resume` takes to go on with the step after. Steps count from the
-    /// loader's start in the epoch it started in (its `--resume`), from 0
-    /// in later ones. As in `Sampler::state_after`, the state after an
-    /// epoch's last step is `(epoch + 1, 0)`: its dropped tail is not
-    /// carried over. None if the start is not known, or for an epoch before
-    /// it (not a batch of this loader), or on overflow.
-    pub fn resume_state_after(&self, batch_size: u32, epoch: u64, step: u64) -> Option<(u64, u64)> {
-        let start = self.start?;
-        let before = match epoch.cmp(&start.epoch) {
-            std::cmp::Ordering::Less => return None,
-            std::cmp::Ordering::Equal => start.samples_consumed,
-            std::cmp::Ordering::Greater => 0,
-        };
-        let per_step = u64::from(self.job_world_size).checked_mul(u64::from(batch_size))?;
-        crate::resume::after_steps(
-            epoch,
-            before,
-            step.checked_add(1)?,
-            start.dataset_samples,
-            per_step,
-        )
-    }
-
-    /// Whether the ring's ranks are the whole job.
-    pub fn is_single_machine(&self, world_size: u32) -> bool {
-        self.first_rank == 0 && self.job_world_size == world_size
-    }
-
-    /// Reads the header's fields for a ring of `world_size` ranks: zeros
-    /// (a loader that predates them) mean [`Job::single`]. Refuses a
-    /// run of ranks that does not lie inside the job.
-    pub fn from_header(
-        first_rank: u32,
-        job_world_size: u32,
-        world_size: u32,
-        plan_digest: u64,
-        start: Option<RunStart>,
-    ) -> Result<Job, String> {
-        if job_world_size == 0 && first_rank == 0 {
-            return Ok(Job {
-                plan_digest,
-                start,
-                ..Job::single(world_size)
-            });
-        }
-        let end = u64::from(first_rank) + u64::from(world_size);
-        if end > u64::from(job_world_size) {
-            return Err(format!(
-                "it serves job ranks {first_rank} to {} of a job of {job_world_size} ranks",
-                end - 1
-            ));
-        }
-        Ok(Job {
-            first_rank,
-            job_world_size,
-            plan_digest,
-            start,
-            order: None,
-            awaits_start: false,
-        })
-    }
-}
+mod job;
+pub use job::{Job, RunOrder, RunStart};
 
 /// Segment header at offset 0. Fields up to `plan_digest` are written once
 /// by the loader before `state` becomes READY and never again.
@@ -648,56 +521,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_resume_state_after_a_step_adds_the_loaders_start_in_its_first_epoch_only() {
-        // Two machines of 4 ranks, B = 8: a step is 64 samples of the job;
-        // 1000 samples: epoch 2 from 100 has 14 steps, later ones 15.
-        let start = RunStart {
-            epoch: 2,
-            samples_consumed: 100,
-            dataset_samples: 1000,
-        };
-        let job = Job {
-            first_rank: 4,
-            job_world_size: 8,
-            plan_digest: 0,
-            start: Some(start),
-            order: None,
-            awaits_start: false,
-        };
-        assert_eq!(job.resume_state_after(8, 2, 0), Some((2, 164)));
-        assert_eq!(job.resume_state_after(8, 2, 3), Some((2, 356)));
-        assert_eq!(job.resume_state_after(8, 2, 12), Some((2, 932)));
-        assert_eq!(
-            job.resume_state_after(8, 2, 13),
-            Some((3, 0)),
-            "the last step of an epoch: its tail of 4 is not carried over"
-        );
-        assert_eq!(job.resume_state_after(8, 3, 0), Some((3, 64)));
-        assert_eq!(job.resume_state_after(8, 3, 13), Some((3, 896)));
-        assert_eq!(job.resume_state_after(8, 3, 14), Some((4, 0)));
-        assert_eq!(
-            job.resume_state_after(8, 1, 0),
-            None,
-            "an epoch before the start is not this loader's"
-        );
-        assert_eq!(job.resume_state_after(8, 2, u64::MAX), None, "overflow");
-        assert_eq!(
-            Job { start: None, ..job }.resume_state_after(8, 2, 0),
-            None,
-            "start not known"
-        );
-    }
-
-    fn geometry(w: u32, k: u32, m: u32, s: u64) -> RingGeometry {
-        RingGeometry {
-            world_size: w,
-            slots_per_rank: k,
-            max_samples_per_slot: m,
-            slot_payload_bytes: s,
-        }
-    }
-
-    #[test]
     fn payloads_and_tables_start_on_page_boundaries() {
         let l = Layout::compute(geometry(3, 5, 7, 1000)).unwrap();
         assert_eq!(l.geometry.slot_payload_bytes, 4096);
@@ -723,5 +546,14 @@ mod tests {
             MAX_SLOT_PAYLOAD_BYTES,
         ));
         assert!(matches!(huge, Err(GeometryError::TooLarge { .. })));
+    }
+
+    fn geometry(w: u32, k: u32, m: u32, s: u64) -> RingGeometry {
+        RingGeometry {
+            world_size: w,
+            slots_per_rank: k,
+            max_samples_per_slot: m,
+            slot_payload_bytes: s,
+        }
     }
 }
