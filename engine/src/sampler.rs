@@ -247,7 +247,7 @@ pub enum SamplerError {
         step_samples: u64,
     },
     /// The resume state counts more samples than an epoch has.
-    #[error("resume state says {samples_consumed} samples of epoch {epoch} were consumed, but the dataset has only {n_samples}; the state belongs to another dataset: point --source at the dataset it was saved with (a state holds only with the dataset, --seed and --no-shuffle it was saved under), or leave out --resume to start the run over")]
+    #[error("resume state {epoch}:{samples_consumed} is past the dataset's {n_samples} samples: it belongs to another dataset; serve the one it was saved with, or start over without --resume")]
     StartBeyondDataset {
         /// The resume state's epoch.
         epoch: u64,

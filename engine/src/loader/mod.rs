@@ -60,7 +60,7 @@ pub enum ServeError {
     #[error(transparent)]
     Read(#[from] ReadError),
     /// A sample is larger than the given slot size.
-    #[error("sample {index} ({path}, {len} bytes) does not fit a slot: it is larger than --slot-bytes {slot_bytes}; raise --slot-bytes to {derived} (the batch-size largest samples together) or leave it out to size slots from the data")]
+    #[error("sample {index} ({path}, {len} bytes) is larger than --slot-bytes {slot_bytes}; raise --slot-bytes to {derived}, or leave it out to size slots from the data")]
     SlotTooSmall {
         /// Sample index.
         index: u64,
@@ -75,7 +75,7 @@ pub enum ServeError {
     },
     /// The given slot size is below the batch-size largest samples together:
     /// a batch that draws them would stop the run wherever it comes.
-    #[error("--slot-bytes {slot_bytes} is smaller than the {batch_size} largest samples together ({derived} bytes): a batch that draws them would not fit, and the run would stop there, hours in perhaps; raise --slot-bytes to {derived}, or leave it out to size slots from the data")]
+    #[error("--slot-bytes {slot_bytes} is smaller than the {batch_size} largest samples together ({derived} bytes), which a batch may draw; raise --slot-bytes to {derived}, or leave it out to size slots from the data")]
     SlotSmallerThanBatch {
         /// The given slot size.
         slot_bytes: u64,
@@ -86,7 +86,7 @@ pub enum ServeError {
     },
     /// A batch does not fit a slot of the given size (checked at the start:
     /// only a manifest that lied about sizes gets here).
-    #[error("sample {index} ({path}, {len} bytes) does not fit: batch (epoch {epoch}, step {step}, rank {rank}) needs {needed} bytes but --slot-bytes is {slot_bytes}; raise --slot-bytes or leave it out to size slots from the data")]
+    #[error("sample {index} ({path}, {len} bytes) does not fit: batch {epoch}:{step} of rank {rank} needs {needed} bytes, --slot-bytes is {slot_bytes}; raise it, or leave it out to size slots from the data")]
     SampleTooLarge {
         /// Sample index.
         index: u64,
