@@ -125,3 +125,21 @@ def test_a_dead_loaders_segment_is_reported_within_a_second_naming_gc(tmp_path, 
     finally:
         kill_survivors([loader])
         subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_an_empty_stale_segment_is_reported_at_once_naming_gc(c_consumer):
+    # What a loader that died between creating its segment and sizing it
+    # leaves: an empty /dev/shm/ringfeed-NAME that no loader holds.
+    name = "errs-empty-" + uuid.uuid4().hex[:8]
+    path = "/dev/shm/ringfeed-" + name
+    with open(path, "wb"):
+        pass
+    try:
+        start = time.monotonic()
+        with pytest.raises(ringfeed.CorruptSegmentError, match="ringfeed gc"):
+            ringfeed.attach(name, 0, timeout=30)
+        assert time.monotonic() - start < 2.0
+        took, rc, err = c_attach(c_consumer, name)
+        assert rc != 0 and "ringfeed gc" in err and took < 2.0, (took, err)
+    finally:
+        subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

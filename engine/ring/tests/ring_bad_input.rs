@@ -148,13 +148,38 @@ fn segment_smaller_than_a_header_is_corrupt() {
         let err = attach_err(&name, 0);
         let msg = err.to_string();
         assert!(matches!(err, AttachError::Corrupt { .. }), "{err:?}");
+        let says = if live {
+            "smaller than a ring header"
+        } else {
+            "remove it with `ringfeed gc`"
+        };
         assert!(
-            msg.contains(&path_of(&name))
-                && msg.contains("100 bytes")
-                && msg.contains("smaller than a ring header"),
+            msg.contains(&path_of(&name)) && msg.contains("100 bytes") && msg.contains(says),
             "{msg}"
         );
     }
+}
+
+#[test]
+fn an_empty_segment_with_no_loader_is_named_within_the_grace_with_gc() {
+    // A loader that died between shm_open and its lock leaves an empty,
+    // unlocked segment: attach says so after GONE_GRACE, not its timeout.
+    let name = unique("empty-dead");
+    let _seg = craft(&name, &[], false);
+    let start = std::time::Instant::now();
+    let err = Consumer::attach(
+        &name,
+        0,
+        AttachOptions {
+            timeout: Some(std::time::Duration::from_secs(20)),
+        },
+    )
+    .err()
+    .expect("an empty dead segment is refused");
+    let took = start.elapsed();
+    assert!(matches!(err, AttachError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("ringfeed gc"), "{err}");
+    assert!(took < std::time::Duration::from_secs(3), "{took:?}");
 }
 
 #[test]

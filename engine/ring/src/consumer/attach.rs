@@ -224,17 +224,23 @@ impl Consumer {
         let size = segment::file_size(&fd).map_err(|e| io_err("cannot stat", e))?;
         if size < HEADER_BYTES {
             // Either a loader between shm_open and fallocate, or garbage. An
-            // empty segment with no lock is also a loader between its
+            // empty segment with no lock may be a loader between its
             // shm_open and its lock (the object and the lock cannot be made
-            // in one step), so it is retried too; garbage still fails at
-            // the timeout, with this message.
+            // in one step, microseconds apart): one still empty and unlocked
+            // after GONE_GRACE was left by a loader that died creating it.
             let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
+            if alive {
+                return Err(Retry::Later(Some(corrupt(
+                    &path,
+                    format!("it is {size} bytes, smaller than a ring header ({HEADER_BYTES})"),
+                ))));
+            }
             let e = corrupt(
                 &path,
-                format!("it is {size} bytes, smaller than a ring header ({HEADER_BYTES})"),
+                format!("it is {size} bytes with no loader behind it (one died creating it); remove it with `ringfeed gc`"),
             );
-            return Err(if alive || size == 0 {
-                Retry::Later(Some(e))
+            return Err(if size == 0 {
+                Retry::Gone(e)
             } else {
                 Retry::Never(e)
             });
@@ -265,7 +271,7 @@ impl Consumer {
             let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
             let e = corrupt(
                 &path,
-                "the loader died before it finished creating the segment",
+                "the loader died before it finished creating the segment; remove it with `ringfeed gc`",
             );
             return Err(if alive {
                 Retry::Later(None)
