@@ -1,15 +1,13 @@
 """Train with torchrun, fed by one ringfeed loader per machine.
 
-    # once per machine, beside the job (it exits when every batch was released):
-    ringfeed serve --source /data/tokens --name job1 --batch-size 8 \
-        --record-bytes 4096 --world-size 8 --epochs 3 &
-    # the job, unchanged apart from where batches come from:
-    RINGFEED_NAME=job1 torchrun --nproc-per-node 8 examples/train_ddp.py
+    # the loader and the job as one command (on several machines, each runs it):
+    ringfeed run --source /data/tokens --batch-size 8 --record-bytes 4096 --epochs 3 \
+        -- torchrun --nproc-per-node 8 examples/train_ddp.py
 
-On several machines, each runs its own loader with the whole job's world size
-and its place in it (`--world-size 16 --nnodes 2 --node-rank N`), and torchrun
-as usual; attach() checks RANK and WORLD_SIZE against the loader's ranks, and
-check_same_plan() that all the loaders serve the same files in the same order.
+`ringfeed run` starts the loader with the world size and machine rank taken
+from torchrun's flags and gives the ranks its name ($RINGFEED_NAME);
+check_same_plan() checks that every machine's loader serves the same files in
+the same order.
 
 Each rank attaches to its slice of the ring (rank from LOCAL_RANK), and
 ringfeed.torch.Loader gives each batch as a (B, L) uint16 tensor of tokens
@@ -21,11 +19,18 @@ rank. The toy model's vocabulary is small.
 
 Checkpoints: with CHECKPOINT=PATH, rank 0 saves the model, the optimizer and
 the loader's state_dict() there every 20 steps, and a later run goes on from
-it with load_state_dict(). Restart the loader with the `--resume E:S` the
-last "checkpoint" line printed; load_state_dict() stops every rank, naming
-the flag, if the loader does not start there or serves another sample order.
+it with load_state_dict(): run the same `ringfeed run` command again. Its
+loader (`--resume auto`) starts where every rank's checkpoint says;
+load_state_dict() stops every rank, naming the fix, if the checkpoint was
+saved under another sample order (dataset, --seed, --no-shuffle).
+
+For tests: SAMPLES_LOG=DIR has each rank append the sample indices of every
+batch it trains on to DIR/rank-R.log ("epoch step i i i ..."), and
+STOP_AFTER_STEP=K has every rank, after the first step K and its checkpoint,
+say "stopped after step K" and wait to be killed, as a job is mid-run.
 """
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -64,6 +69,10 @@ def main():
         ringfeed.check_same_plan(feed)
     # For tests of torchrun --max-restarts: rank 1's first attempt dies there.
     crash_at_step = int(os.environ.get("CRASH_AT_STEP", -1))
+    samples_log = os.environ.get("SAMPLES_LOG")
+    if samples_log:
+        samples_log = open(os.path.join(samples_log, "rank-%s.log" % os.environ.get("RANK", 0)), "a")
+    stop_after_step = int(os.environ.get("STOP_AFTER_STEP", -1))
     # Each batch as a (B, L) uint16 tensor of tokens, on `device`.
     loader = ringfeed.torch.Loader(feed, dtype=torch.uint16, shape=(-1,), device=device)
     if saved:
@@ -78,13 +87,16 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if samples_log:
+            samples_log.write("%d %d %s\n" % (loader.epoch, loader.step, " ".join(str(int(i)) for i in loader.indices)))
+            samples_log.flush()
+        stopping = loader.step == stop_after_step
         if loader.step == crash_at_step and int(os.environ.get("RANK", 0)) == 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
             print("rank 1 crashing on purpose at step %d (CRASH_AT_STEP)" % loader.step, flush=True)
             os._exit(3)
-        if loader.step % 20 == 0 and int(os.environ.get("RANK", 0)) == 0:
-            # Every rank has trained on this step (DDP's all-reduce), so
-            # `ringfeed serve ... --resume E:N` with the loader's resume_state
-            # goes on after it.
+        if (loader.step % 20 == 0 or stopping) and int(os.environ.get("RANK", 0)) == 0:
+            # Every rank has trained on this step (DDP's all-reduce), so a run
+            # from this checkpoint goes on after it.
             epoch, samples = loader.resume_state
             print("epoch %d step %d loss %.3f (resume: --resume %d:%d)" % (loader.epoch, loader.step, loss.item(), epoch, samples),
                   flush=True)
@@ -96,7 +108,14 @@ def main():
                 }
                 torch.save(state, checkpoint + ".tmp")
                 os.replace(checkpoint + ".tmp", checkpoint)
-                print("checkpoint %s: restart the loader with --resume %d:%d" % (checkpoint, epoch, samples), flush=True)
+                print("checkpoint %s: restart the loader with --resume %d:%d, or under `ringfeed run` run the same "
+                      "command again" % (checkpoint, epoch, samples), flush=True)
+        if stopping:
+            if distributed:
+                dist.barrier()  # rank 0's checkpoint is on disk
+            print("rank %s stopped after step %d" % (os.environ.get("RANK", 0), loader.step), flush=True)
+            while True:
+                time.sleep(1)
     loader.close()
     feed.close()
     if distributed:
