@@ -148,6 +148,35 @@ impl Outcome {
     }
 }
 
+/// Removes the outcome files of this user's loaders that have no segment
+/// (`ringfeed gc`, after it removed dead loaders' segments): the trainers of
+/// those runs were told, or were never coming. Returns the names removed.
+pub fn remove_stale() -> io::Result<Vec<String>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut removed = Vec::new();
+    for entry in std::fs::read_dir(SHM_DIR)?.filter_map(|e| e.ok()) {
+        let file_name = entry.file_name();
+        let Some(name) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix('.'))
+            .and_then(|n| n.strip_prefix(SEGMENT_PREFIX))
+            .and_then(|n| n.strip_suffix(".outcome"))
+        else {
+            continue;
+        };
+        // SAFETY: geteuid has no preconditions.
+        let mine = entry.metadata().is_ok_and(|m| m.uid() == unsafe { libc::geteuid() });
+        if mine
+            && !crate::segment::shm_path(name).exists()
+            && std::fs::remove_file(entry.path()).is_ok()
+        {
+            removed.push(name.to_string());
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

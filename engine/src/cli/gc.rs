@@ -52,6 +52,17 @@ fn collect_segments() -> Result<()> {
         "{removed} segment(s) removed, {} kept",
         outcomes.len() - removed - failed
     );
+    // The last words of loaders that exited (ring::outcome), once no
+    // segment of the name is left.
+    match crate::ring::outcome::remove_stale() {
+        Ok(names) if !names.is_empty() => println!(
+            "removed the outcome file(s) of {} loader(s) that exited: {}",
+            names.len(),
+            names.join(", ")
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("error   cannot list {SHM_DIR} for outcome files: {e}"),
+    }
     if failed > 0 {
         anyhow::bail!(
             "{failed} segment(s) could not be inspected or removed (the errors above say why)"
