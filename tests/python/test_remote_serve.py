@@ -9,6 +9,7 @@ RINGFEED_TEST_REQUIRE_REMOTE=1 to make that a failure.
 """
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -49,10 +50,11 @@ def start_server(state, name):
         _skip_or_fail("cannot start the %s test server: %s" % (name, (started.stderr or started.stdout)[-600:]))
     env = {}
     for line in (state / ("%s.env" % name)).read_text().splitlines():
-        line = line.strip()
-        if line.startswith("export "):
-            key, _, value = line[len("export "):].partition("=")
-            env[key] = value.strip("'\"")
+        words = shlex.split(line)
+        if words[:1] == ["export"]:
+            for word in words[1:]:
+                key, _, value = word.partition("=")
+                env[key] = value
     return env
 
 
@@ -130,7 +132,7 @@ def upload(state, scheme, root):
     if scheme == "s3":
         env = start_server(state, "s3")
         seeded = subprocess.run(
-            [sys.executable, str(SERVERS / "seed.py"), "s3", "rfbucket", str(root), "--prefix", "set/one"],
+            [sys.executable, str(SERVERS / "seed.py"), "s3", "rfbucket", str(root), "--prefix", "set/one/"],
             env=dict(os.environ, **env), capture_output=True, text=True, timeout=120,
         )
         assert seeded.returncode == 0, seeded.stderr
@@ -153,7 +155,7 @@ def upload(state, scheme, root):
     if scheme == "az":
         env = start_server(state, "azurite")
         seeded = subprocess.run(
-            [sys.executable, str(SERVERS / "seed.py"), "azure", "rfcontainer", str(root), "--prefix", "set"],
+            [sys.executable, str(SERVERS / "seed.py"), "azure", "rfcontainer", str(root), "--prefix", "set/"],
             env=dict(os.environ, **env), capture_output=True, text=True, timeout=120,
         )
         assert seeded.returncode == 0, seeded.stderr

@@ -52,7 +52,7 @@ pub const REMOTE_LIST_WORKERS_DEFAULT: usize = 32;
 /// threads drive hundreds of them (and copy their bytes into slots).
 pub const REMOTE_RUNTIME_THREADS: usize = 4;
 /// Why a remote listing is never kept in the manifest cache.
-const NOT_CACHED: &str = "remote listings are not cached: every start lists the prefix again \
+const NOT_CACHED: &str = "remote listings are not cached, every start lists again \
                           (objects are still checked by size and ETag as they are read)";
 
 /// Whether `source` names a remote store (a scheme `remote` serves).
