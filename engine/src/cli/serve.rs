@@ -25,7 +25,8 @@ pub struct ServeArgs {
     /// Dataset: a local directory (or file://DIR), or a remote prefix:
     /// s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX,
     /// abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PREFIX, http(s)://HOST/PATH/
-    /// (credentials and endpoints from the cloud's usual environment; docs/remote.md).
+    /// (credentials and endpoints from the cloud's usual environment, as
+    /// object_store's from_env reads them; docs/manifest.md).
     #[arg(long)]
     pub source: String,
     /// A remote source's objects from a file instead of a listing: one key
