@@ -8,8 +8,8 @@ use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use ringfeed::manifest::{ManifestError, ManifestOptions};
-use ringfeed::source::{build_manifest, LocalSource, RemoteSource, Source};
 use ringfeed::remote::{RemoteRuntime, StoreHandle};
+use ringfeed::source::{build_manifest, LocalSource, RemoteSource, Source};
 
 /// A tree whose byte-wise order is not a per-directory walk's.
 const TREE: &[(&str, usize)] = &[
@@ -44,8 +44,11 @@ fn both() -> (tempfile::TempDir, RemoteSource) {
         let path = dir.path().join(key);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, content(key, len)).unwrap();
-        rt.block_on(mem.put(&Path::from(format!("set/{key}")), PutPayload::from(content(key, len))))
-            .unwrap();
+        rt.block_on(mem.put(
+            &Path::parse(format!("set/{key}")).unwrap(),
+            PutPayload::from(content(key, len)),
+        ))
+        .unwrap();
     }
     // Markers as consoles make them (object_store strips the trailing '/'),
     // and a key beside the prefix that must not be listed.
@@ -76,7 +79,10 @@ fn a_prefix_gives_the_same_manifest_as_the_same_tree_in_a_directory() {
     // The fetch engine's table: the manifest's objects, in its order.
     let objects = remote.objects_for(remote_manifest.files());
     let listed: Vec<&str> = objects.iter().map(|o| o.key.as_str()).collect();
-    assert_eq!(listed, ["Z", "a-", "a.b", "a/b", "d0/e0/g.bin", "d0/e1/f.bin", "é"]);
+    assert_eq!(
+        listed,
+        ["Z", "a-", "a.b", "a/b", "d0/e0/g.bin", "d0/e1/f.bin", "é"]
+    );
     assert!(objects.iter().all(|o| o.etag.is_some()), "{objects:?}");
 }
 
@@ -84,7 +90,9 @@ fn a_prefix_gives_the_same_manifest_as_the_same_tree_in_a_directory() {
 fn record_mode_over_objects_names_the_object_that_is_not_whole_records() {
     let (_dir, remote) = both();
     match build_manifest(&remote, &options(Some(2))) {
-        Err(ManifestError::NotWholeRecords { path, size_bytes, .. }) => {
+        Err(ManifestError::NotWholeRecords {
+            path, size_bytes, ..
+        }) => {
             assert_eq!(path, std::path::Path::new("memory:///set/Z"));
             assert_eq!(size_bytes, 7);
         }
@@ -115,7 +123,10 @@ fn an_empty_prefix_is_an_error_that_names_it() {
     let store = StoreHandle::from_store(Arc::new(InMemory::new()), "none", "memory:///none/");
     let err = build_manifest(&RemoteSource::over(store, rt, None), &options(None)).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("memory:///none/") && text.contains("no regular files"), "{text}");
+    assert!(
+        text.contains("memory:///none/") && text.contains("no regular files"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -69,7 +69,7 @@ def dataset(tmp_path_factory):
         sub = root / ("d%d" % (i % 5)) / ("e%d" % (i % 2))
         sub.mkdir(parents=True, exist_ok=True)
         paths.append(sub / ("f%03d.bin" % i))
-    paths += [root / "a.b", root / "a" / "b", root / "Z", root / "a-"]
+    paths += [root / "a.b", root / "a" / "b", root / "Z", root / "a-", root / "é.bin"]
     for p in paths:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(rng.randbytes(rng.choice([0, 1, 300, 4096, 9000, 70000])))

@@ -79,7 +79,8 @@ pub struct ServeArgs {
     /// Reader: auto (io_uring, else pread with a warning), uring, pread.
     #[arg(long, default_value = "auto")]
     pub io: IoChoice,
-    /// Reads in flight.
+    /// Reads in flight (a remote source: object ranges being fetched; raise it
+    /// for a store far away).
     #[arg(long, default_value_t = 256)]
     pub queue_depth: u32,
     /// Resume from EPOCH:SAMPLES (samples consumed in that epoch, all ranks of the job together, all machines),

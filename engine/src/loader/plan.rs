@@ -492,7 +492,10 @@ mod tests {
         };
         let plan = Plan::new(cfg).unwrap();
         // One copy of the paths for a million files is 16 MB: never two.
-        assert!(Arc::ptr_eq(plan.manifest().files(), plan.target.files().unwrap().files()));
+        assert!(Arc::ptr_eq(
+            plan.manifest().files(),
+            plan.target.files().unwrap().files()
+        ));
         assert_eq!(plan.target.files().unwrap().size_bytes(1), Some(5));
     }
 

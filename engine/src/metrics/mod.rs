@@ -20,8 +20,8 @@ pub mod ring;
 pub mod text;
 
 pub use http::{BindError, MetricsServer};
-pub use remote::{watch_remote, RemoteFigure};
 pub use registry::{Collect, Counter, CounterVec, Gauge, Histogram, LATENCY_BUCKETS_SECONDS};
+pub use remote::{watch_remote, RemoteFigure};
 
 use crate::ring::observer::Snapshot;
 use text::Exposition;

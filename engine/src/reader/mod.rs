@@ -377,11 +377,13 @@ pub fn open_engine_for(
                     ),
                 });
             }
+            cfg.validate()?;
             let engine = RemoteReadEngine::start(
                 Arc::clone(runtime),
                 store.clone(),
                 Arc::clone(objects),
                 fetch.clone(),
+                cfg.queue_depth as usize,
             )?;
             Ok(OpenedEngine {
                 engine: Box::new(engine),

@@ -22,9 +22,6 @@ use crate::remote::{
 
 /// `ReadEngine::backend_name` of the remote engine.
 pub const REMOTE_BACKEND: &str = "remote";
-/// Most reads the loader may have outstanding in the remote engine (the
-/// engine's own window decides how many GETs are in flight at once).
-pub const REMOTE_READS_OUTSTANDING_MAX: usize = 4096;
 /// Longest wait of a `reap` with no timeout before it looks again (the
 /// fetch engine's `reap` takes a finite timeout).
 const REAP_FOREVER_SLICE: Duration = Duration::from_secs(3600);
@@ -51,18 +48,22 @@ impl std::fmt::Debug for RemoteReadEngine {
 
 impl RemoteReadEngine {
     /// Starts a fetch engine on `runtime` over `objects` of `store` (the
-    /// manifest's objects, in its order).
+    /// manifest's objects, in its order) that takes up to `max_in_flight`
+    /// reads at once (`--queue-depth`; the fetch engine's own window then
+    /// decides how many GETs of them are in flight).
     pub fn start(
         runtime: Arc<RemoteRuntime>,
         store: StoreHandle,
         objects: Arc<Vec<RemoteObject>>,
         cfg: FetchConfig,
+        max_in_flight: usize,
     ) -> Result<RemoteReadEngine, ReadError> {
-        let fetch = FetchEngine::start(runtime, store, Arc::clone(&objects), cfg)
-            .map_err(|e| ReadError::InvalidConfig {
+        let fetch = FetchEngine::start(runtime, store, Arc::clone(&objects), cfg).map_err(|e| {
+            ReadError::InvalidConfig {
                 reason: e.to_string(),
-            })?;
-        let max_in_flight = fetch.max_outstanding().min(REMOTE_READS_OUTSTANDING_MAX);
+            }
+        })?;
+        let max_in_flight = fetch.max_outstanding().min(max_in_flight.max(1));
         Ok(RemoteReadEngine {
             fetch,
             objects,
@@ -118,18 +119,45 @@ impl ReadEngine for RemoteReadEngine {
                 max_in_flight: self.max_in_flight,
             });
         }
+        // The fetch engine checks too, but names no read: the first bad
+        // one's `user_data` goes back, as the local engines do.
+        for op in ops {
+            let size = self.objects.get(op.file as usize).map(|o| o.size);
+            let fits = size.is_some_and(|size| {
+                op.offset_bytes
+                    .checked_add(op.len_bytes)
+                    .is_some_and(|end| end <= size)
+            });
+            if !fits {
+                return Err(ReadError::InvalidOp {
+                    user_data: op.user_data,
+                    reason: match size {
+                        Some(size) => format!(
+                            "{} bytes at offset {} of object #{} pass its {size} bytes",
+                            op.len_bytes, op.offset_bytes, op.file
+                        ),
+                        None => format!(
+                            "object #{} is not in the table of {}",
+                            op.file,
+                            self.objects.len()
+                        ),
+                    },
+                });
+            }
+        }
         let first_id = self.next_id;
         let mut reads = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
-            let end = op.offset_bytes.checked_add(op.len_bytes).ok_or_else(|| {
-                ReadError::InvalidOp {
-                    user_data: op.user_data,
-                    reason: format!(
-                        "{} bytes at offset {} pass 2^64",
-                        op.len_bytes, op.offset_bytes
-                    ),
-                }
-            })?;
+            let end =
+                op.offset_bytes
+                    .checked_add(op.len_bytes)
+                    .ok_or_else(|| ReadError::InvalidOp {
+                        user_data: op.user_data,
+                        reason: format!(
+                            "{} bytes at offset {} pass 2^64",
+                            op.len_bytes, op.offset_bytes
+                        ),
+                    })?;
             reads.push(FetchRead {
                 object: op.file,
                 range: op.offset_bytes..end,

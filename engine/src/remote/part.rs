@@ -249,7 +249,12 @@ fn check_unchanged(
 /// (`0x1FE9...`) and sends them quoted in a GET's header (`"0x1FE9..."`), so
 /// quotes and a weak `W/` mark are not part of the comparison.
 fn same_etag(listed: &str, now: &str) -> bool {
-    let bare = |tag: &str| tag.trim().trim_start_matches("W/").trim_matches('"').to_owned();
+    let bare = |tag: &str| {
+        tag.trim()
+            .trim_start_matches("W/")
+            .trim_matches('"')
+            .to_owned()
+    };
     bare(listed) == bare(now)
 }
 

@@ -158,7 +158,9 @@ impl ManifestCache {
             return Ok(Some(why));
         }
         let Validity::LocalTree { dirs, links } = validity else {
-            return Ok(Some("the listing has nothing a later start could check".to_owned()));
+            return Ok(Some(
+                "the listing has nothing a later start could check".to_owned(),
+            ));
         };
         fs::DirBuilder::new()
             .recursive(true)

@@ -57,9 +57,12 @@ const NOT_CACHED: &str = "remote listings are not cached, every start lists agai
 
 /// Whether `source` names a remote store (a scheme `remote` serves).
 pub fn is_remote_url(source: &str) -> bool {
-    ["s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "azure://", "http://", "https://"]
-        .iter()
-        .any(|scheme| source.starts_with(scheme))
+    [
+        "s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "azure://", "http://",
+        "https://",
+    ]
+    .iter()
+    .any(|scheme| source.starts_with(scheme))
 }
 
 /// The objects under a remote prefix, or those a keys file lists.
@@ -225,10 +228,8 @@ impl ObjectNames for RemoteSource {
 impl Source for RemoteSource {
     fn list(&self, opts: &ManifestOptions) -> Result<Listing, ManifestError> {
         let objects = self.list_objects(opts)?;
-        let mut files = FileList::with_capacity(
-            objects.len(),
-            objects.iter().map(|o| o.key.len()).sum(),
-        );
+        let mut files =
+            FileList::with_capacity(objects.len(), objects.iter().map(|o| o.key.len()).sum());
         let mut versions = Vec::with_capacity(objects.len());
         for o in &objects {
             files.push(o.key.as_bytes(), o.size);
@@ -296,7 +297,12 @@ mod tests {
 
     #[test]
     fn remote_urls_are_told_from_local_paths() {
-        for url in ["s3://b/p", "gs://b", "az://c/p", "abfs://c@a.dfs.core.windows.net/p"] {
+        for url in [
+            "s3://b/p",
+            "gs://b",
+            "az://c/p",
+            "abfs://c@a.dfs.core.windows.net/p",
+        ] {
             assert!(is_remote_url(url), "{url}");
         }
         for url in ["https://h/p", "http://127.0.0.1:8080/d/"] {

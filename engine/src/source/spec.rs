@@ -161,6 +161,9 @@ mod tests {
         let err = SourceSpec::parse("ftp://h/p", None).unwrap_err();
         assert!(err.contains("ftp://") && err.contains("s3://"), "{err}");
         let err = SourceSpec::parse("/data", Some(Path::new("k.txt"))).unwrap_err();
-        assert!(err.contains("--keys k.txt") && err.contains("leave --keys out"), "{err}");
+        assert!(
+            err.contains("--keys k.txt") && err.contains("leave --keys out"),
+            "{err}"
+        );
     }
 }
