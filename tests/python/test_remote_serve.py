@@ -184,6 +184,8 @@ def test_a_tree_served_remotely_gives_the_local_directorys_batches(dataset, loca
     rows, log = serve_and_consume(source, env)
     check_every_sample_once_per_epoch(rows, hashes)
     assert "reader remote" in log, log
+    # The remote figures in the loader's last words (and in --metrics).
+    assert "ringfeed: remote: " in log and "retries: none" in log, log
     assert "%d samples" % len(hashes) in log, log
     # The same seed gives the same batches, step by step, rank by rank.
     assert rows == local_rows

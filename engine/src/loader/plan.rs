@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::manifest::{Manifest, ManifestOptions};
-use crate::reader::{FileTable, IoChoice, ReadTarget, ReaderConfig};
+use crate::reader::{FileTable, IoChoice, ReadTarget, ReaderConfig, RemoteTarget};
 use crate::remote::FetchConfig;
 use crate::ring::layout::{GeometryError, Job, RunOrder, RunStart};
 use crate::ring::segment::{self, human_bytes};
@@ -268,12 +268,12 @@ impl Plan {
                 Arc::clone(manifest.files()),
                 cfg.record_bytes.is_some(),
             )?)),
-            OpenedSource::Remote(remote) => ReadTarget::Remote {
+            OpenedSource::Remote(remote) => ReadTarget::Remote(Box::new(RemoteTarget {
                 runtime: Arc::clone(remote.runtime()),
                 store: remote.store().clone(),
                 objects: Arc::new(remote.objects_for(manifest.files())),
                 fetch: FetchConfig::default(),
-            },
+            })),
         };
         let start = Some(RunStart {
             epoch: cfg.start.epoch,

@@ -62,7 +62,7 @@ use std::time::Duration;
 
 pub use error::ReadError;
 pub use files::FileTable;
-pub use remote::{ReadTarget, RemoteReadEngine, REMOTE_BACKEND};
+pub use remote::{ReadTarget, RemoteReadEngine, RemoteTarget, REMOTE_BACKEND};
 
 /// Environment variable that, set to `1` (any value but empty or `0`), makes
 /// the io_uring probe fail, so `--io auto` takes the pread fallback (for CI)
@@ -363,12 +363,13 @@ pub fn open_engine_for(
 ) -> Result<OpenedEngine, ReadError> {
     match target {
         ReadTarget::Files(files) => open_engine(choice, Arc::clone(files), cfg),
-        ReadTarget::Remote {
-            runtime,
-            store,
-            objects,
-            fetch,
-        } => {
+        ReadTarget::Remote(remote) => {
+            let RemoteTarget {
+                runtime,
+                store,
+                objects,
+                fetch,
+            } = remote.as_ref();
             if choice != IoChoice::Auto {
                 return Err(ReadError::InvalidConfig {
                     reason: format!(

@@ -225,26 +225,30 @@ pub enum ReadTarget {
     /// Local files, read by io_uring or pread.
     Files(Arc<super::FileTable>),
     /// Remote objects, read by the fetch engine.
-    Remote {
-        /// The runtime the source listed on (its connection pool).
-        runtime: Arc<RemoteRuntime>,
-        /// The store and prefix.
-        store: StoreHandle,
-        /// The manifest's objects, in its order, with the listed ETags.
-        objects: Arc<Vec<RemoteObject>>,
-        /// Tuning of the fetch engine.
-        fetch: FetchConfig,
-    },
+    Remote(Box<RemoteTarget>),
+}
+
+/// The remote objects a loader reads, and how.
+#[derive(Clone)]
+pub struct RemoteTarget {
+    /// The runtime the source listed on (its connection pool).
+    pub runtime: Arc<RemoteRuntime>,
+    /// The store and prefix.
+    pub store: StoreHandle,
+    /// The manifest's objects, in its order, with the listed ETags.
+    pub objects: Arc<Vec<RemoteObject>>,
+    /// Tuning of the fetch engine.
+    pub fetch: FetchConfig,
 }
 
 impl std::fmt::Debug for ReadTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ReadTarget::Files(files) => f.debug_tuple("Files").field(&files.len()).finish(),
-            ReadTarget::Remote { store, objects, .. } => f
+            ReadTarget::Remote(remote) => f
                 .debug_struct("Remote")
-                .field("store", &store.display)
-                .field("objects", &objects.len())
+                .field("store", &remote.store.display)
+                .field("objects", &remote.objects.len())
                 .finish(),
         }
     }
@@ -255,7 +259,7 @@ impl ReadTarget {
     pub fn files(&self) -> Option<&Arc<super::FileTable>> {
         match self {
             ReadTarget::Files(files) => Some(files),
-            ReadTarget::Remote { .. } => None,
+            ReadTarget::Remote(_) => None,
         }
     }
 }
