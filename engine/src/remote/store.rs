@@ -72,7 +72,7 @@ impl Scheme {
         }
     }
 
-    fn env_fix(self) -> &'static str {
+    pub(crate) fn env_fix(self) -> &'static str {
         match self {
             Scheme::S3 => "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for http endpoints)",
             Scheme::Gcs => "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT (and GOOGLE_BUCKET)",
