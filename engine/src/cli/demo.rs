@@ -216,7 +216,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     let data_dir = dir.join("data");
     let name = format!("demo-{}", std::process::id());
     let cfg = ServeConfig {
-        source: data_dir.clone(),
+        source: data_dir.clone().into(),
         name: name.clone(),
         batch_size: a.batch_size,
         world_size: a.world_size,

@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 
 use crate::cli::say::say_err;
 use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
-use crate::manifest::{Manifest, ManifestCache, ManifestOptions, ManifestOrigin};
+use crate::manifest::{ManifestCache, ManifestOptions, ManifestOrigin};
 use crate::metrics::http::METRICS_PATH;
 use crate::metrics::MetricsServer;
 use crate::reader::{IoChoice, ReadError, ReaderConfig};
@@ -17,13 +17,23 @@ use crate::ring::layout::{Job, MAX_RANKS};
 use crate::ring::outcome::{Outcome, OutcomeKind};
 use crate::ring::segment::human_bytes;
 use crate::sampler::ResumeState;
+use crate::source::{OpenedSource, SourceSpec};
 
 /// Arguments of `ringfeed serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Dataset: a local directory (or file://DIR).
+    /// Dataset: a local directory (or file://DIR), or a remote prefix:
+    /// s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX,
+    /// abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PREFIX, http(s)://HOST/PATH/
+    /// (credentials and endpoints from the cloud's usual environment, as
+    /// object_store's from_env reads them; docs/manifest.md).
     #[arg(long)]
     pub source: String,
+    /// A remote source's objects from a file instead of a listing: one key
+    /// (relative to the prefix) per line, optionally a tab and its size in
+    /// bytes (else a HEAD asks); `#` lines are comments.
+    #[arg(long, value_name = "FILE")]
+    pub keys: Option<PathBuf>,
     /// Loader name; trainers attach with it (RINGFEED_NAME). 1–64 of A-Za-z0-9._-
     #[arg(long)]
     pub name: String,
@@ -69,7 +79,8 @@ pub struct ServeArgs {
     /// Reader: auto (io_uring, else pread with a warning), uring, pread.
     #[arg(long, default_value = "auto")]
     pub io: IoChoice,
-    /// Reads in flight.
+    /// Reads in flight (a remote source: object ranges being fetched; raise it
+    /// for a store far away).
     #[arg(long, default_value_t = 256)]
     pub queue_depth: u32,
     /// Resume from EPOCH:SAMPLES (samples consumed in that epoch, all ranks of the job together, all machines),
@@ -275,17 +286,9 @@ pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Resul
     ))
 }
 
-/// The local directory behind `--source`.
-pub fn local_source(source: &str) -> Result<PathBuf> {
-    if let Some(path) = source.strip_prefix("file://") {
-        return Ok(PathBuf::from(path));
-    }
-    for scheme in ["s3://", "gs://", "az://", "http://", "https://"] {
-        if source.starts_with(scheme) {
-            bail!("--source {source}: {scheme} object stores are not supported by this version yet; copy the data to a local directory");
-        }
-    }
-    Ok(PathBuf::from(source))
+/// The dataset behind `--source` (and `--keys`).
+pub fn source_spec(source: &str, keys: Option<&std::path::Path>) -> Result<SourceSpec> {
+    SourceSpec::parse(source, keys).map_err(anyhow::Error::msg)
 }
 
 impl ServeArgs {
@@ -336,7 +339,7 @@ impl ServeArgs {
             ..job
         };
         Ok(ServeConfig {
-            source: local_source(&self.source)?,
+            source: source_spec(&self.source, self.keys.as_deref())?,
             name: self.name.clone(),
             batch_size: self.batch_size,
             world_size,
@@ -426,15 +429,19 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
         progress: cfg.progress,
     };
     let relist = args.manifest_cache == CacheUse::Refresh;
+    let source = cfg.source.open()?;
+    if let OpenedSource::Remote(remote) = &source {
+        crate::metrics::watch_remote(std::sync::Arc::clone(&remote.store().metrics));
+    }
     let (manifest, mut origin) = match &cache {
         Some(cache) => {
-            let (manifest, origin) = Manifest::build_cached(&cfg.source, &opts, cache, relist)?;
+            let (manifest, origin) = source.build_manifest_cached(&opts, cache, relist)?;
             (manifest, Some(origin))
         }
-        None => (Manifest::build(&cfg.source, &opts)?, None),
+        None => (source.build_manifest(&opts)?, None),
     };
     let plan = match (
-        Plan::with_manifest(cfg.clone(), Arc::new(manifest)),
+        Plan::with_source(cfg.clone(), source.clone(), Arc::new(manifest)),
         &cache,
         &origin,
     ) {
@@ -455,11 +462,11 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
             tracing::info!(
                 "the manifest from the cache {} cannot be planned ({err}); listing {} again",
                 path.display(),
-                cfg.source.display()
+                cfg.source
             );
-            let (manifest, listed) = Manifest::build_cached(&cfg.source, &opts, cache, true)?;
+            let (manifest, listed) = source.build_manifest_cached(&opts, cache, true)?;
             origin = Some(listed);
-            Plan::with_manifest(cfg.clone(), Arc::new(manifest))?
+            Plan::with_source(cfg.clone(), source, Arc::new(manifest))?
         }
         (Err(err), _, _) => return Err(err.into()),
     };
@@ -542,7 +549,7 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
         "ringfeed: serving {} samples ({}) from {} as {:?} to {}: batch {}, {} batches per rank, {} slots/rank of {}, ring {} in /dev/shm/ringfeed-{}",
         plan.manifest().len(),
         human_bytes(plan.manifest().total_bytes()),
-        cfg.source.display(),
+        cfg.source,
         cfg.name,
         ranks_words(cfg.world_size, plan.job()),
         cfg.batch_size,
@@ -564,6 +571,9 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
                 report.bytes as f64 / secs.max(1e-9) / 1e9,
                 report.backend
             );
+            if let Some(line) = crate::metrics::remote::summary_line() {
+                say_err!("ringfeed: {line}");
+            }
             Ok(0)
         }
         Err(ServeError::Signal(sig)) => {

@@ -2,24 +2,24 @@
 //! slots' size and number, and the ring's shape, all settled before the
 //! ring is made.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::manifest::{Manifest, ManifestOptions, ObjectNames};
-use crate::reader::{FileTable, IoChoice, ReaderConfig};
+use crate::manifest::{Manifest, ManifestOptions};
+use crate::reader::{FileTable, IoChoice, ReadTarget, ReaderConfig, RemoteTarget};
+use crate::remote::FetchConfig;
 use crate::ring::layout::{GeometryError, Job, RunOrder, RunStart};
 use crate::ring::segment::{self, human_bytes};
 use crate::ring::{CreateError, Layout, RingGeometry};
 use crate::sampler::{ResumeState, Sampler, SamplerConfig};
-use crate::source::LocalSource;
+use crate::source::{LocalSource, OpenedSource, SourceSpec};
 
 use super::ServeError;
 
 /// Everything `ringfeed serve` needs.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
-    /// Local dataset directory.
-    pub source: PathBuf,
+    /// The dataset: a local directory or a remote prefix (`--source`, `--keys`).
+    pub source: SourceSpec,
     /// Loader name (the ring is /dev/shm/ringfeed-NAME).
     pub name: String,
     /// Samples per rank per step.
@@ -60,15 +60,16 @@ pub struct ServeConfig {
 pub struct Plan {
     pub(super) cfg: ServeConfig,
     /// Where the objects are (`cfg.source`): names them in messages.
-    pub(super) source: LocalSource,
+    pub(super) source: OpenedSource,
     pub(super) manifest: Arc<Manifest>,
     pub(super) sampler: Sampler,
     pub(super) slot_bytes: u64,
     /// The slot size the data needs: the batch-size largest samples together.
     derived_slot_bytes: u64,
     pub(super) slots_per_rank: u32,
-    /// The manifest's files as the readers open them.
-    pub(super) files: Arc<FileTable>,
+    /// The manifest's objects as the readers open them: a local file table,
+    /// or the remote store and its objects.
+    pub(super) target: ReadTarget,
     /// `cfg.job` with its [`Job::plan_digest`], as the header holds it.
     pub(super) job: Job,
 }
@@ -160,21 +161,32 @@ impl ServeConfig {
 impl Plan {
     /// Lists the dataset and plans the run.
     pub fn new(cfg: ServeConfig) -> Result<Plan, ServeError> {
-        let manifest = Manifest::build(
-            &cfg.source,
-            &ManifestOptions {
-                record_bytes: cfg.record_bytes,
-                threads: 0,
-                progress: cfg.progress,
-            },
-        )?;
-        Self::with_manifest(cfg, Arc::new(manifest))
+        let source = cfg.source.open()?;
+        let manifest = source.build_manifest(&ManifestOptions {
+            record_bytes: cfg.record_bytes,
+            threads: 0,
+            progress: cfg.progress,
+        })?;
+        Self::with_source(cfg, source, Arc::new(manifest))
     }
 
-    /// Plans the run over an already built manifest.
+    /// Plans the run over an already built manifest of `cfg.source`.
     pub fn with_manifest(cfg: ServeConfig, manifest: Arc<Manifest>) -> Result<Plan, ServeError> {
+        let source = match &cfg.source {
+            SourceSpec::Local(path) => OpenedSource::Local(LocalSource::at(path)),
+            remote => remote.open()?,
+        };
+        Self::with_source(cfg, source, manifest)
+    }
+
+    /// Plans the run over a manifest built from `source` (which reads it:
+    /// a remote source's runtime serves listing and fetching alike).
+    pub fn with_source(
+        cfg: ServeConfig,
+        source: OpenedSource,
+        manifest: Arc<Manifest>,
+    ) -> Result<Plan, ServeError> {
         cfg.check_ring_flags()?;
-        let source = LocalSource::at(&cfg.source);
         let sampler = Sampler::new(SamplerConfig {
             n_samples: manifest.len(),
             batch_size: cfg.batch_size,
@@ -198,6 +210,7 @@ impl Plan {
                 return Err(ServeError::SlotTooSmall {
                     index,
                     path: source
+                        .source()
                         .object_name(manifest.files().path_bytes(loc.file as usize))
                         .display()
                         .to_string(),
@@ -249,11 +262,19 @@ impl Plan {
                 &e,
             )));
         }
-        let files = Arc::new(FileTable::over(
-            source.root(),
-            Arc::clone(manifest.files()),
-            cfg.record_bytes.is_some(),
-        )?);
+        let target = match &source {
+            OpenedSource::Local(local) => ReadTarget::Files(Arc::new(FileTable::over(
+                local.root(),
+                Arc::clone(manifest.files()),
+                cfg.record_bytes.is_some(),
+            )?)),
+            OpenedSource::Remote(remote) => ReadTarget::Remote(Box::new(RemoteTarget {
+                runtime: Arc::clone(remote.runtime()),
+                store: remote.store().clone(),
+                objects: Arc::new(remote.objects_for(manifest.files())),
+                fetch: FetchConfig::default(),
+            })),
+        };
         let start = Some(RunStart {
             epoch: cfg.start.epoch,
             samples_consumed: cfg.start.samples_consumed,
@@ -277,7 +298,7 @@ impl Plan {
             slot_bytes,
             derived_slot_bytes: derived,
             slots_per_rank,
-            files,
+            target,
             job,
         })
     }
@@ -328,6 +349,7 @@ impl Plan {
     /// Object `file` of the manifest as messages name it (`root/key`).
     pub fn object_name(&self, file: u32) -> std::path::PathBuf {
         self.source
+            .source()
             .object_name(self.manifest.files().path_bytes(file as usize))
     }
 
@@ -452,7 +474,7 @@ mod tests {
             std::fs::write(dir.path().join(name), vec![7; bytes]).unwrap();
         }
         let cfg = ServeConfig {
-            source: dir.path().to_path_buf(),
+            source: dir.path().into(),
             name: "unused".into(),
             batch_size: 1,
             world_size: 1,
@@ -470,8 +492,11 @@ mod tests {
         };
         let plan = Plan::new(cfg).unwrap();
         // One copy of the paths for a million files is 16 MB: never two.
-        assert!(Arc::ptr_eq(plan.manifest().files(), plan.files.files()));
-        assert_eq!(plan.files.size_bytes(1), Some(5));
+        assert!(Arc::ptr_eq(
+            plan.manifest().files(),
+            plan.target.files().unwrap().files()
+        ));
+        assert_eq!(plan.target.files().unwrap().size_bytes(1), Some(5));
     }
 
     fn plan_over(
@@ -486,7 +511,7 @@ mod tests {
             std::fs::write(dir.path().join(format!("{i:04}")), [7u8; 16]).unwrap();
         }
         let cfg = ServeConfig {
-            source: dir.path().to_path_buf(),
+            source: dir.path().into(),
             name: "unused".into(),
             batch_size,
             world_size,

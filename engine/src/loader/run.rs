@@ -3,11 +3,10 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU32;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::planner::{self, BatchPlan, Tier};
-use crate::reader::{open_engine, Completion, ReadEngine, ReadError, ReadOp};
+use crate::reader::{open_engine_for, Completion, ReadEngine, ReadError, ReadOp};
 use crate::ring::segment::human_bytes;
 use crate::ring::{CreateError, Producer, RingGeometry};
 
@@ -80,7 +79,7 @@ impl Loader {
             max_samples_per_slot: cfg.batch_size,
             slot_payload_bytes: plan.slot_bytes,
         };
-        let opened = open_engine(cfg.io, Arc::clone(&plan.files), &cfg.reader)?;
+        let opened = open_engine_for(cfg.io, &plan.target, &cfg.reader)?;
         if let Some(w) = &opened.fallback_warning {
             tracing::warn!("{w}");
         }

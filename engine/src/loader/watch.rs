@@ -86,7 +86,10 @@ impl Loader {
             .collect();
         files.sort_unstable();
         files.truncate(STALL_PROBE_FILES_MAX);
-        let table = Arc::clone(&self.plan.files);
+        // Remote reads have a stall detector of their own (the fetch engine's).
+        let Some(table) = self.plan.target.files().map(Arc::clone) else {
+            return Ok(());
+        };
         let (tx, rx) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("ringfeed-stall-probe".into())
@@ -123,7 +126,7 @@ impl Loader {
             tracing::warn!(
                 "no read has completed for {:.0} s, with {in_flight} in flight (a hung network filesystem, or a FIFO or device in place of a dataset file under {}?)",
                 still.as_secs_f64(),
-                self.plan.cfg.source.display()
+                self.plan.cfg.source
             );
             self.stall_warned = Some(Instant::now());
         }

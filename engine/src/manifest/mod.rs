@@ -134,7 +134,7 @@ pub enum ManifestError {
         path: PathBuf,
     },
     /// The source holds no regular file (whole-file mode) or no record.
-    #[error("source directory {path} contains no regular files (or, with --record-bytes, only empty ones); put the dataset's files under it or fix --source")]
+    #[error("source {path} contains no regular files (a remote prefix: no keys; or, with --record-bytes, only empty ones); put the dataset's files under it or fix --source")]
     Empty {
         /// The source as given.
         path: PathBuf,
@@ -191,6 +191,10 @@ pub enum ManifestError {
         /// The OS error.
         source: io::Error,
     },
+    /// A remote source could not be opened or listed; the remote error
+    /// names the URL, the status and the fix.
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteError),
 }
 
 /// How messages name a source and its objects: a directory's path and

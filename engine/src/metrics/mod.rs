@@ -15,11 +15,13 @@
 
 pub mod http;
 pub mod registry;
+pub mod remote;
 pub mod ring;
 pub mod text;
 
 pub use http::{BindError, MetricsServer};
 pub use registry::{Collect, Counter, CounterVec, Gauge, Histogram, LATENCY_BUCKETS_SECONDS};
+pub use remote::{watch_remote, RemoteFigure};
 
 use crate::ring::observer::Snapshot;
 use text::Exposition;
@@ -38,14 +40,27 @@ macro_rules! catalog {
 /// Status codes the endpoint answers with, as `code` label values.
 pub const HTTP_CODES: [&str; 6] = ["200", "400", "404", "405", "408", "431"];
 
-// The remote figures come here, one line each, e.g.:
-//   pub static REMOTE_GETS_IN_FLIGHT: Gauge = Gauge::new("ringfeed_remote_gets_in_flight", "...");
-//   pub static REMOTE_RETRIES_TOTAL: CounterVec<4> = CounterVec::new("ringfeed_remote_retries_total", "...", "cause", ["timeout", "throttled", "server_error", "connection"]);
+// More figures come here, one line each, e.g.:
 //   pub static CACHE_HITS_TOTAL: Counter = Counter::new("ringfeed_cache_hits_total", "...");
-//   pub static REMOTE_GET_SECONDS: Histogram<12> = Histogram::new("ringfeed_remote_get_seconds", "...", LATENCY_BUCKETS_SECONDS);
+// The remote source's (`RemoteFigure`) are read at scrape time from its
+// `RemoteMetrics`, registered with `watch_remote`.
 catalog! {
     /// Requests the metrics endpoint answered, by status code.
     pub static HTTP_REQUESTS_TOTAL: CounterVec<6> = CounterVec::new("ringfeed_metrics_requests_total", "Requests the metrics endpoint answered, by HTTP status code.", "code", HTTP_CODES);
+    /// Remote source: GETs in flight now.
+    pub static REMOTE_GETS_IN_FLIGHT: RemoteFigure = RemoteFigure::gauge("ringfeed_remote_gets_in_flight", "GETs (parts of reads) of the remote source in flight now.", |s| s.gets_in_flight as f64);
+    /// Remote source: the fetch window.
+    pub static REMOTE_WINDOW: RemoteFigure = RemoteFigure::gauge("ringfeed_remote_window", "Most GETs the remote fetch engine lets be in flight now (its adaptive window).", |s| s.window as f64);
+    /// Remote source: body bytes received.
+    pub static REMOTE_BYTES_TOTAL: RemoteFigure = RemoteFigure::counter("ringfeed_remote_received_bytes_total", "Body bytes received from the remote source (a retried range counts again).", |s| s.bytes_received as f64);
+    /// Remote source: HTTP attempts.
+    pub static REMOTE_ATTEMPTS_TOTAL: RemoteFigure = RemoteFigure::counter("ringfeed_remote_requests_total", "HTTP requests made to the remote source, every attempt and retry.", |s| s.attempts as f64);
+    /// Remote source: retries by cause.
+    pub static REMOTE_RETRIES_TOTAL: RemoteFigure = RemoteFigure::retries("ringfeed_remote_retries_total", "Ranges the remote fetch engine fetched again, by cause.");
+    /// Remote source: median GET latency.
+    pub static REMOTE_GET_P50: RemoteFigure = RemoteFigure::gauge("ringfeed_remote_get_p50_seconds", "Median time of a GET, first attempt to last byte (within a factor of two).", |s| remote::seconds_of_us(s.get_latency_us_p50));
+    /// Remote source: 99th percentile GET latency.
+    pub static REMOTE_GET_P99: RemoteFigure = RemoteFigure::gauge("ringfeed_remote_get_p99_seconds", "99th percentile time of a GET, first attempt to last byte (within a factor of two).", |s| remote::seconds_of_us(s.get_latency_us_p99));
 }
 
 /// The whole response body for loader `name`: the ring's families from

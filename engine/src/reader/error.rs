@@ -152,6 +152,16 @@ pub enum ReadError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A read of a remote object failed for good (a 403, a 404, a changed
+    /// object, retries exhausted). `message` is the remote engine's: it
+    /// names the key, the store, the HTTP status and the fix.
+    #[error("{message}")]
+    Remote {
+        /// The object's key, relative to the source's prefix.
+        key: String,
+        /// What the remote engine said.
+        message: String,
+    },
     /// The engine itself failed (io_uring_enter, spawning a thread). The
     /// engine should be dropped after this.
     #[error("{backend} reader failed: {op}: {source}{}", fd_limit_hint(source))]

@@ -51,6 +51,7 @@
 mod error;
 pub(crate) mod files;
 mod pread;
+pub mod remote;
 
 mod uring;
 
@@ -61,6 +62,7 @@ use std::time::Duration;
 
 pub use error::ReadError;
 pub use files::FileTable;
+pub use remote::{ReadTarget, RemoteReadEngine, RemoteTarget, REMOTE_BACKEND};
 
 /// Environment variable that, set to `1` (any value but empty or `0`), makes
 /// the io_uring probe fail, so `--io auto` takes the pread fallback (for CI)
@@ -348,5 +350,46 @@ pub fn open_engine(
             }
             Err(other) => Err(other),
         },
+    }
+}
+
+/// Opens the engine for `target`: `open_engine` for local files (`choice`
+/// picks the backend), the remote fetch engine for remote objects (where
+/// `choice` must be `Auto`: `--io` names local backends).
+pub fn open_engine_for(
+    choice: IoChoice,
+    target: &ReadTarget,
+    cfg: &ReaderConfig,
+) -> Result<OpenedEngine, ReadError> {
+    match target {
+        ReadTarget::Files(files) => open_engine(choice, Arc::clone(files), cfg),
+        ReadTarget::Remote(remote) => {
+            let RemoteTarget {
+                runtime,
+                store,
+                objects,
+                fetch,
+            } = remote.as_ref();
+            if choice != IoChoice::Auto {
+                return Err(ReadError::InvalidConfig {
+                    reason: format!(
+                        "--io {choice} picks a reader of local files, and {} is remote (read by the remote engine); leave --io out",
+                        store.display
+                    ),
+                });
+            }
+            cfg.validate()?;
+            let engine = RemoteReadEngine::start(
+                Arc::clone(runtime),
+                store.clone(),
+                Arc::clone(objects),
+                fetch.clone(),
+                cfg.queue_depth as usize,
+            )?;
+            Ok(OpenedEngine {
+                engine: Box::new(engine),
+                fallback_warning: None,
+            })
+        }
     }
 }

@@ -218,6 +218,11 @@ fn hint_suffix(scheme: Scheme, status: u16) -> String {
     match status {
         401 | 403 => format!("; {}", scheme.permission_fix()),
         404 => "; check that the bucket (container) exists and the URL names it".to_string(),
+        // No answer at all: a wrong or unreachable endpoint.
+        0 => format!(
+            "; check that the endpoint is reachable and the URL is right (configured by {})",
+            scheme.env_fix()
+        ),
         _ => String::new(),
     }
 }

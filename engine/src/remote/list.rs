@@ -284,7 +284,7 @@ async fn list_range(
     let prefix = (!store.prefix.as_ref().is_empty()).then_some(&store.prefix);
     let meta: &dyn ObjectStore = store.meta.as_ref();
     let mut stream = match &range.after {
-        Some(after) => meta.list_with_offset(prefix, &Path::from(after.as_str())),
+        Some(after) => meta.list_with_offset(prefix, &super::store::raw_path(after)),
         None => meta.list(prefix),
     };
     let mut first: Option<String> = None;

@@ -238,11 +238,24 @@ fn check_unchanged(
         return changed(format!("size {} bytes, now {}", object.size, meta.size));
     }
     if let (Some(listed), Some(now)) = (&object.etag, &meta.e_tag) {
-        if listed != now {
+        if !same_etag(listed, now) {
             return changed(format!("ETag {listed}, now {now}"));
         }
     }
     Ok(())
+}
+
+/// Whether two ETags name the same version: Azure lists them bare
+/// (`0x1FE9...`) and sends them quoted in a GET's header (`"0x1FE9..."`), so
+/// quotes and a weak `W/` mark are not part of the comparison.
+fn same_etag(listed: &str, now: &str) -> bool {
+    let bare = |tag: &str| {
+        tag.trim()
+            .trim_start_matches("W/")
+            .trim_matches('"')
+            .to_owned()
+    };
+    bare(listed) == bare(now)
 }
 
 /// Sorts a store error into retry or give up, using the status of the last
@@ -309,5 +322,15 @@ fn classify(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_etag_listed_bare_is_the_same_as_the_quoted_one_a_get_sends() {
+        assert!(super::same_etag("0x1FE9", "\"0x1FE9\""));
+        assert!(super::same_etag("W/\"ab\"", "\"ab\""));
+        assert!(!super::same_etag("0x1FE9", "\"0x1FEA\""));
     }
 }

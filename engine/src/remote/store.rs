@@ -72,7 +72,7 @@ impl Scheme {
         }
     }
 
-    fn env_fix(self) -> &'static str {
+    pub(crate) fn env_fix(self) -> &'static str {
         match self {
             Scheme::S3 => "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for http endpoints)",
             Scheme::Gcs => "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT (and GOOGLE_BUCKET)",
@@ -114,13 +114,21 @@ pub struct StoreHandle {
     pub metrics: Arc<RemoteMetrics>,
 }
 
+/// A key as the store names it: as is (`Path::parse`), as listings give
+/// keys back. `Path::from` would percent-encode every non-ASCII byte, so
+/// `é.bin` would be asked for as `%C3%A9.bin`, another key. A key that
+/// `parse` refuses (an empty or `..` segment) falls back to `from`.
+pub(crate) fn raw_path(key: &str) -> Path {
+    Path::parse(key).unwrap_or_else(|_| Path::from(key))
+}
+
 impl StoreHandle {
     /// The full object path of a key relative to the prefix.
     pub fn path_of(&self, key: &str) -> Path {
         if self.prefix.as_ref().is_empty() {
-            Path::from(key)
+            raw_path(key)
         } else {
-            Path::from(format!("{}/{key}", self.prefix.as_ref()))
+            raw_path(&format!("{}/{key}", self.prefix.as_ref()))
         }
     }
 
@@ -133,7 +141,7 @@ impl StoreHandle {
             scheme: Scheme::Custom,
             fetch: Arc::clone(&store),
             meta: store,
-            prefix: Path::from(prefix.trim_matches('/')),
+            prefix: raw_path(prefix.trim_matches('/')),
             http_base: None,
             metrics: Arc::new(RemoteMetrics::default()),
         }
@@ -221,7 +229,7 @@ impl StoreHandle {
         let (prefix, http_base) = match scheme {
             // The HTTP store is rooted at the URL itself: keys are relative to it.
             Scheme::Http => (Path::default(), Some(http_base_url(url))),
-            _ => (Path::from(path.trim_matches('/')), None),
+            _ => (raw_path(path.trim_matches('/')), None),
         };
         Ok(StoreHandle {
             display: url.to_string(),

@@ -157,7 +157,11 @@ impl ManifestCache {
         if let Some(why) = source.why_not_cacheable(validity, listed_at, self) {
             return Ok(Some(why));
         }
-        let Validity::LocalTree { dirs, links } = validity;
+        let Validity::LocalTree { dirs, links } = validity else {
+            return Ok(Some(
+                "the listing has nothing a later start could check".to_owned(),
+            ));
+        };
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)

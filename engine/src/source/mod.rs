@@ -22,6 +22,8 @@
 
 pub(crate) mod cache;
 pub mod local;
+pub mod remote;
+mod spec;
 
 use std::path::PathBuf;
 use std::time::SystemTime;
@@ -31,6 +33,8 @@ use crate::manifest::{
 };
 
 pub use local::LocalSource;
+pub use remote::RemoteSource;
+pub use spec::{OpenedSource, SourceSpec};
 
 /// A directory as it was when listed. A name added to it, removed or
 /// renamed moves its mtime and ctime.
@@ -100,6 +104,9 @@ pub enum Validity {
         /// Every symbolic link met, and what it pointed to.
         links: Vec<LinkStamp>,
     },
+    /// A listing with no evidence a later start could check (a remote
+    /// prefix's, today): never kept in the manifest cache.
+    Unchecked,
 }
 
 /// What a source's listing found.

@@ -22,6 +22,7 @@ use ringfeed::reader::{FileTable, IoChoice, ReadEngine, ReaderConfig};
 
 mod bench;
 mod conformance;
+mod remote_memory;
 mod setup;
 mod support;
 mod uring_probe;
@@ -52,3 +53,4 @@ impl EngineFactory for Pread {
 
 conformance_suite!(uring, crate::Uring);
 conformance_suite!(pread, crate::Pread);
+conformance_suite!(remote, crate::remote_memory::RemoteMemory);

@@ -116,7 +116,9 @@ impl Source for LocalSource {
         listed_at: SystemTime,
         cache: &ManifestCache,
     ) -> Option<String> {
-        let Validity::LocalTree { dirs, .. } = validity;
+        let Validity::LocalTree { dirs, .. } = validity else {
+            return Some("not a local directory's listing".to_owned());
+        };
         match self.canonical() {
             Ok(canonical) => check::why_not_stored(&canonical, dirs, listed_at, cache.racy_window),
             Err(why) => Some(why),
@@ -130,7 +132,9 @@ impl Source for LocalSource {
         cache: &ManifestCache,
         threads: usize,
     ) -> Result<Checked, String> {
-        let Validity::LocalTree { dirs, links } = validity;
+        let Validity::LocalTree { dirs, links } = validity else {
+            return Err("the cached listing is not a local directory's".to_owned());
+        };
         check::check_tree(
             &self.canonical()?,
             objects,
@@ -144,7 +148,9 @@ impl Source for LocalSource {
     fn warn_again(&self, validity: &Validity) {
         // Sockets, FIFOs and devices are not kept in the cache: only the
         // listing names those.
-        let Validity::LocalTree { links, .. } = validity;
+        let Validity::LocalTree { links, .. } = validity else {
+            return;
+        };
         walk::warn_left_out(
             &self.root,
             walk::links_not_followed(&self.root, links)

@@ -37,6 +37,13 @@ pub trait EngineFactory {
     /// are ignored), or None where this machine cannot run it: the factory
     /// says why on stderr, and the test passes without checking anything.
     fn open(files: Arc<FileTable>, cfg: &ReaderConfig) -> Option<Box<dyn ReadEngine>>;
+
+    /// Why behaviour `group::behaviour` cannot be checked against this
+    /// engine, or None (the default) to check it. A skipped behaviour says
+    /// its reason on stderr and passes without checking anything.
+    fn skip(_group: &str, _behaviour: &str) -> Option<&'static str> {
+        None
+    }
 }
 
 /// `E`'s engine over `files`, checked to be the backend `E` names; None to
@@ -100,6 +107,11 @@ macro_rules! conformance_suite {
             #[test]
             #[ignore = "run in a child process by reads_still_complete_when_rlimit_nofile_is_below_the_queue_depth"]
             fn low_nofile_child() {
+                use $crate::conformance::EngineFactory as _;
+                if let Some(why) = <$factory>::skip("lifecycle", "reads_complete_under_an_rlimit_nofile_of_48") {
+                    eprintln!("skipping: {why}");
+                    return;
+                }
                 if $crate::support::in_child() {
                     $crate::conformance::lifecycle::reads_complete_under_an_rlimit_nofile_of_48::<
                         $factory,
@@ -118,6 +130,11 @@ macro_rules! conformance_tests {
         $(
             #[test]
             fn $behaviour() {
+                use $crate::conformance::EngineFactory as _;
+                if let Some(why) = <$factory>::skip(stringify!($group), stringify!($behaviour)) {
+                    eprintln!("skipping {}::{}: {why}", stringify!($group), stringify!($behaviour));
+                    return;
+                }
                 $crate::conformance::$group::$behaviour::<$factory>();
             }
         )*

@@ -1,0 +1,265 @@
+//! The remote fetch engine as a [`ReadEngine`]: the loader reads object
+//! ranges of a remote source with the same calls as local files.
+//!
+//! A `ReadOp`'s `file` is the object's index in the manifest (the engine's
+//! object table is the manifest's objects in the same order), its range
+//! `offset_bytes..offset_bytes + len_bytes`. The fetch engine runs on the
+//! remote runtime's threads; this adapter only sends reads into its channel
+//! and drains completions, so the loader thread stays one thread and never
+//! runs tokio. `spare_byte` is not used: a remote read learns an object's
+//! size and ETag from its response headers, and a changed object is an
+//! error naming its key (`ReadError::Remote`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Completion, ReadEngine, ReadError, ReadOp};
+use crate::remote::{
+    FetchCompletion, FetchConfig, FetchEngine, FetchRead, RemoteError, RemoteObject, RemoteRuntime,
+    StoreHandle,
+};
+
+/// `ReadEngine::backend_name` of the remote engine.
+pub const REMOTE_BACKEND: &str = "remote";
+/// Longest wait of a `reap` with no timeout before it looks again (the
+/// fetch engine's `reap` takes a finite timeout).
+const REAP_FOREVER_SLICE: Duration = Duration::from_secs(3600);
+
+/// Reads of remote objects through `remote::FetchEngine`.
+pub struct RemoteReadEngine {
+    fetch: FetchEngine,
+    objects: Arc<Vec<RemoteObject>>,
+    /// Read id (the fetch tag) → (the caller's `user_data`, the object).
+    outstanding: HashMap<u64, (u64, u32)>,
+    next_id: u64,
+    max_in_flight: usize,
+    reaped: Vec<FetchCompletion>,
+}
+
+impl std::fmt::Debug for RemoteReadEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteReadEngine")
+            .field("fetch", &self.fetch)
+            .field("in_flight", &self.outstanding.len())
+            .finish()
+    }
+}
+
+impl RemoteReadEngine {
+    /// Starts a fetch engine on `runtime` over `objects` of `store` (the
+    /// manifest's objects, in its order) that takes up to `max_in_flight`
+    /// reads at once (`--queue-depth`; the fetch engine's own window then
+    /// decides how many GETs of them are in flight).
+    pub fn start(
+        runtime: Arc<RemoteRuntime>,
+        store: StoreHandle,
+        objects: Arc<Vec<RemoteObject>>,
+        cfg: FetchConfig,
+        max_in_flight: usize,
+    ) -> Result<RemoteReadEngine, ReadError> {
+        let fetch = FetchEngine::start(runtime, store, Arc::clone(&objects), cfg).map_err(|e| {
+            ReadError::InvalidConfig {
+                reason: e.to_string(),
+            }
+        })?;
+        let max_in_flight = fetch.max_outstanding().min(max_in_flight.max(1));
+        Ok(RemoteReadEngine {
+            fetch,
+            objects,
+            outstanding: HashMap::new(),
+            next_id: 0,
+            max_in_flight,
+            reaped: Vec::new(),
+        })
+    }
+
+    /// The counters of the engine's store (GETs in flight, bytes, retries).
+    pub fn metrics(&self) -> &Arc<crate::remote::RemoteMetrics> {
+        self.fetch.metrics()
+    }
+
+    fn completion(&mut self, c: FetchCompletion) -> Option<Completion> {
+        // Every tag came from `submit`; one that did not is not ours to report.
+        let (user_data, object) = self.outstanding.remove(&c.tag)?;
+        let result = c.result.map_err(|e| self.read_error(object, e));
+        Some(Completion { user_data, result })
+    }
+
+    fn read_error(&self, object: u32, e: RemoteError) -> ReadError {
+        let key = self
+            .objects
+            .get(object as usize)
+            .map_or_else(|| format!("#{object}"), |o| o.key.clone());
+        ReadError::Remote {
+            key,
+            message: e.to_string(),
+        }
+    }
+}
+
+impl ReadEngine for RemoteReadEngine {
+    fn backend_name(&self) -> &'static str {
+        REMOTE_BACKEND
+    }
+
+    fn in_flight(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
+        if self.outstanding.len() + ops.len() > self.max_in_flight {
+            return Err(ReadError::Busy {
+                in_flight: self.outstanding.len(),
+                requested: ops.len(),
+                max_in_flight: self.max_in_flight,
+            });
+        }
+        // The fetch engine checks too, but names no read: the first bad
+        // one's `user_data` goes back, as the local engines do.
+        for op in ops {
+            let size = self.objects.get(op.file as usize).map(|o| o.size);
+            let fits = size.is_some_and(|size| {
+                op.offset_bytes
+                    .checked_add(op.len_bytes)
+                    .is_some_and(|end| end <= size)
+            });
+            if !fits {
+                return Err(ReadError::InvalidOp {
+                    user_data: op.user_data,
+                    reason: match size {
+                        Some(size) => format!(
+                            "{} bytes at offset {} of object #{} pass its {size} bytes",
+                            op.len_bytes, op.offset_bytes, op.file
+                        ),
+                        None => format!(
+                            "object #{} is not in the table of {}",
+                            op.file,
+                            self.objects.len()
+                        ),
+                    },
+                });
+            }
+        }
+        let first_id = self.next_id;
+        let mut reads = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            let end =
+                op.offset_bytes
+                    .checked_add(op.len_bytes)
+                    .ok_or_else(|| ReadError::InvalidOp {
+                        user_data: op.user_data,
+                        reason: format!(
+                            "{} bytes at offset {} pass 2^64",
+                            op.len_bytes, op.offset_bytes
+                        ),
+                    })?;
+            reads.push(FetchRead {
+                object: op.file,
+                range: op.offset_bytes..end,
+                dest: op.dest,
+                tag: first_id + i as u64,
+            });
+        }
+        // SAFETY: the caller's contract on `dest` (valid for `len_bytes`
+        // writes, untouched until reaped or the engine is dropped) is the
+        // fetch engine's; its drop waits for every GET, as ours must.
+        let submitted = unsafe { self.fetch.submit(&reads) };
+        submitted.map_err(|e| match e {
+            RemoteError::InvalidRead { reason } => ReadError::InvalidOp {
+                user_data: ops.first().map_or(0, |op| op.user_data),
+                reason,
+            },
+            RemoteError::Busy { queued, max_queued } => ReadError::Busy {
+                in_flight: queued,
+                requested: ops.len(),
+                max_in_flight: max_queued,
+            },
+            other => ReadError::Remote {
+                key: String::new(),
+                message: other.to_string(),
+            },
+        })?;
+        for (i, op) in ops.iter().enumerate() {
+            self.outstanding
+                .insert(first_id + i as u64, (op.user_data, op.file));
+        }
+        self.next_id = first_id + ops.len() as u64;
+        Ok(())
+    }
+
+    fn reap(
+        &mut self,
+        out: &mut Vec<Completion>,
+        min_complete: usize,
+        timeout: Option<Duration>,
+    ) -> Result<usize, ReadError> {
+        let mut got = 0;
+        loop {
+            let wait = timeout.unwrap_or(REAP_FOREVER_SLICE);
+            let mut reaped = std::mem::take(&mut self.reaped);
+            self.fetch
+                .reap(&mut reaped, min_complete.saturating_sub(got), wait);
+            for c in reaped.drain(..) {
+                if let Some(done) = self.completion(c) {
+                    out.push(done);
+                    got += 1;
+                }
+            }
+            self.reaped = reaped;
+            if timeout.is_some() || got >= min_complete || self.outstanding.is_empty() {
+                return Ok(got);
+            }
+        }
+    }
+}
+
+/// What a loader reads: the files of a local directory, or the objects of
+/// a remote prefix.
+#[derive(Clone)]
+pub enum ReadTarget {
+    /// Local files, read by io_uring or pread.
+    Files(Arc<super::FileTable>),
+    /// Remote objects, read by the fetch engine.
+    Remote(Box<RemoteTarget>),
+}
+
+/// The remote objects a loader reads, and how.
+#[derive(Clone)]
+pub struct RemoteTarget {
+    /// The runtime the source listed on (its connection pool).
+    pub runtime: Arc<RemoteRuntime>,
+    /// The store and prefix.
+    pub store: StoreHandle,
+    /// The manifest's objects, in its order, with the listed ETags.
+    pub objects: Arc<Vec<RemoteObject>>,
+    /// Tuning of the fetch engine.
+    pub fetch: FetchConfig,
+}
+
+impl std::fmt::Debug for ReadTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadTarget::Files(files) => f.debug_tuple("Files").field(&files.len()).finish(),
+            ReadTarget::Remote(remote) => f
+                .debug_struct("Remote")
+                .field("store", &remote.store.display)
+                .field("objects", &remote.objects.len())
+                .finish(),
+        }
+    }
+}
+
+impl ReadTarget {
+    /// The local file table, if the target is one.
+    pub fn files(&self) -> Option<&Arc<super::FileTable>> {
+        match self {
+            ReadTarget::Files(files) => Some(files),
+            ReadTarget::Remote(_) => None,
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! A remote prefix as a source: `s3://BUCKET/PREFIX`, `gs://`, `az://` /
+//! `abfs://`, `http(s)://`, through `crate::remote`.
+//!
+//! - The objects are the keys under the prefix, relative to it, in byte-wise
+//!   order, directory markers (keys ending in `/`, or empty objects that are
+//!   also a directory of other keys) skipped: a local directory and the same
+//!   tree uploaded to a bucket give the same manifest, so the same batches
+//!   for the same seed.
+//! - Listing: S3 and GCS list key ranges in parallel with work stealing
+//!   (`remote::list_parallel`); Azure lists in one paginated listing
+//!   (`remote::list`: it cannot start after a key); http(s) walks the tree
+//!   with WebDAV PROPFIND, depth 1 (`remote::list_webdav`). Or, for any of
+//!   them, an explicit key list (`--keys FILE`; `remote::read_keys_file`).
+//! - Progress as a local listing shows it: nothing for the first second,
+//!   then a spinner on a terminal or a log line every 5 s.
+//! - The manifest cache: a remote listing is not cached (yet). Its
+//!   directories have no times to check, and an honest rule (an age limit
+//!   plus ETags checked at read time) is not written; every start lists
+//!   again, and the log says so. Each object's size and ETag are checked at
+//!   read time anyway: a changed object stops the run, naming its key.
+//!
+//! Listing and fetching share one `RemoteRuntime` (the connection pool lives
+//! on it): the source owns it, and the loader's fetch engine takes it from
+//! here.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use indicatif::ProgressBar;
+use object_store::ObjectStoreExt as _;
+
+use super::{Checked, Listing, ObjectMeta, Source, Validity, VersionTag};
+use crate::manifest::{FileList, ManifestCache, ManifestError, ManifestOptions, ObjectNames};
+use crate::remote::{
+    self, ListProgress, RemoteError, RemoteObject, RemoteRuntime, Scheme, StoreHandle,
+    LIST_WORKERS_MAX,
+};
+
+/// Listing shorter than this shows no progress at all (as a local listing).
+const PROGRESS_AFTER_MS: u64 = 1_000;
+/// Without a terminal, one `tracing::info` line this often.
+const PROGRESS_LOG_EVERY_MS: u64 = 5_000;
+/// How often the waiting thread wakes to update progress.
+const PROGRESS_POLL_MS: u64 = 100;
+/// Parallel listing workers when `ManifestOptions::threads` is 0: listing is
+/// round trips, not cores (Dataflux lists with dozens).
+pub const REMOTE_LIST_WORKERS_DEFAULT: usize = 32;
+/// Threads of the remote runtime a loader starts: GETs are async, a few
+/// threads drive hundreds of them (and copy their bytes into slots).
+pub const REMOTE_RUNTIME_THREADS: usize = 4;
+/// Why a remote listing is never kept in the manifest cache.
+const NOT_CACHED: &str = "remote listings are not cached, every start lists again \
+                          (objects are still checked by size and ETag as they are read)";
+
+/// Whether `source` names a remote store (a scheme `remote` serves).
+pub fn is_remote_url(source: &str) -> bool {
+    [
+        "s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "azure://", "http://",
+        "https://",
+    ]
+    .iter()
+    .any(|scheme| source.starts_with(scheme))
+}
+
+/// The objects under a remote prefix, or those a keys file lists.
+#[derive(Debug)]
+pub struct RemoteSource {
+    store: StoreHandle,
+    runtime: Arc<RemoteRuntime>,
+    keys_file: Option<PathBuf>,
+    /// The last listing's objects (keys, sizes, ETags), for the fetch engine.
+    listed: Mutex<Option<Arc<Vec<RemoteObject>>>>,
+}
+
+impl RemoteSource {
+    /// The store `url` names, on a runtime of its own; nothing is asked of
+    /// the network yet. With `keys_file`, the objects are the ones it lists.
+    pub fn open(url: &str, keys_file: Option<&Path>) -> Result<RemoteSource, ManifestError> {
+        let runtime = RemoteRuntime::new(REMOTE_RUNTIME_THREADS)?;
+        let store = StoreHandle::open(url)?;
+        Ok(RemoteSource::over(store, Arc::new(runtime), keys_file))
+    }
+
+    /// A source over a store built by the caller (tests: an in-memory store).
+    pub fn over(
+        store: StoreHandle,
+        runtime: Arc<RemoteRuntime>,
+        keys_file: Option<&Path>,
+    ) -> RemoteSource {
+        RemoteSource {
+            store,
+            runtime,
+            keys_file: keys_file.map(Path::to_path_buf),
+            listed: Mutex::new(None),
+        }
+    }
+
+    /// The store and prefix.
+    pub fn store(&self) -> &StoreHandle {
+        &self.store
+    }
+
+    /// The runtime listing ran on; the fetch engine runs on it too.
+    pub fn runtime(&self) -> &Arc<RemoteRuntime> {
+        &self.runtime
+    }
+
+    /// The objects of `files` (a manifest's, in its order) as the fetch
+    /// engine reads them: each with its ETag where the last listing of this
+    /// source gave one for the same key and size, so a read insists on the
+    /// version that was listed.
+    pub fn objects_for(&self, files: &FileList) -> Vec<RemoteObject> {
+        let listed = self.listed.lock().ok().and_then(|l| l.clone());
+        let mut listed_iter = listed.as_deref().map(|v| v.iter().peekable());
+        files
+            .iter()
+            .map(|f| {
+                let path = f.rel_path.as_os_str().as_encoded_bytes();
+                let key = String::from_utf8_lossy(path).into_owned();
+                // Both are in byte-wise key order: walk them together.
+                let etag = listed_iter.as_mut().and_then(|it| {
+                    while it.next_if(|o| o.key.as_bytes() < path).is_some() {}
+                    it.next_if(|o| o.key.as_bytes() == path && o.size == f.size_bytes)
+                        .and_then(|o| o.etag.clone())
+                });
+                RemoteObject {
+                    key,
+                    size: f.size_bytes,
+                    etag,
+                }
+            })
+            .collect()
+    }
+
+    /// Lists on the runtime while this thread shows progress.
+    fn list_objects(&self, opts: &ManifestOptions) -> Result<Vec<RemoteObject>, RemoteError> {
+        let keys = Arc::new(AtomicU64::new(0));
+        let store = self.store.clone();
+        let keys_file = self.keys_file.clone();
+        let workers = match opts.threads {
+            0 => REMOTE_LIST_WORKERS_DEFAULT,
+            n => n.min(LIST_WORKERS_MAX),
+        };
+        let seen = Arc::clone(&keys);
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.runtime.handle().spawn(async move {
+            let progress = move |p: ListProgress| seen.store(p.keys, Ordering::Relaxed);
+            let found = match (&keys_file, store.scheme) {
+                (Some(path), _) => remote::read_keys_file(&store, path).await,
+                (None, Scheme::S3 | Scheme::Gcs) => {
+                    remote::list_parallel(&store, workers, Some(&progress)).await
+                }
+                (None, Scheme::Http) => remote::list_webdav(&store).await,
+                (None, Scheme::Azure | Scheme::Custom) => {
+                    remote::list(&store, Some(&progress)).await
+                }
+            };
+            // The receiver is gone only if the listing thread panicked.
+            let _ = tx.send(found);
+        });
+        let started = Instant::now();
+        let use_spinner = opts.progress && std::io::stderr().is_terminal();
+        let mut spinner: Option<ProgressBar> = None;
+        let mut last_log = started;
+        let found = loop {
+            match rx.recv_timeout(Duration::from_millis(PROGRESS_POLL_MS)) {
+                Ok(found) => break found,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    break Err(RemoteError::Stopped {
+                        reason: "the listing task ended without an answer".to_string(),
+                    })
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if !opts.progress || started.elapsed() < Duration::from_millis(PROGRESS_AFTER_MS) {
+                continue;
+            }
+            let message = format!(
+                "listing {}: {} keys found",
+                self.store.display,
+                keys.load(Ordering::Relaxed)
+            );
+            if use_spinner {
+                let bar = spinner.get_or_insert_with(|| {
+                    let bar = ProgressBar::new_spinner();
+                    bar.enable_steady_tick(Duration::from_millis(PROGRESS_POLL_MS));
+                    bar
+                });
+                bar.set_message(message);
+            } else if last_log.elapsed() >= Duration::from_millis(PROGRESS_LOG_EVERY_MS) {
+                last_log = Instant::now();
+                tracing::info!("{message}");
+            }
+        };
+        if let Some(bar) = spinner {
+            bar.finish_and_clear();
+        }
+        let objects = found?;
+        if opts.progress && started.elapsed() >= Duration::from_millis(PROGRESS_AFTER_MS) {
+            tracing::info!(
+                "listed {}: {} objects in {:.1} s",
+                self.store.display,
+                objects.len(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(objects)
+    }
+}
+
+impl ObjectNames for RemoteSource {
+    fn source_name(&self) -> PathBuf {
+        PathBuf::from(&self.store.display)
+    }
+
+    fn object_name(&self, key: &[u8]) -> PathBuf {
+        PathBuf::from(format!(
+            "{}/{}",
+            self.store.display.trim_end_matches('/'),
+            String::from_utf8_lossy(key)
+        ))
+    }
+}
+
+impl Source for RemoteSource {
+    fn list(&self, opts: &ManifestOptions) -> Result<Listing, ManifestError> {
+        let objects = self.list_objects(opts)?;
+        let mut files =
+            FileList::with_capacity(objects.len(), objects.iter().map(|o| o.key.len()).sum());
+        let mut versions = Vec::with_capacity(objects.len());
+        for o in &objects {
+            files.push(o.key.as_bytes(), o.size);
+            // An object without an ETag is checked by size alone.
+            versions.push(VersionTag::ETag(o.etag.clone().unwrap_or_default().into()));
+        }
+        if let Ok(mut listed) = self.listed.lock() {
+            *listed = Some(Arc::new(objects));
+        }
+        Ok(Listing {
+            objects: files,
+            versions: Some(versions),
+            validity: Validity::Unchecked,
+        })
+    }
+
+    fn head(&self, key: &[u8]) -> Result<ObjectMeta, ManifestError> {
+        let path = self.store.path_of(&String::from_utf8_lossy(key));
+        let store = self.store.clone();
+        let meta = self
+            .runtime
+            .block_on(async move { store.meta.head(&path).await })
+            .map_err(|e| {
+                ManifestError::Remote(RemoteError::Permanent {
+                    key: String::from_utf8_lossy(key).into_owned(),
+                    store: self.store.display.clone(),
+                    status: 0,
+                    detail: format!("HEAD failed: {e}"),
+                })
+            })?;
+        Ok(ObjectMeta {
+            key: key.to_vec(),
+            size_bytes: meta.size,
+            version: meta.e_tag.map(|e| VersionTag::ETag(e.into())),
+        })
+    }
+
+    fn cache_identity(&self) -> Result<Vec<u8>, String> {
+        Err(NOT_CACHED.to_string())
+    }
+
+    fn why_not_cacheable(
+        &self,
+        _validity: &Validity,
+        _listed_at: SystemTime,
+        _cache: &ManifestCache,
+    ) -> Option<String> {
+        Some(NOT_CACHED.to_string())
+    }
+
+    fn check_cached(
+        &self,
+        _objects: &FileList,
+        _validity: &Validity,
+        _cache: &ManifestCache,
+        _threads: usize,
+    ) -> Result<Checked, String> {
+        Err(NOT_CACHED.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_urls_are_told_from_local_paths() {
+        for url in [
+            "s3://b/p",
+            "gs://b",
+            "az://c/p",
+            "abfs://c@a.dfs.core.windows.net/p",
+        ] {
+            assert!(is_remote_url(url), "{url}");
+        }
+        for url in ["https://h/p", "http://127.0.0.1:8080/d/"] {
+            assert!(is_remote_url(url), "{url}");
+        }
+        for path in ["/data/s3://x", "data", "file:///data", "s3:/b"] {
+            assert!(!is_remote_url(path), "{path}");
+        }
+    }
+}
