@@ -165,7 +165,9 @@ pub fn remove_stale() -> io::Result<Vec<String>> {
             continue;
         };
         // SAFETY: geteuid has no preconditions.
-        let mine = entry.metadata().is_ok_and(|m| m.uid() == unsafe { libc::geteuid() });
+        let mine = entry
+            .metadata()
+            .is_ok_and(|m| m.uid() == unsafe { libc::geteuid() });
         if mine
             && !crate::segment::shm_path(name).exists()
             && std::fs::remove_file(entry.path()).is_ok()

@@ -226,3 +226,20 @@ fn hint_suffix(scheme: Scheme, status: u16) -> String {
         _ => String::new(),
     }
 }
+
+/// An error's text with its root cause: object_store's "HTTP error: error
+/// sending request" says nothing of why, its source chain ends in what the
+/// user can act on ("Connection refused (os error 111)", a DNS failure).
+pub(crate) fn with_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let text = e.to_string();
+    let mut root: Option<&(dyn std::error::Error + 'static)> = None;
+    let mut next = e.source();
+    while let Some(s) = next {
+        root = Some(s);
+        next = s.source();
+    }
+    match root.map(|r| r.to_string()) {
+        Some(cause) if !cause.is_empty() && !text.contains(&cause) => format!("{text}: {cause}"),
+        _ => text,
+    }
+}

@@ -103,7 +103,7 @@ fn listing_error(store: &StoreHandle, e: object_store::Error) -> RemoteError {
         url: store.display.clone(),
         status,
         scheme: store.scheme,
-        detail: e.to_string(),
+        detail: super::error::with_cause(&e),
     }
 }
 

@@ -290,7 +290,7 @@ fn classify(
             ),
         }),
         other => {
-            let detail = other.to_string();
+            let detail = super::error::with_cause(&other);
             match last {
                 AttemptOutcome::Status(429 | 503) => Failure::Retry(RetryCause::Throttled, detail),
                 AttemptOutcome::Status(500..=599) => {

@@ -171,13 +171,14 @@ pub(crate) fn parse_multistatus(xml: &[u8]) -> Result<Vec<DavEntry>, String> {
     let mut out = Vec::new();
     let mut entry = DavEntry::default();
     let mut field: Option<&'static str> = None;
+    let mut value = String::new();
     let mut buf = Vec::new();
     loop {
         let event = reader
             .read_event_into(&mut buf)
             .map_err(|e| e.to_string())?;
         match event {
-            Event::Start(e) | Event::Empty(e) => match e.local_name().as_ref() {
+            Event::Start(e) => match e.local_name().as_ref() {
                 b"response" => entry = DavEntry::default(),
                 b"collection" => entry.is_dir = true,
                 b"href" => field = Some("href"),
@@ -185,27 +186,38 @@ pub(crate) fn parse_multistatus(xml: &[u8]) -> Result<Vec<DavEntry>, String> {
                 b"getetag" => field = Some("etag"),
                 _ => {}
             },
-            Event::Text(t) => {
+            // An empty element has no text and no end event of its own.
+            Event::Empty(e) => {
+                if e.local_name().as_ref() == b"collection" {
+                    entry.is_dir = true;
+                }
+            }
+            // A field's text may come in pieces: text, then an entity
+            // (`&amp;` is an event of its own), then text again. Gathered
+            // whole and read at the field's end.
+            Event::Text(t) if field.is_some() => {
                 let text = t.decode().map_err(|e| e.to_string())?;
                 let text = quick_xml::escape::unescape(&text).map_err(|e| e.to_string())?;
-                let text = text.trim();
-                match field {
-                    Some("href") => entry.href.push_str(text),
-                    Some("len") => {
-                        entry.size = Some(
-                            text.parse()
-                                .map_err(|e| format!("getcontentlength {text:?}: {e}"))?,
-                        )
-                    }
-                    Some("etag") => entry.etag = Some(text.to_string()),
-                    _ => {}
+                value.push_str(&text);
+            }
+            Event::GeneralRef(r) if field.is_some() => {
+                if let Some(c) = r.resolve_char_ref().map_err(|e| e.to_string())? {
+                    value.push(c);
+                } else {
+                    let name = r.decode().map_err(|e| e.to_string())?;
+                    let resolved = quick_xml::escape::resolve_predefined_entity(&name)
+                        .ok_or_else(|| format!("unknown entity &{name};"))?;
+                    value.push_str(resolved);
                 }
             }
             Event::End(e) => {
+                if let Some(f) = field.take() {
+                    take_field(&mut entry, f, value.trim())?;
+                    value.clear();
+                }
                 if e.local_name().as_ref() == b"response" {
                     out.push(std::mem::take(&mut entry));
                 }
-                field = None;
             }
             Event::Eof => break,
             _ => {}
@@ -213,6 +225,25 @@ pub(crate) fn parse_multistatus(xml: &[u8]) -> Result<Vec<DavEntry>, String> {
         buf.clear();
     }
     Ok(out)
+}
+
+/// Stores the text of `field` in `entry`.
+fn take_field(entry: &mut DavEntry, field: &str, text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Ok(()); // `<getetag></getetag>`: as if absent
+    }
+    match field {
+        "href" => entry.href.push_str(text),
+        "len" => {
+            entry.size = Some(
+                text.parse()
+                    .map_err(|e| format!("getcontentlength {text:?}: {e}"))?,
+            )
+        }
+        "etag" => entry.etag = Some(text.to_string()),
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The path of an absolute URL (`http://h:1/a/b` → `/a/b`), or the string
@@ -262,5 +293,20 @@ mod tests {
         assert_eq!(entries[1].etag.as_deref(), Some("\"5-c\""));
         assert_eq!(percent_decode("/data/a%20b.bin"), "/data/a b.bin");
         assert_eq!(url_path("http://h:8/x/y/"), "/x/y/");
+    }
+
+    #[test]
+    fn an_entity_in_a_name_is_kept_whole() {
+        // nginx and rclone escape '&' in hrefs; the parser hands the entity
+        // over as an event of its own, between two pieces of text (a file
+        // `amp&quote'.bin` was listed as `ampquote'.bin`, then 404).
+        let xml = br#"<D:multistatus xmlns:D="DAV:"><D:response><D:href>/d/amp&amp;quote&apos;.bin</D:href><D:propstat><D:prop><D:getcontentlength> 3 </D:getcontentlength><D:getetag>"x&#38;y"</D:getetag></D:prop></D:propstat></D:response><D:response><D:href>/d/e</D:href><D:propstat><D:prop><D:getcontentlength/><D:getetag></D:getetag><D:resourcetype/></D:prop></D:propstat></D:response></D:multistatus>"#;
+        let entries = parse_multistatus(xml).unwrap();
+        assert_eq!(entries[0].href, "/d/amp&quote'.bin");
+        assert_eq!(entries[0].size, Some(3));
+        assert_eq!(entries[0].etag.as_deref(), Some("\"x&y\""));
+        // Empty elements say nothing, and do not spill into later fields.
+        assert_eq!(entries[1].href, "/d/e");
+        assert_eq!((entries[1].size, entries[1].etag.as_deref()), (None, None));
     }
 }
