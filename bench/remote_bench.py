@@ -47,7 +47,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 MiB = 1 << 20
 # name: (object size, objects)
 DATASETS = {"100k": (100_000, 2000), "4k": (4096, 10_000), "64m": (64 * MiB, 4)}
-LIST_KEYS = 100_000
+# The issue asks for 100,000 keys; s3s-fs walks its whole bucket directory for
+# every page (three blocking calls a file), ~8 s a page at 100k keys on this
+# machine, so 100 sequential pages would take ~13 min: --list-keys picks.
+LIST_KEYS_DEFAULT = 10_000
 RTT_MS = 20
 BUCKET = "bench"
 RAW_IN_FLIGHT = 256
@@ -187,16 +190,17 @@ def seed(nginx_root, s3_root, sizes):
         log("seeded ds%s: %d x %d bytes in %.1f s" % (ds, count, size, time.time() - t))
 
 
-def seed_listing(s3_root):
-    d = os.path.join(s3_root, "list", "k")
-    if os.path.isdir(d) and len(os.listdir(d)) == LIST_KEYS:
+def seed_listing(s3_root, keys):
+    """One bucket per key count (s3s-fs walks the whole bucket for every page)."""
+    d = os.path.join(s3_root, "list%d" % keys, "k")
+    if os.path.isdir(d) and len(os.listdir(d)) == keys:
         return
     t = time.time()
     os.makedirs(d, exist_ok=True)
-    for i in range(LIST_KEYS):
+    for i in range(keys):
         with open(os.path.join(d, "obj-%06d" % i), "wb") as f:
             f.write(b"x")
-    log("seeded %d one-byte keys for the listing in %.1f s" % (LIST_KEYS, time.time() - t))
+    log("seeded %d one-byte keys for the listing in %.1f s" % (keys, time.time() - t))
 
 
 def keys_file(state, ds):
@@ -422,6 +426,8 @@ def main():
     ap.add_argument("--target", default=os.path.join(REPO, "target", "release"))
     ap.add_argument("--bin", default=os.environ.get("RINGFEED_BIN"), help="ringfeed binary (default TARGET/ringfeed)")
     ap.add_argument("--lib", default=os.environ.get("RINGFEED_LIB"), help="libringfeed.so (default TARGET/libringfeed.so)")
+    ap.add_argument("--list-keys", type=int, default=LIST_KEYS_DEFAULT, help="keys in the listing bucket (issue: 100000)")
+    ap.add_argument("--list-workers", type=int, default=64)
     ap.add_argument("--results", default=os.path.join(REPO, "bench", "RESULTS-remote.md"))
     args = ap.parse_args()
     parts = set(args.only.split(","))
@@ -504,12 +510,12 @@ def main():
             note_cmd([sys.executable, "-c", "# DataLoader cells: see run_dataloader() in bench/remote_bench.py"])
 
         if "list" in parts:
-            seed_listing(s3_root)
+            seed_listing(s3_root, args.list_keys)
             env = dict(os.environ)
             env["AWS_ENDPOINT_URL"] = "http://127.0.0.1:%d" % proxy_s3_port
             meter = CpuMeter({"server": lambda: [s3_pid], "proxy": lambda: [proxy_s3.pid]})
-            for workers in (64,):
-                cmd = [os.path.join(args.target, "examples", "remote_list"), "s3://list/k/", "--workers", str(workers)]
+            for workers in (args.list_workers,):
+                cmd = [os.path.join(args.target, "examples", "remote_list"), "s3://list%d/k/" % args.list_keys, "--workers", str(workers)]
                 note_cmd(cmd, {"AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"]})
                 load = os.getloadavg()[0]
                 before = meter.snap()
@@ -519,7 +525,7 @@ def main():
                 cpu = CpuMeter.cores(before, meter.snap(), wall)
                 text = (p.stdout + p.stderr).strip()
                 log("listing: %s (server %.2f cores, proxy %.2f cores, load %.1f)" % (text.replace("\n", "; "), cpu["server"], cpu["proxy"], load))
-                list_rows.append({"workers": workers, "text": text, "rc": p.returncode, "cpu": cpu, "load": load})
+                list_rows.append({"keys": args.list_keys, "workers": workers, "text": text, "rc": p.returncode, "cpu": cpu, "load": load})
     finally:
         for p in procs:
             if p.poll() is None:
@@ -583,8 +589,8 @@ def write_results(args, rows, list_rows, mem_rows, total_s):
                 vm.get("RssShmem", 0) / MiB, "yes" if vm.get("VmHWM", 0) <= r["ring_bytes"] + 128 * MiB else "NO"))
         lines.append("")
     if list_rows:
-        lines.append("## Listing (point 5): %d keys behind the %d ms proxy, s3s-fs\n" % (LIST_KEYS, RTT_MS))
         for r in list_rows:
+            lines.append("## Listing (point 5): %d keys behind the %d ms proxy, s3s-fs\n" % (r["keys"], RTT_MS))
             lines.append("```\n%s\n```\nrc %d; server %.2f cores, proxy %.2f cores, load %.1f\n" % (
                 r["text"], r["rc"], r["cpu"]["server"], r["cpu"]["proxy"], r["load"]))
     lines.append("## Commands\n")
