@@ -10,7 +10,8 @@ Two paths, the same data on both:
   s3    s3s-fs (checks SigV4), directly
 Objects of 100 KB (2,000), 4 KiB (10,000) and 64 MiB (4), written straight
 into the servers' data directories (s3s-fs keeps a bucket as a directory;
-the same files are hard-linked into nginx's root). Columns per path and size:
+the same files are hard-linked into nginx's root), each with the ETag sidecar
+s3s-fs's PUT writes (without it s3s-fs hashes the whole object on every GET). Columns per path and size:
   dl2, dl8      torch DataLoader, num_workers=2 / 8, one GET per sample
                 (urllib3 keep-alive pool for http, boto3 for s3)
   tp16, tp64    the ConcurrentDataloader approach: 2 workers, each fetching
@@ -28,7 +29,10 @@ Figures go to stdout and to bench/RESULTS-remote.md (--results).
 """
 
 import argparse
+import base64
 import datetime
+import hashlib
+import json
 import os
 import platform
 import re
@@ -168,8 +172,21 @@ def start_proxy(bin_dir, upstream, state, tag):
     raise RuntimeError("faultproxy wrote no --port-file in 30 s: see %s/proxy-%s.log" % (state, tag))
 
 
+def s3s_fs_etag_sidecar(s3_root, bucket, key, data):
+    """What s3s-fs's PutObject stores beside an object: its ETag (hex MD5) in
+    `.bucket-B64(bucket).object-B64(key).internal.json` at the data root. An
+    object written straight into the bucket directory has none, and then
+    s3s-fs hashes the WHOLE file on every GET, ranged ones included (a 64 MiB
+    object costs a 64 MiB MD5 per 8 MiB range): not what a real store does."""
+    enc = lambda s: base64.urlsafe_b64encode(s.encode()).decode().rstrip("=")
+    path = os.path.join(s3_root, ".bucket-%s.object-%s.internal.json" % (enc(bucket), enc(key)))
+    with open(path, "w") as f:
+        json.dump({"e_tag": hashlib.md5(data).hexdigest()}, f)
+
+
 def seed(nginx_root, s3_root, sizes):
-    """Writes each dataset once under nginx's root and hard-links it into the bucket."""
+    """Writes each dataset once under nginx's root and hard-links it into the
+    bucket, with the ETag sidecar s3s-fs's own PUT would have written."""
     for ds in sizes:
         size, count = DATASETS[ds]
         src = os.path.join(nginx_root, "ds" + ds)
@@ -182,11 +199,13 @@ def seed(nginx_root, s3_root, sizes):
         for i in range(count):
             name = "%06d.bin" % i
             p = os.path.join(src, name)
+            data = os.urandom(size)
             with open(p, "wb") as f:
-                f.write(os.urandom(size))
+                f.write(data)
             q = os.path.join(dst, name)
             if not os.path.exists(q):
                 os.link(p, q)
+            s3s_fs_etag_sidecar(s3_root, BUCKET, "ds%s/%s" % (ds, name), data)
         log("seeded ds%s: %d x %d bytes in %.1f s" % (ds, count, size, time.time() - t))
 
 
