@@ -408,7 +408,7 @@ def run_ringfeed(bin_path, url, ds, env, cell_s, lib):
         hwm_peak = vm_status(serve.pid)
         feed.close()
         secs = (t_last - t_first) if t_first and t_last else float("nan")
-        out = {"bytes": nbytes, "objects": nobj, "secs": secs, "ring_bytes": ring_bytes, "vm": hwm_peak, "note": "batch %d" % batch}
+        out = {"bytes": nbytes, "objects": nobj, "secs": secs, "ring_bytes": ring_bytes, "vm": hwm_peak, "note": "batch %d, %d epochs; consumer touches no bytes (zero-copy views)" % (batch, epochs)}
     finally:
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
