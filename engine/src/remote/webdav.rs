@@ -187,11 +187,7 @@ pub(crate) fn parse_multistatus(xml: &[u8]) -> Result<Vec<DavEntry>, String> {
                 _ => {}
             },
             // An empty element has no text and no end event of its own.
-            Event::Empty(e) => {
-                if e.local_name().as_ref() == b"collection" {
-                    entry.is_dir = true;
-                }
-            }
+            Event::Empty(e) if e.local_name().as_ref() == b"collection" => entry.is_dir = true,
             // A field's text may come in pieces: text, then an entity
             // (`&amp;` is an event of its own), then text again. Gathered
             // whole and read at the field's end.
