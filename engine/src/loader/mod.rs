@@ -60,7 +60,7 @@ pub enum ServeError {
     #[error(transparent)]
     Read(#[from] ReadError),
     /// A sample is larger than the given slot size.
-    #[error("sample {index} ({path}, {len} bytes) is larger than --slot-bytes {slot_bytes}; raise --slot-bytes to {derived}, or leave it out to size slots from the data")]
+    #[error("sample {index} ({path}, {len} bytes) does not fit a slot of --slot-bytes {slot_bytes}; raise --slot-bytes to {derived}, or leave it out to size slots from the data")]
     SlotTooSmall {
         /// Sample index.
         index: u64,
