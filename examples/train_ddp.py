@@ -119,6 +119,11 @@ def main():
     loader.close()
     feed.close()
     if distributed:
+        # Every rank out of its last collective before any tears gloo down: a
+        # rank that destroyed its group while its peer was still finishing
+        # made the peer abort ("terminate called without an active
+        # exception", seen once in CI with two machines).
+        dist.barrier()
         dist.destroy_process_group()
 
 
