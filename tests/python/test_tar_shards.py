@@ -216,3 +216,44 @@ def test_remote_shards_serve_every_sample_once_per_epoch_with_each_fields_bytes(
     check_fields(rows, expected)
     assert "every object is a .tar shard" in log and "reader remote" in log, log
     assert "tar shards: 2 indexed" in log and "2 from their headers" in log, log
+
+
+def sidecar_of(shard):
+    """The shard's .tar.idx per TAR-INDEX.md, written from Python's tarfile
+    (an implementation of its own, so the loader's parser is checked against
+    another writer)."""
+    lines = [b"ringfeed-tar-index 1", b"shard_bytes %d" % shard.stat().st_size]
+    with tarfile.open(shard) as t:
+        members = [m for m in t.getmembers() if m.isreg()]
+    for m in members:
+        name = b"".join(b"%%%02X" % b if b <= 0x20 or b in (0x25, 0x7F) else bytes([b]) for b in m.name.encode())
+        lines.append(b"%d %d %d %s" % (m.offset, m.offset_data, m.size, name))
+    body = b"\n".join(lines) + b"\n"
+    return body + b"end %d %08x\n" % (len(members), crc32(body))
+
+
+@pytest.mark.parametrize("scheme", ["http", "s3"])
+def test_remote_shards_use_their_sidecar_then_the_index_cache(shard_sets, c_reader, servers, scheme, tmp_path):
+    d, expected = shard_sets["tarfile"]
+    with_idx = tmp_path / "with-idx"
+    shutil.copytree(d, with_idx)
+    (with_idx / "shard-001.tar.idx").write_bytes(sidecar_of(with_idx / "shard-001.tar"))
+    if scheme == "http":
+        env = start_server(servers, "nginx")
+        shutil.copytree(with_idx, Path(env["RINGFEED_TEST_NGINX_ROOT"]) / "with-idx")
+        source = env["RINGFEED_TEST_NGINX_URL"].rstrip("/") + "/with-idx/"
+    else:
+        env = start_server(servers, "s3")
+        seeded = subprocess.run(
+            [sys.executable, str(SERVERS / "seed.py"), "s3", "rfbucket", str(with_idx), "--prefix", "with-idx/"],
+            env=dict(os.environ, **env), capture_output=True, text=True, timeout=120,
+        )
+        assert seeded.returncode == 0, seeded.stderr
+        source = "s3://rfbucket/with-idx/"
+    env = dict(env, RINGFEED_CACHE_DIR=str(tmp_path / "cache"))
+    rows, log = serve_and_read(source, env, c_reader)
+    check_fields(rows, expected)
+    assert "0 from the index cache, 1 from .tar.idx sidecars, 2 from their headers" in log, log
+    rows, log = serve_and_read(source, env, c_reader)
+    check_fields(rows, expected)
+    assert "3 from the index cache, 0 from .tar.idx sidecars, 0 from their headers" in log, log

@@ -92,3 +92,13 @@ pub async fn read_object(store: &StoreHandle, key: &str) -> Result<Vec<u8>, Stri
         .map(|b| b.to_vec())
         .map_err(|e| e.to_string())
 }
+
+/// The version of object `key` by a HEAD: its ETag, else its last-modified
+/// time; None when the HEAD fails.
+pub async fn version_of(store: &StoreHandle, key: &str) -> Option<String> {
+    let meta = object_store::ObjectStoreExt::head(store.meta.as_ref(), &store.path_of(key))
+        .await
+        .ok()?;
+    meta.e_tag
+        .or_else(|| Some(format!("modified {}", meta.last_modified.to_rfc3339())))
+}

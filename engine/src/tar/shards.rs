@@ -140,8 +140,16 @@ pub fn tar_manifest(
             ranges.push(job.shard as u32, s.offset_bytes, s.len_bytes);
         }
     }
+    let untagged = progress.untagged.load(Ordering::Relaxed);
+    let uncached = match (cache, untagged) {
+        (None, _) => "; index cache off".to_owned(),
+        (Some(_), 0) => String::new(),
+        (Some(_), n) => {
+            format!("; {n} without an ETag or a last-modified time, so not kept in the index cache")
+        }
+    };
     tracing::info!(
-        "tar shards: {} indexed in {:.2} s ({} from the index cache, {} from .tar.idx sidecars, {} from their headers), {} members in {} samples",
+        "tar shards: {} indexed in {:.2} s ({} from the index cache, {} from .tar.idx sidecars, {} from their headers), {} members in {} samples{uncached}",
         jobs.len(),
         started.elapsed().as_secs_f64(),
         counts.cached,
@@ -169,6 +177,8 @@ struct Progress {
     done: AtomicUsize,
     members: AtomicU64,
     failed: AtomicBool,
+    /// Remote shards with no version to key the index cache by.
+    untagged: AtomicUsize,
 }
 
 impl Progress {
@@ -385,14 +395,18 @@ async fn index_remote_shard(
     let store = remote.store();
     let key = String::from_utf8_lossy(&job.key).into_owned();
     let name = remote.object_name(&job.key).display().to_string();
-    // Without an ETag a changed object of the same size cannot be told: no caching.
-    let identity = job.etag.as_ref().map(|etag| {
-        format!(
-            "{}\0remote\0{key}\0{}\0{etag}",
-            store.display, job.size_bytes
-        )
-        .into_bytes()
-    });
+    // The version that tells a changed object of the same size: the
+    // listing's ETag, else one HEAD's (ETag, else last-modified); without
+    // one the index is not cached.
+    let version = match &job.etag {
+        Some(etag) => Some(etag.clone()),
+        None => super::remote::version_of(store, &key).await,
+    };
+    let identity = version
+        .map(|v| format!("{}\0remote\0{key}\0{}\0{v}", store.display, job.size_bytes).into_bytes());
+    if identity.is_none() {
+        progress.untagged.fetch_add(1, Ordering::Relaxed);
+    }
     if let Some(index) = identity
         .as_ref()
         .and_then(|id| cache.and_then(|c| c.get(id, job.size_bytes)))
