@@ -451,7 +451,8 @@ fn sample_manifest(
     }
     if args.format.is_none() {
         say_err!(
-            "ringfeed: every object is a .tar shard: serving WebDataset samples (consecutive members sharing a key);              --format files serves each .tar whole"
+            "ringfeed: every object is a .tar shard: serving WebDataset samples (consecutive members sharing a key); \
+             --format files serves each .tar whole"
         );
     }
     let index_cache = cache.map(|c| crate::tar::IndexCache::beside(&c.dir));

@@ -36,7 +36,7 @@ pub enum Fault {
         shard_bytes: u64,
     },
     /// A member's size is larger than the whole shard.
-    #[error("member {name:?} says it is {size_bytes} bytes, larger than the whole shard ({shard_bytes} bytes)")]
+    #[error("member {name:?} says it is {size_bytes} bytes, larger than the whole shard ({shard_bytes} bytes): the shard is truncated or the header is wrong")]
     LargerThanShard {
         /// The member's name.
         name: String,
@@ -45,16 +45,17 @@ pub enum Fault {
         /// The shard's size.
         shard_bytes: u64,
     },
-    /// A header's checksum does not match its bytes.
+    /// A header's checksum does not match its bytes (a field that is not
+    /// a number is [`Fault::BadNumber`]).
     #[error("bad header checksum: the header says {stored}, its bytes sum to {computed} (not a tar file, or a damaged one)")]
     BadChecksum {
-        /// The checksum field's value (-1 when not a number).
+        /// The checksum field's value.
         stored: i64,
         /// The unsigned sum of the header's bytes.
         computed: i64,
     },
     /// A numeric header field is not a number.
-    #[error("the header's {field} field is not an octal or base-256 number")]
+    #[error("the header's {field} field is not an octal or base-256 number (not a tar file, or a damaged one)")]
     BadNumber {
         /// The field.
         field: &'static str,
@@ -389,7 +390,7 @@ fn ustar_name(block: &[u8]) -> Vec<u8> {
 }
 
 fn check_checksum(block: &[u8]) -> Result<(), Fault> {
-    let stored = parse_number(&block[148..156], "checksum").map_or(-1, |v| v as i64);
+    let stored = parse_number(&block[148..156], "checksum")? as i64;
     let spaces = 8 * i64::from(b' ');
     let unsigned: i64 = block.iter().map(|&b| i64::from(b)).sum::<i64>()
         - block[148..156].iter().map(|&b| i64::from(b)).sum::<i64>()

@@ -193,8 +193,8 @@ impl Progress {
 
 fn scan_message(shard: &str, err: &ScanError) -> String {
     format!(
-        "tar shard {shard}: {} at byte {}; re-create the shard (or remove it from the source)",
-        err.fault, err.offset
+        "tar shard {shard}, header at byte {}: {}; re-create the shard (or remove it from the source)",
+        err.offset, err.fault
     )
 }
 
