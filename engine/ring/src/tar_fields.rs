@@ -310,6 +310,24 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Whatever a slot holds, walking it ends in fields inside it, the
+        /// end, or an error: never a panic, never a slice outside it.
+        #[test]
+        fn any_bytes_walk_to_fields_inside_them_or_an_error(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2048),
+        ) {
+            let mut cursor = 0;
+            let range = bytes.as_ptr_range();
+            while let Ok(Some(f)) = next_field(&bytes, &mut cursor) {
+                for part in [f.name, f.name_prefix, f.ext, f.data] {
+                    proptest::prop_assert!(part.is_empty() || (range.contains(&part.as_ptr()) && part.len() <= bytes.len()));
+                }
+                proptest::prop_assert!(cursor <= bytes.len());
+            }
+        }
+    }
+
     #[test]
     fn extensions_follow_the_webdataset_rule() {
         assert_eq!(ext_of(b"a/b/000123.seg.png"), b"seg.png");

@@ -24,6 +24,10 @@ pub const TAR_SUFFIX: &[u8] = b".tar";
 pub const LOCAL_INDEX_THREADS_MAX: usize = 8;
 /// Remote shards being indexed at once (one streaming GET each).
 pub const REMOTE_SHARDS_IN_FLIGHT: usize = 64;
+/// Attempts of one remote shard's header scan (a failed GET is retried).
+pub const SCAN_ATTEMPTS_MAX: u32 = 3;
+/// First backoff between attempts; doubles each time.
+pub const SCAN_BACKOFF_MS: u64 = 100;
 /// Indexing logs its progress this often.
 pub const PROGRESS_EVERY_MS: u64 = 3000;
 
@@ -421,7 +425,7 @@ async fn index_remote_shard(
     }
     let (index, how) = match from_sidecar {
         Some(index) => (index, How::Sidecar),
-        None => match scan_object(store, &key, job.size_bytes, job.etag.as_deref()).await {
+        None => match scan_with_retries(store, &key, job.size_bytes, job.etag.as_deref()).await {
             Ok(index) => (index, How::Scanned),
             Err(RemoteScanError::Scan(err)) => return Err(scan_message(&name, &err)),
             Err(RemoteScanError::Get(err)) => {
@@ -436,6 +440,27 @@ async fn index_remote_shard(
         }
     }
     Ok((samples, how))
+}
+
+/// [`scan_object`], again after a failed GET (up to `SCAN_ATTEMPTS_MAX`
+/// attempts, backing off); a malformed shard is not retried.
+async fn scan_with_retries(
+    store: &crate::remote::StoreHandle,
+    key: &str,
+    shard_bytes: u64,
+    etag: Option<&str>,
+) -> Result<TarIndex, RemoteScanError> {
+    let mut attempt = 1;
+    loop {
+        match scan_object(store, key, shard_bytes, etag).await {
+            Err(RemoteScanError::Get(err)) if attempt < SCAN_ATTEMPTS_MAX => {
+                tracing::debug!("reading the headers of {key} failed ({err}); attempt {} of {SCAN_ATTEMPTS_MAX}", attempt + 1);
+                tokio::time::sleep(Duration::from_millis(SCAN_BACKOFF_MS << attempt)).await;
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
 }
 
 /// A source seen as the names it gives.
