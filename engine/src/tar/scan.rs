@@ -550,7 +550,7 @@ mod tests {
         t.extend_from_slice(record);
         pad(&mut t);
         t.extend(header(b"x", 700, b'0'));
-        t.extend(std::iter::repeat(7u8).take(700));
+        t.extend([7u8; 700]);
         pad(&mut t);
         t.extend(header(b"././@LongLink", 9, b'L'));
         t.extend_from_slice(b"long.name");
