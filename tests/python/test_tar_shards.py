@@ -9,6 +9,7 @@ import io
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -257,3 +258,41 @@ def test_remote_shards_use_their_sidecar_then_the_index_cache(shard_sets, c_read
     rows, log = serve_and_read(source, env, c_reader)
     check_fields(rows, expected)
     assert "3 from the index cache, 0 from .tar.idx sidecars, 0 from their headers" in log, log
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--format", "records"], "--format records needs --record-bytes N"),
+        (["--format", "tar", "--record-bytes", "4"], "--record-bytes 4 with --format tar"),
+    ],
+)
+def test_format_flags_that_contradict_are_refused_before_listing(tmp_path, flags, says):
+    out = subprocess.run(
+        [ringfeed_bin(), "serve", "--source", str(tmp_path / "not-listed"), "--name", "tar-flags-%s" % uuid.uuid4().hex[:6],
+         "--batch-size", "1"] + flags, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 1 and says in out.stderr, out.stderr
+
+
+def test_format_files_serves_each_shard_whole(shard_sets):
+    d, _ = shard_sets["gnu"]
+    name = "tar-files-%s" % uuid.uuid4().hex[:6]
+    out = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(d), "--name", name, "--batch-size", "1", "--format", "files"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        for line in out.stderr:
+            if line.startswith("ringfeed: manifest:"):
+                assert "2 samples in 2 files" in line, line
+                break
+        else:
+            raise AssertionError("serve never printed its manifest line")
+    finally:
+        # SIGINT: serve removes its ring if it made one by now.
+        out.send_signal(signal.SIGINT)
+        try:
+            out.wait(timeout=30)
+        finally:
+            kill_survivors([out])

@@ -361,7 +361,6 @@ fn index_remote(
     cache: Option<&IndexCache>,
     progress: &Progress,
 ) -> Vec<Option<ShardResult>> {
-    let store = remote.store();
     let total = jobs.len();
     remote.runtime().block_on(async {
         let mut results: Vec<Option<ShardResult>> = (0..total).map(|_| None).collect();
@@ -385,7 +384,6 @@ fn index_remote(
                 logged = Instant::now();
             }
         }
-        let _ = store;
         results
     })
 }
