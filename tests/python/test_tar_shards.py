@@ -296,3 +296,19 @@ def test_format_files_serves_each_shard_whole(shard_sets):
             out.wait(timeout=30)
         finally:
             kill_survivors([out])
+
+
+def test_a_truncated_remote_shard_is_refused_naming_its_url_and_the_offset(shard_sets, servers, tmp_path):
+    d, _ = shard_sets["gnu"]
+    env = start_server(servers, "nginx")
+    dest = Path(env["RINGFEED_TEST_NGINX_ROOT"]) / "truncated"
+    shutil.copytree(d, dest)
+    shard = dest / "shard-001.tar"
+    shard.write_bytes(shard.read_bytes()[:5000])
+    source = env["RINGFEED_TEST_NGINX_URL"].rstrip("/") + "/truncated/"
+    out = subprocess.run(
+        [ringfeed_bin(), "serve", "--source", source, "--name", "tar-rbad-%s" % uuid.uuid4().hex[:6], "--batch-size", "2"],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ, **env),
+    )
+    assert out.returncode == 1, out.stderr
+    assert source + "shard-001.tar, header at byte" in out.stderr and "truncated" in out.stderr, out.stderr

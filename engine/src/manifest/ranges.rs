@@ -136,3 +136,81 @@ fn object_or_source(files: &FileList, file: u32, names: &dyn ObjectNames) -> Pat
         names.source_name()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    struct At;
+
+    impl ObjectNames for At {
+        fn source_name(&self) -> PathBuf {
+            PathBuf::from("/data")
+        }
+        fn object_name(&self, key: &[u8]) -> PathBuf {
+            Path::new("/data").join(std::str::from_utf8(key).unwrap())
+        }
+    }
+
+    fn shards() -> FileList {
+        let mut files = FileList::new();
+        files.push(b"a.tar", 4096);
+        files.push(b"b.tar", 2048);
+        files
+    }
+
+    #[test]
+    fn samples_are_the_ranges_given_and_slots_are_sized_from_them() {
+        let mut ranges = SampleRanges::new();
+        ranges.push(0, 0, 1500);
+        ranges.push(0, 2048, 600);
+        ranges.push(1, 0, 2048);
+        let m = Manifest::from_ranges(shards(), ranges, &At).unwrap();
+        assert_eq!(m.len(), 3);
+        assert_eq!(
+            m.sample(1),
+            SampleLoc {
+                file: 0,
+                offset_bytes: 2048,
+                len_bytes: 600
+            }
+        );
+        assert_eq!((m.total_bytes(), m.max_sample_bytes()), (4148, 2048));
+        assert_eq!(m.largest_samples_total_bytes(2), 3548);
+        assert_eq!(m.record_bytes(), None);
+        // Another range, another dataset.
+        let mut moved = SampleRanges::new();
+        moved.push(0, 0, 1500);
+        moved.push(0, 2560, 600);
+        moved.push(1, 0, 2048);
+        assert_ne!(
+            Manifest::from_ranges(shards(), moved, &At)
+                .unwrap()
+                .digest(),
+            m.digest()
+        );
+    }
+
+    #[test]
+    fn a_range_outside_its_object_is_refused_naming_it() {
+        let mut ranges = SampleRanges::new();
+        ranges.push(1, 1024, 1025);
+        match Manifest::from_ranges(shards(), ranges, &At) {
+            Err(ManifestError::RangeOutside { index: 0, path, .. }) => {
+                assert_eq!(path, Path::new("/data/b.tar"))
+            }
+            other => panic!("expected RangeOutside, got {other:?}"),
+        }
+        let mut ranges = SampleRanges::new();
+        ranges.push(7, 0, 1);
+        assert!(matches!(
+            Manifest::from_ranges(shards(), ranges, &At),
+            Err(ManifestError::RangeOutside { .. })
+        ));
+        assert!(matches!(
+            Manifest::from_ranges(shards(), SampleRanges::new(), &At),
+            Err(ManifestError::Empty { .. })
+        ));
+    }
+}

@@ -48,10 +48,21 @@ pub async fn scan_object(
             Some(Ok(chunk)) => chunk,
             Some(Err(e)) => return Err(RemoteScanError::Get(e.to_string())),
             None => {
-                return Err(RemoteScanError::Get(format!(
-                    "the body ended at byte {} of {shard_bytes}",
-                    scanner.position() + partial.len() as u64
-                )))
+                let received = scanner.position() + partial.len() as u64;
+                if received < shard_bytes {
+                    return Err(RemoteScanError::Get(format!(
+                        "the body ended at byte {received} of {shard_bytes}"
+                    )));
+                }
+                // All of the shard came: whether it was whole tar is the scanner's.
+                scanner.end_of_shard();
+                return match scanner.want().map_err(RemoteScanError::Scan)? {
+                    Want::Done => Ok(scanner.finish()),
+                    _ => Err(RemoteScanError::Scan(ScanError {
+                        offset: scanner.position(),
+                        fault: super::scan::Fault::TruncatedHeader { shard_bytes },
+                    })),
+                };
             }
         };
         let mut rest: &[u8] = &chunk;

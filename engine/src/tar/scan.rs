@@ -199,20 +199,23 @@ impl Scanner {
             State::Done => Ok(Want::Done),
             State::Skip(n) => Ok(Want::Skip(n)),
             State::Meta { size_bytes, .. } => Ok(Want::Bytes(size_bytes as usize)),
-            State::Header if left == 0 => {
-                // A shard without the end-of-archive blocks: accepted, as
-                // tar itself does, unless a pax header waits for its member.
-                if self.pending.header_offset.is_some() {
-                    return Err(self.fault_here(Fault::MetaWithoutMember));
-                }
-                Ok(Want::Done)
-            }
-            State::Header if left < TAR_BLOCK_BYTES => {
-                Err(self.fault_here(Fault::TruncatedHeader {
+            State::Header if left >= TAR_BLOCK_BYTES => Ok(Want::Bytes(BLOCK)),
+            State::Header => match self.pending.header_offset {
+                // The shard ends after a pax or long-name header, before
+                // (or inside) the header of the member it names.
+                Some(offset) => Err(ScanError {
+                    offset,
+                    fault: Fault::TruncatedHeader {
+                        shard_bytes: self.shard_bytes,
+                    },
+                }),
+                // A shard without the end-of-archive blocks (or without the
+                // last member's padding): accepted, as tar itself does.
+                None if left == 0 => Ok(Want::Done),
+                None => Err(self.fault_here(Fault::TruncatedHeader {
                     shard_bytes: self.shard_bytes,
-                }))
-            }
-            State::Header => Ok(Want::Bytes(BLOCK)),
+                })),
+            },
         }
     }
 
@@ -233,6 +236,16 @@ impl Scanner {
             } else {
                 State::Skip(left - n)
             };
+        }
+    }
+
+    /// The shard's bytes ended (a streamed body): a skip that ran past the
+    /// end is done, and [`Scanner::want`] then says whether the shard was
+    /// whole.
+    pub fn end_of_shard(&mut self) {
+        if let State::Skip(left) = self.state {
+            self.position += left;
+            self.state = State::Header;
         }
     }
 

@@ -114,3 +114,19 @@ fn base_256_sizes_and_space_padded_octal_are_numbers() {
     assert!(parse_number(b"12x\0", "size").is_err());
     assert!(parse_number(b"\0\0\0", "size").is_err());
 }
+
+/// The story: a posix-format shard cut inside the padding after a pax
+/// header was reported at the next header's offset, past the shard's end,
+/// and the streamed (remote) scan said the body ended early. Both now name
+/// the pax header of the member that was cut.
+#[test]
+fn a_shard_cut_after_a_pax_header_is_truncated_at_that_header() {
+    let t = shard();
+    let cut = &t[..1536 + 100];
+    let err = scan_bytes(cut).unwrap_err();
+    assert_eq!(err.offset, 1024);
+    assert!(
+        matches!(err.fault, Fault::TruncatedHeader { .. }),
+        "{err:?}"
+    );
+}
