@@ -380,3 +380,26 @@ fn the_index_cache_serves_the_next_start_and_a_changed_shard_is_indexed_again() 
         first.len()
     );
 }
+
+/// A bad shard among many indexed on several threads stops the others and
+/// is the one named. (The story: remote indexing stops at the first failure
+/// while earlier shards may still be in flight, and the manifest then named
+/// an earlier shard as "not indexed" instead of the bad one; the first
+/// failure is now reported before anything else.)
+#[test]
+fn among_many_shards_the_bad_one_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (shard, bytes, _) = good_shard(tmp.path());
+    let shards = shard.parent().unwrap();
+    for i in 0..40 {
+        std::fs::write(shards.join(format!("t{i:02}.tar")), &bytes).unwrap();
+    }
+    let mut bad = bytes.clone();
+    bad[0] ^= 1;
+    std::fs::write(shards.join("t03.tar"), &bad).unwrap();
+    let msg = error_of(shards);
+    assert!(
+        msg.contains("t03.tar, header at byte 0") && msg.contains("checksum"),
+        "{msg}"
+    );
+}

@@ -123,13 +123,20 @@ pub fn tar_manifest(
         OpenedSource::Local(local) => index_local(local, &jobs, cache, &progress),
         OpenedSource::Remote(remote) => index_remote(remote, &jobs, cache, &progress),
     };
+    // A failure stops the other workers, so shards after it may not be
+    // indexed: report the first failure, in shard order.
+    if let Some(Some(Err(first))) = results.iter().find(|r| matches!(r, Some(Err(_)))) {
+        return Err(ManifestError::Shard(first.clone()));
+    }
     let mut ranges = SampleRanges::new();
     let mut counts = Counts::default();
     for (job, result) in jobs.iter().zip(results) {
+        // Every shard was indexed when none failed (both indexers run
+        // until the last job or the first failure).
         let (samples, how) = result
             .unwrap_or_else(|| {
                 Err(format!(
-                    "{}: not indexed",
+                    "tar shard {} was not indexed (an internal error: please report it)",
                     names.object_name(&job.key).display()
                 ))
             })
