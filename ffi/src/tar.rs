@@ -139,3 +139,92 @@ pub unsafe extern "C" fn rf_tar_field_next(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RF_E_CORRUPT;
+
+    fn empty_field() -> rf_tar_field {
+        rf_tar_field {
+            name: std::ptr::null(),
+            name_len: 0,
+            name_prefix: std::ptr::null(),
+            name_prefix_len: 0,
+            ext: std::ptr::null(),
+            ext_len: 0,
+            data: std::ptr::null(),
+            len: 0,
+        }
+    }
+
+    /// A one-member sample: a ustar header for `a/000001.jpg` and 3 bytes.
+    fn sample() -> Vec<u8> {
+        let mut h = vec![0u8; 512];
+        h[..12].copy_from_slice(b"a/000001.jpg");
+        h[124..136].copy_from_slice(b"00000000003\0");
+        h[156] = b'0';
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[148..156].copy_from_slice(b"        ");
+        let sum: u64 = h.iter().map(|&b| u64::from(b)).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        h.extend_from_slice(b"abc");
+        h
+    }
+
+    #[test]
+    fn the_walk_gives_each_field_then_the_end() {
+        let s = sample();
+        let (mut cursor, mut f) = (0u64, empty_field());
+        // SAFETY: valid pointers and lengths.
+        let rc = unsafe { rf_tar_field_next(s.as_ptr(), s.len() as u64, &mut cursor, &mut f) };
+        assert_eq!(rc, RF_OK);
+        // SAFETY: the field points into `s`, alive here.
+        let (ext, data) = unsafe {
+            (
+                std::slice::from_raw_parts(f.ext, f.ext_len as usize),
+                std::slice::from_raw_parts(f.data, f.len as usize),
+            )
+        };
+        assert_eq!((ext, data), (&b"jpg"[..], &b"abc"[..]));
+        assert_eq!(cursor, s.len() as u64);
+        // SAFETY: as above.
+        let rc = unsafe { rf_tar_field_next(s.as_ptr(), s.len() as u64, &mut cursor, &mut f) };
+        assert_eq!(rc, RF_END);
+    }
+
+    #[test]
+    fn bad_arguments_and_bad_bytes_are_codes_with_a_message() {
+        let mut s = sample();
+        let (mut cursor, mut f) = (0u64, empty_field());
+        // SAFETY: NULL `out` is what is tested; nothing is written.
+        let rc = unsafe {
+            rf_tar_field_next(
+                s.as_ptr(),
+                s.len() as u64,
+                &mut cursor,
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, RF_E_INVALID);
+        cursor = s.len() as u64 + 1;
+        // SAFETY: valid pointers; the cursor is out of range on purpose.
+        let rc = unsafe { rf_tar_field_next(s.as_ptr(), s.len() as u64, &mut cursor, &mut f) };
+        assert_eq!(rc, RF_E_INVALID);
+        s[0] ^= 1;
+        cursor = 0;
+        // SAFETY: valid pointers; the header's checksum is wrong on purpose.
+        let rc = unsafe { rf_tar_field_next(s.as_ptr(), s.len() as u64, &mut cursor, &mut f) };
+        assert_eq!(rc, RF_E_CORRUPT);
+        // SAFETY: rf_last_error returns a NUL-terminated string of this thread.
+        let msg = unsafe { std::ffi::CStr::from_ptr(crate::rf_last_error()) }
+            .to_string_lossy()
+            .into_owned();
+        assert!(msg.contains("checksum at byte 0"), "{msg}");
+        // An empty sample has no fields, and a NULL pointer with it is fine.
+        cursor = 0;
+        // SAFETY: len 0 with a NULL sample is allowed.
+        let rc = unsafe { rf_tar_field_next(std::ptr::null(), 0, &mut cursor, &mut f) };
+        assert_eq!(rc, RF_END);
+    }
+}
