@@ -30,6 +30,11 @@ impl IndexCache {
         }
     }
 
+    /// The directory the indexes are kept in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The file of the shard whose identity is `identity`.
     pub fn path_of(&self, identity: &[u8]) -> PathBuf {
         let a = digest_bytes(0x7461_7269_6478_0001, identity);

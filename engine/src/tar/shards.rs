@@ -190,9 +190,22 @@ struct Progress {
     failed: AtomicBool,
     /// Remote shards with no version to key the index cache by.
     untagged: AtomicUsize,
+    /// An index could not be written to the cache (warned once).
+    cache_unwritable: AtomicBool,
 }
 
 impl Progress {
+    /// Warns, once a run, that the index cache cannot be written.
+    fn cache_write_failed(&self, cache: &IndexCache, shard: &str, err: &std::io::Error) {
+        if !self.cache_unwritable.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "cannot keep the index of {shard} in the tar index cache {}: {err}; the next start reads the shards' headers again \
+                 (make it writable, or point --cache-dir or RINGFEED_CACHE_DIR elsewhere)",
+                cache.dir().display()
+            );
+        }
+    }
+
     fn log(&self, total: usize) {
         tracing::info!(
             "indexing tar shards: {}/{total} done, {} members so far",
@@ -356,7 +369,7 @@ fn index_local_shard(
     let samples = samples_of(&name, &index, progress)?;
     if let Some(cache) = cache {
         if let Err(err) = cache.put(&identity, &index) {
-            tracing::debug!("cannot keep the index of {name} in the tar index cache: {err}");
+            progress.cache_write_failed(cache, &name, &err);
         }
     }
     Ok((samples, how))
@@ -441,7 +454,7 @@ async fn index_remote_shard(
     let samples = samples_of(&name, &index, progress)?;
     if let (Some(cache), Some(identity)) = (cache, &identity) {
         if let Err(err) = cache.put(identity, &index) {
-            tracing::debug!("cannot keep the index of {name} in the tar index cache: {err}");
+            progress.cache_write_failed(cache, &name, &err);
         }
     }
     Ok((samples, how))
