@@ -250,6 +250,50 @@ typedef struct rf_job {
   uint64_t plan_digest;
 } rf_job;
 
+/**
+ * One member (field) of a tar sample: pointers into the sample's own bytes,
+ * valid as long as the sample is (until its batch is released). No string
+ * is NUL-terminated.
+ */
+typedef struct rf_tar_field {
+  /**
+   * The member's name: all of it, unless `name_prefix_len` > 0, when the
+   * full name is `name_prefix` + "/" + `name` (a ustar header's split).
+   */
+  const uint8_t *name;
+  /**
+   * Bytes of `name`.
+   */
+  uint64_t name_len;
+  /**
+   * The ustar prefix of the name, or NULL (length 0) when unused.
+   */
+  const uint8_t *name_prefix;
+  /**
+   * Bytes of `name_prefix`.
+   */
+  uint64_t name_prefix_len;
+  /**
+   * The extension, inside `name`: what follows the first '.' of its last
+   * path component that is not that component's first character
+   * (`000123.seg.png` -> `seg.png`); length 0 when there is none. The
+   * sample's key is the full name up to that '.'.
+   */
+  const uint8_t *ext;
+  /**
+   * Bytes of `ext`.
+   */
+  uint64_t ext_len;
+  /**
+   * The member's data.
+   */
+  const uint8_t *data;
+  /**
+   * Bytes of `data`.
+   */
+  uint64_t len;
+} rf_tar_field;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -486,6 +530,32 @@ int32_t rf_get_start_mode(const struct rf_feed *feed, uint32_t *mode);
  * `feed` comes from rf_attach and was not detached.
  */
 int32_t rf_request_start(struct rf_feed *feed, int32_t has_state, uint64_t epoch, uint64_t samples);
+
+/**
+ * Walks the fields of a tar sample (`sample`, `len` bytes: `b.data +
+ * b.samples[i].offset`, `b.samples[i].len`). Set `*cursor` to 0, then call
+ * until it returns RF_END:
+ *
+ * ```c
+ * uint64_t cursor = 0; rf_tar_field f; int rc;
+ * while ((rc = rf_tar_field_next(p, n, &cursor, &f)) == RF_OK) {
+ *     // f.ext, f.ext_len: "jpg"; f.data, f.len: the member's bytes
+ * }
+ * // rc == RF_END: done; RF_E_CORRUPT: not tar members, rf_last_error() says where
+ * ```
+ *
+ * Regular files only: directories, links, pax and GNU long-name headers are
+ * read (the latter for names), not returned. RF_E_INVALID for NULL
+ * pointers or a cursor past `len`.
+ *
+ * # Safety
+ * `sample` points to `len` readable bytes (or `len` is 0); `cursor` and
+ * `out` are writable.
+ */
+int32_t rf_tar_field_next(const uint8_t *sample,
+                          uint64_t len,
+                          uint64_t *cursor,
+                          struct rf_tar_field *out);
 
 #ifdef __cplusplus
 }  // extern "C"

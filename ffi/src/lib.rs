@@ -14,8 +14,10 @@ use std::time::Duration;
 
 mod resume;
 mod start;
+mod tar;
 pub use resume::{rf_resume_advance, rf_resume_after, rf_resume_normal};
 pub use start::{rf_get_start_mode, rf_request_start};
+pub use tar::{rf_tar_field, rf_tar_field_next};
 
 use ring::{AttachError, AttachOptions, Consumer, Next, NextError, ReleaseError, SampleEntry};
 

@@ -78,6 +78,7 @@ from ._batch import Batch
 from ._feed import Feed, FeedInfo, abi_version, attach
 from ._job import check_same_plan
 from ._resume import check_resume
+from ._tar import TarFieldError, tar_fields, tar_key, tar_members
 from .errors import (
     AbortedError,
     AllSlotsHeldError,
@@ -118,6 +119,7 @@ __all__ = [
     "RankError",
     "ResumeMismatchError",
     "StaleBatchError",
+    "TarFieldError",
     "TimeoutError",
     "VersionMismatchError",
     "abi_version",
@@ -125,4 +127,7 @@ __all__ = [
     "check_resume",
     "check_same_plan",
     "library_path",
+    "tar_fields",
+    "tar_key",
+    "tar_members",
 ]

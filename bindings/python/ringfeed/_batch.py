@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 
-from . import _handle, _lib
+from . import _handle, _lib, _tar
 from ._handle import _give_back
 
 _SAMPLE_DTYPE = np.dtype([("offset", "<u8"), ("len", "<u8"), ("index", "<u8")])
@@ -157,6 +157,18 @@ class Batch:
         entry = self._table[i]
         start = int(entry["offset"])
         return memoryview(base).cast("B")[start : start + int(entry["len"])]
+
+    def fields(self, i):
+        """``{ext: memoryview}`` of sample ``i`` when the loader serves tar
+        shards (``--format tar``): each member's data, zero-copy, keyed by its
+        extension (``000123.jpg`` -> ``"jpg"``). ``np.frombuffer(view,
+        np.uint8)`` is a numpy view of the same bytes. Raises
+        ``ringfeed.TarFieldError`` when the sample is not tar members."""
+        return _tar.tar_fields(self.sample(i))
+
+    def key(self, i):
+        """The WebDataset key of tar sample ``i`` (``"a/b/000123"``)."""
+        return _tar.tar_key(self.sample(i))
 
     def array(self, dtype="uint8", shape=None):
         """Zero-copy numpy view of the payload as ``shape`` items of ``dtype``.

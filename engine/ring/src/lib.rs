@@ -26,6 +26,7 @@ pub mod resume;
 pub mod segment;
 pub mod start;
 pub mod sync;
+pub mod tar_fields;
 mod view;
 
 pub use consumer::{

@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 
 use crate::cli::say::say_err;
 use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
-use crate::manifest::{ManifestCache, ManifestOptions, ManifestOrigin};
+use crate::manifest::{Manifest, ManifestCache, ManifestOptions, ManifestOrigin};
 use crate::metrics::http::METRICS_PATH;
 use crate::metrics::MetricsServer;
 use crate::reader::{IoChoice, ReadError, ReaderConfig};
@@ -68,6 +68,12 @@ pub struct ServeArgs {
     /// Files are concatenations of fixed-size records of N bytes.
     #[arg(long)]
     pub record_bytes: Option<u64>,
+    /// What a sample is: files (each object whole), records (--record-bytes
+    /// N), tar (WebDataset shards: consecutive members sharing a key;
+    /// docs/shards.md). Default: records with --record-bytes, tar when every
+    /// object is a .tar (or its .tar.idx), else files.
+    #[arg(long, value_enum)]
+    pub format: Option<SampleFormat>,
     /// Slots per rank: how many batches each rank may have ready ahead
     /// (default: 2 x queue depth / batch size, 4 to 16; past 256 MiB of a
     /// rank's slots, as many as fit in it, but at least 4).
@@ -112,6 +118,17 @@ pub enum CacheUse {
     Refresh,
     /// Neither read nor write the cache.
     Off,
+}
+
+/// `--format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SampleFormat {
+    /// Each object is one sample.
+    Files,
+    /// Objects are N-byte records (`--record-bytes N`).
+    Records,
+    /// Objects are WebDataset tar shards.
+    Tar,
 }
 
 /// `--resume`: a state, or `auto` (the trainers say).
@@ -305,6 +322,16 @@ impl ServeArgs {
                 crate::reader::QUEUE_DEPTH_MAX
             );
         }
+        match (self.format, self.record_bytes) {
+            (Some(SampleFormat::Records), None) => {
+                bail!("--format records needs --record-bytes N, the size of one record")
+            }
+            (Some(format @ (SampleFormat::Tar | SampleFormat::Files)), Some(n)) => bail!(
+                "--record-bytes {n} with --format {}: records are their own format; leave one of them out",
+                if format == SampleFormat::Tar { "tar" } else { "files" }
+            ),
+            _ => {}
+        }
         cfg.check_ring_flags()?;
         crate::ring::segment::validate_name(&self.name)?;
         crate::sampler::check_shape(self.batch_size, cfg.job.job_world_size)?;
@@ -406,6 +433,36 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     result
 }
 
+/// The manifest to serve: `listed` itself, or, for tar shards (`--format
+/// tar`, or every object a `.tar`), the manifest of their samples, indexed
+/// through the index cache beside `cache`.
+fn sample_manifest(
+    args: &ServeArgs,
+    source: &OpenedSource,
+    listed: Manifest,
+    cache: Option<&ManifestCache>,
+) -> Result<Manifest> {
+    let tar = match args.format {
+        Some(format) => format == SampleFormat::Tar,
+        None => args.record_bytes.is_none() && crate::tar::is_tar_listing(listed.files()),
+    };
+    if !tar {
+        return Ok(listed);
+    }
+    if args.format.is_none() {
+        say_err!(
+            "ringfeed: every object is a .tar shard: serving WebDataset samples (consecutive members sharing a key); \
+             --format files serves each .tar whole"
+        );
+    }
+    let index_cache = cache.map(|c| crate::tar::IndexCache::beside(&c.dir));
+    Ok(crate::tar::tar_manifest(
+        source,
+        &listed,
+        index_cache.as_ref(),
+    )?)
+}
+
 fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
     args.check_before_listing(&cfg)?;
     // Bound before a listing that can take minutes, so that a taken port is
@@ -440,6 +497,7 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
         }
         None => (source.build_manifest(&opts)?, None),
     };
+    let manifest = sample_manifest(args, &source, manifest, cache.as_ref())?;
     let plan = match (
         Plan::with_source(cfg.clone(), source.clone(), Arc::new(manifest)),
         &cache,
@@ -465,6 +523,7 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
                 cfg.source
             );
             let (manifest, listed) = source.build_manifest_cached(&opts, cache, true)?;
+            let manifest = sample_manifest(args, &source, manifest, Some(cache))?;
             origin = Some(listed);
             Plan::with_source(cfg.clone(), source, Arc::new(manifest))?
         }

@@ -266,7 +266,7 @@ impl Plan {
             OpenedSource::Local(local) => ReadTarget::Files(Arc::new(FileTable::over(
                 local.root(),
                 Arc::clone(manifest.files()),
-                cfg.record_bytes.is_some(),
+                cfg.record_bytes.is_some() || manifest.sample_ranges().is_some(),
             )?)),
             OpenedSource::Remote(remote) => ReadTarget::Remote(Box::new(RemoteTarget {
                 runtime: Arc::clone(remote.runtime()),

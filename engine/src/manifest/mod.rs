@@ -19,17 +19,22 @@
 //!   concatenation of N-byte records and sample i is the i-th record across
 //!   the objects in manifest order. A size that is not a multiple of N is an
 //!   error; an empty object holds 0 records.
+//! - Ranges mode ([`Manifest::from_ranges`]): each sample is a listed byte
+//!   range of one object (a tar shard's samples, `crate::tar`), in the order
+//!   given: shards in key order, samples in tar order within a shard.
 //!
 //! [`Source`]: crate::source::Source
 
 mod file_list;
 pub(crate) mod format;
+mod ranges;
 
 pub use crate::source::cache::{
     is_stale_tmp, ManifestCache, NotACacheFile, DEFAULT_RACY_WINDOW, DEFAULT_STAT_FILES_MAX,
     TMP_STALE_AFTER,
 };
 pub use file_list::{FileList, FileRef};
+pub use ranges::SampleRanges;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -191,6 +196,22 @@ pub enum ManifestError {
         /// The OS error.
         source: io::Error,
     },
+    /// A sample's range (ranges mode) lies outside its object.
+    #[error("sample {index}: bytes {offset_bytes}..+{len_bytes} lie outside {path}; the object changed since it was indexed: list again (--manifest-cache refresh)")]
+    RangeOutside {
+        /// The sample.
+        index: u64,
+        /// Its offset.
+        offset_bytes: u64,
+        /// Its length.
+        len_bytes: u64,
+        /// Its object (the source, when the object index is out of range).
+        path: PathBuf,
+    },
+    /// A tar shard could not be indexed (malformed, unreadable); the
+    /// message names the shard and the byte offset.
+    #[error("{0}")]
+    Shard(String),
     /// A remote source could not be opened or listed; the remote error
     /// names the URL, the status and the fix.
     #[error(transparent)]
@@ -219,6 +240,8 @@ pub struct Manifest {
     /// Record mode: the index of each file's first record, then the total
     /// record count (`files.len() + 1` entries). Empty in whole-file mode.
     first_record: Vec<u64>,
+    /// Ranges mode: every sample's range.
+    ranges: Option<Arc<SampleRanges>>,
     len: u64,
     total_bytes: u64,
     max_sample_bytes: u64,
@@ -263,6 +286,7 @@ impl Manifest {
             files: Arc::new(files),
             record_bytes,
             first_record: Vec::new(),
+            ranges: None,
             len: 0,
             total_bytes,
             max_sample_bytes: 0,
@@ -346,6 +370,10 @@ impl Manifest {
             "sample {index} is outside a manifest of {} samples",
             self.len
         );
+        if let Some(ranges) = &self.ranges {
+            // index < len == ranges.len() <= usize::MAX.
+            return ranges.get(index as usize);
+        }
         match self.record_bytes {
             None => SampleLoc {
                 // index < len <= MAX_FILES < u32::MAX.
@@ -375,13 +403,23 @@ impl Manifest {
     pub fn digest(&self) -> u64 {
         let names = digest_bytes(0x6d61_6e69_6665_7374, self.files.names());
         let sizes = digest_words(names, self.files.sizes().iter().copied());
-        digest_words(
+        let whole = digest_words(
             sizes,
             [self.files.len() as u64, self.record_bytes.unwrap_or(0)],
-        )
+        );
+        match &self.ranges {
+            None => whole,
+            Some(ranges) => {
+                let objects = ranges.objects().iter().map(|&o| u64::from(o));
+                let places = objects
+                    .chain(ranges.offsets_bytes().iter().copied())
+                    .chain(ranges.lens_bytes().iter().copied());
+                digest_words(whole ^ 0x7461_725f_7261_6e67, places)
+            }
+        }
     }
 
-    /// Sum of every file's size.
+    /// Sum of every file's size (ranges mode: of every sample's length).
     pub fn total_bytes(&self) -> u64 {
         self.total_bytes
     }
@@ -397,29 +435,39 @@ impl Manifest {
         if count == self.len {
             return self.total_bytes;
         }
-        // A min-heap of the `count` largest sizes seen so far.
-        let mut largest: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(count as usize + 1);
-        for &size_bytes in self.files.sizes() {
-            if largest.len() as u64 == count {
-                // Full: only a size above the smallest kept gets in (most
-                // datasets have many equal sizes; this skips them cheaply).
-                match largest.peek() {
-                    Some(&Reverse(smallest)) if size_bytes > smallest => {
-                        largest.pop();
-                    }
-                    _ => continue,
-                }
-            }
-            largest.push(Reverse(size_bytes));
+        match &self.ranges {
+            Some(ranges) => largest_total(ranges.lens_bytes(), count),
+            None => largest_total(self.files.sizes(), count),
         }
-        // Each is a file size, and all sizes sum to total_bytes: no overflow.
-        largest.into_iter().map(|Reverse(size)| size).sum()
     }
 
     /// Size of the largest sample (N in record mode).
     pub fn max_sample_bytes(&self) -> u64 {
         self.max_sample_bytes
     }
+}
+
+/// Sum of the `count` largest of `sizes` (`count < sizes.len()`).
+fn largest_total(sizes: &[u64], count: u64) -> u64 {
+    // A min-heap of the `count` largest sizes seen so far.
+    let mut largest: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(count as usize + 1);
+    for &size_bytes in sizes {
+        if largest.len() as u64 == count {
+            // Full: only a size above the smallest kept gets in (most
+            // datasets have many equal sizes; this skips them cheaply).
+            match largest.peek() {
+                Some(&Reverse(smallest)) if size_bytes > smallest => {
+                    largest.pop();
+                }
+                _ => continue,
+            }
+        }
+        largest.push(Reverse(size_bytes));
+    }
+    // Each is a sample's size; saturating, as ranges may overlap.
+    largest
+        .into_iter()
+        .fold(0u64, |sum, Reverse(size)| sum.saturating_add(size))
 }
 
 /// Folds `words` into `seed`, four independent lanes (for speed: about 1 ms
