@@ -135,15 +135,22 @@ fn consecutive_members_sharing_a_key_are_one_sample_whose_bytes_are_the_raw_tar_
     let index = scan_bytes(&a).unwrap();
     let first = m.sample(0);
     assert_eq!((first.file, first.offset_bytes), (0, 0));
-    assert_eq!(first.len_bytes, index.members[1].data_end());
+    // To the end of its last member's data, padded to a 512-byte block, so
+    // the next sample starts right after it.
+    assert_eq!(
+        first.len_bytes,
+        index.members[1].data_end().div_ceil(512) * 512
+    );
+    assert_eq!(first.len_bytes, m.sample(1).offset_bytes);
     // The long-name sample starts at its GNU long-name header, not at its ustar one.
     let long = m.sample(2);
     assert_eq!(long.offset_bytes, index.members[4].header_offset);
     assert!(index.members[4].data_offset - index.members[4].header_offset > 512);
-    assert_eq!(
-        &sample_bytes(&shards, &m, 2)[long.len_bytes as usize - 9..],
-        b"long name"
-    );
+    let long_end = (index.members[4].data_end() - long.offset_bytes) as usize;
+    assert_eq!(long.len_bytes as usize, long_end.div_ceil(512) * 512);
+    let long_bytes = sample_bytes(&shards, &m, 2);
+    assert_eq!(&long_bytes[long_end - 9..long_end], b"long name");
+    assert!(long_bytes[long_end..].iter().all(|&b| b == 0));
     assert_eq!(m.sample(4).file, 1);
     assert_eq!(
         m.max_sample_bytes(),

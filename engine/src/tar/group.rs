@@ -1,8 +1,13 @@
 //! Members into samples (TAR-INDEX.md): a sample is a maximal run of
 //! consecutive members with the same key; its bytes run from its first
-//! member's first header block to its last member's last data byte.
+//! member's first header block to the end of its last member's data,
+//! padded to the next 512-byte block (or the shard's end, where a shard
+//! stops inside that padding). With the padding, samples that follow each
+//! other in a shard are byte-adjacent: the planner merges a batch of
+//! neighbours (`--shuffle block`) into one ranged read, where gaps of up to
+//! 511 bytes between them would have split it into one read each.
 
-use super::index::TarIndex;
+use super::index::{TarIndex, TAR_BLOCK_BYTES};
 use super::name::split_key;
 use super::scan::{Fault, ScanError};
 
@@ -11,7 +16,7 @@ use super::scan::{Fault, ScanError};
 pub struct SampleRange {
     /// Offset of its first member's first header block.
     pub offset_bytes: u64,
-    /// Bytes up to the end of its last member's data.
+    /// Bytes up to the end of its last member's data, padding included.
     pub len_bytes: u64,
     /// Members (fields) it holds.
     pub members: u32,
@@ -53,7 +58,13 @@ pub fn group(index: &TarIndex, mut sample: impl FnMut(SampleRange)) -> Result<()
         let offset_bytes = run[0].header_offset;
         // The index checked data_end >= header_offset for each member and
         // the members increase.
-        let len_bytes = run[run.len() - 1].data_end() - offset_bytes;
+        let data_end = run[run.len() - 1].data_end();
+        let padded_end = data_end
+            .div_ceil(TAR_BLOCK_BYTES)
+            .saturating_mul(TAR_BLOCK_BYTES)
+            .min(index.shard_bytes)
+            .max(data_end);
+        let len_bytes = padded_end - offset_bytes;
         sample(SampleRange {
             offset_bytes,
             len_bytes,
