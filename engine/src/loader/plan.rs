@@ -273,6 +273,7 @@ impl Plan {
                 store: remote.store().clone(),
                 objects: Arc::new(remote.objects_for(manifest.files())),
                 fetch: FetchConfig::default(),
+                cache: None,
             })),
         };
         let start = Some(RunStart {
@@ -351,6 +352,23 @@ impl Plan {
         self.source
             .source()
             .object_name(self.manifest.files().path_bytes(file as usize))
+    }
+
+    /// Puts the disk data cache `cache` in front of a remote source's
+    /// reads; false (nothing done) for a local source, which is not cached.
+    pub fn set_data_cache(&mut self, cache: crate::cache::CacheConfig) -> bool {
+        match &mut self.target {
+            ReadTarget::Remote(remote) => {
+                remote.cache = Some(cache);
+                true
+            }
+            ReadTarget::Files(_) => false,
+        }
+    }
+
+    /// Whether the source is remote (and so may be cached).
+    pub fn is_remote(&self) -> bool {
+        matches!(self.target, ReadTarget::Remote(_))
     }
 
     /// The manifest.

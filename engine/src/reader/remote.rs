@@ -239,6 +239,8 @@ pub struct RemoteTarget {
     pub objects: Arc<Vec<RemoteObject>>,
     /// Tuning of the fetch engine.
     pub fetch: FetchConfig,
+    /// The disk data cache in front of the store, if any.
+    pub cache: Option<crate::cache::CacheConfig>,
 }
 
 impl std::fmt::Debug for ReadTarget {
