@@ -306,3 +306,26 @@ def test_two_loaders_share_one_cache_without_passing_its_size_or_counting_twice(
     assert len(on_disk) == 100
     for log in (log_a, log_b):
         assert cache_figures(log)["used"] <= limit
+
+
+def test_cache_list_names_the_source_and_clear_removes_its_entries(s3, tmp_path):
+    source, objects = put_dataset(s3, n=8, seed=10)
+    run(source, s3[0], tmp_path, epochs=1)
+
+    def cli(*args):
+        done = subprocess.run([ringfeed_bin(), "cache", *args, "--cache-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listed = cli("list")
+    line = next(l for l in listed.splitlines() if source in l)
+    dataset_id, count = line.split()[:2]
+    assert int(count) == 8, listed
+    cleared = cli("clear", dataset_id)
+    assert "removed %s (8 entries" % dataset_id in cleared, cleared
+    assert entries(tmp_path) == [] and int((tmp_path / "data" / "usage").read_text()) == 0
+    assert "no cached datasets" in cli("list")
+    bad = subprocess.run([ringfeed_bin(), "cache", "clear", "0000000000000000", "--cache-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode != 0 and "ringfeed cache list" in bad.stderr, bad.stderr

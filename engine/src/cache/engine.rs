@@ -113,7 +113,13 @@ impl CachedEngine {
     }
 
     /// A cache read finished: check it, or send it to remote.
-    fn cache_done(&mut self, id: u64, op: ReadOp, result: Result<(), ReadError>, out: &mut Vec<Completion>) {
+    fn cache_done(
+        &mut self,
+        id: u64,
+        op: ReadOp,
+        result: Result<(), ReadError>,
+        out: &mut Vec<Completion>,
+    ) {
         let index = op.file as usize;
         let trouble = match result {
             Ok(()) if self.is_whole(&op) => {
@@ -124,7 +130,10 @@ impl CachedEngine {
                 let expected = self.shared().crc[index].load(Ordering::Relaxed);
                 let found = crc32c::crc32c(data);
                 (found != expected).then(|| {
-                    self.shared().stats.corrupt_refetched.fetch_add(1, Ordering::Relaxed);
+                    self.shared()
+                        .stats
+                        .corrupt_refetched
+                        .fetch_add(1, Ordering::Relaxed);
                     format!("CRC32C {found:08x} where its footer says {expected:08x}")
                 })
             }
@@ -135,7 +144,9 @@ impl CachedEngine {
             None => {
                 let stats = &self.shared().stats;
                 stats.hits.fetch_add(1, Ordering::Relaxed);
-                stats.bytes_from_cache.fetch_add(op.len_bytes, Ordering::Relaxed);
+                stats
+                    .bytes_from_cache
+                    .fetch_add(op.len_bytes, Ordering::Relaxed);
                 out.push(Completion {
                     user_data: op.user_data,
                     result: Ok(()),
@@ -175,11 +186,19 @@ impl CachedEngine {
     }
 
     /// A remote read finished: count it, and offer a whole object to the writer.
-    fn remote_done(&mut self, op: ReadOp, result: Result<(), ReadError>, out: &mut Vec<Completion>) {
+    fn remote_done(
+        &mut self,
+        op: ReadOp,
+        result: Result<(), ReadError>,
+        out: &mut Vec<Completion>,
+    ) {
         let shared = Arc::clone(self.shared());
         if result.is_ok() {
             shared.stats.misses.fetch_add(1, Ordering::Relaxed);
-            shared.stats.bytes_from_remote.fetch_add(op.len_bytes, Ordering::Relaxed);
+            shared
+                .stats
+                .bytes_from_remote
+                .fetch_add(op.len_bytes, Ordering::Relaxed);
             if self.is_whole(&op) && shared.admits() {
                 self.offer(&shared, &op);
             }
@@ -199,7 +218,12 @@ impl CachedEngine {
             return;
         }
         if shared.state[index]
-            .compare_exchange(STATE_ABSENT, STATE_WRITING, Ordering::Relaxed, Ordering::Relaxed)
+            .compare_exchange(
+                STATE_ABSENT,
+                STATE_WRITING,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
             .is_err()
         {
             shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
@@ -245,7 +269,12 @@ impl CachedEngine {
     }
 
     /// Reaps from one engine, waiting up to `wait` for one completion.
-    fn reap_tier(&mut self, tier: Tier, out: &mut Vec<Completion>, wait: Duration) -> Result<usize, ReadError> {
+    fn reap_tier(
+        &mut self,
+        tier: Tier,
+        out: &mut Vec<Completion>,
+        wait: Duration,
+    ) -> Result<usize, ReadError> {
         if self.in_flight_of(tier) == 0 {
             return Ok(0);
         }
@@ -285,7 +314,11 @@ impl ReadEngine for CachedEngine {
         let shared = Arc::clone(self.shared());
         for op in ops {
             let size = shared.objects.get(op.file as usize).map(|o| o.size);
-            let fits = size.is_some_and(|s| op.offset_bytes.checked_add(op.len_bytes).is_some_and(|e| e <= s));
+            let fits = size.is_some_and(|s| {
+                op.offset_bytes
+                    .checked_add(op.len_bytes)
+                    .is_some_and(|e| e <= s)
+            });
             if !fits {
                 return Err(ReadError::InvalidOp {
                     user_data: op.user_data,
@@ -373,7 +406,11 @@ pub fn with_cache(
     let Some(cache) = cache else {
         return Ok(Box::new(remote));
     };
-    let local = crate::reader::open_engine(crate::reader::IoChoice::Auto, Arc::clone(cache.files()), reader)?;
+    let local = crate::reader::open_engine(
+        crate::reader::IoChoice::Auto,
+        Arc::clone(cache.files()),
+        reader,
+    )?;
     if let Some(w) = &local.fallback_warning {
         tracing::warn!("data cache reads: {w}");
     }

@@ -185,7 +185,11 @@ impl Shared {
     /// as the remote reads check it.
     pub(crate) fn identity(&self, index: usize) -> Option<Identity> {
         let o = self.objects.get(index)?;
-        Some(Identity::of(&o.key, o.etag.as_deref().unwrap_or(""), o.size))
+        Some(Identity::of(
+            &o.key,
+            o.etag.as_deref().unwrap_or(""),
+            o.size,
+        ))
     }
 
     pub(crate) fn entry_path(&self, index: usize) -> Option<PathBuf> {
@@ -262,7 +266,10 @@ impl DataCache {
         stats.limit_bytes.store(limit_bytes, Ordering::Relaxed);
         stats.used_bytes.store(scan.used_bytes, Ordering::Relaxed);
         let no_etag = objects.iter().filter(|o| o.etag.is_none()).count();
-        let state: Box<[AtomicU8]> = objects.iter().map(|_| AtomicU8::new(STATE_ABSENT)).collect();
+        let state: Box<[AtomicU8]> = objects
+            .iter()
+            .map(|_| AtomicU8::new(STATE_ABSENT))
+            .collect();
         let crc = (0..objects.len()).map(|_| AtomicU32::new(0)).collect();
         let mut rel = Vec::with_capacity(objects.len());
         let mut sizes = Vec::with_capacity(objects.len());
@@ -385,7 +392,10 @@ fn fs_space(path: &Path) -> Option<(u64, u64)> {
         return None;
     }
     let frsize = st.f_frsize;
-    Some((st.f_blocks.saturating_mul(frsize), st.f_bavail.saturating_mul(frsize)))
+    Some((
+        st.f_blocks.saturating_mul(frsize),
+        st.f_bavail.saturating_mul(frsize),
+    ))
 }
 
 #[cfg(test)]
@@ -399,7 +409,9 @@ mod tests {
         assert_eq!(parse_size("64MiB"), Ok(64 << 20));
         assert_eq!(parse_size("2G"), Ok(2 << 30));
         assert_eq!(parse_size("1.5T"), Ok(3 << 39));
-        assert!(parse_size("12 parsecs").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("12 parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
         assert!(parse_size("G").is_err());
     }
 }

@@ -158,7 +158,11 @@ fn read_dir_or_empty(dir: &Path) -> io::Result<Box<dyn Iterator<Item = io::Resul
 
 /// The reservation a temporary file's name states.
 pub fn tmp_reserved_bytes(name: &str) -> Option<u64> {
-    name.strip_prefix(TMP_PREFIX)?.split('.').next()?.parse().ok()
+    name.strip_prefix(TMP_PREFIX)?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn scan_dataset(dir: &Path, scan: &mut Scan) -> io::Result<()> {
@@ -209,11 +213,12 @@ mod tests {
         assert!(flock(&live_file, libc::LOCK_EX).unwrap());
         let dead = ds.join(".tmp.500.2.1");
         File::create(&dead).unwrap();
-        usage.locked(|u| {
-            *u = 99_999;
-            Ok(())
-        })
-        .unwrap();
+        usage
+            .locked(|u| {
+                *u = 99_999;
+                Ok(())
+            })
+            .unwrap();
         let scan = usage.rescan().unwrap();
         assert_eq!(scan.used_bytes, 164 + 1000);
         assert_eq!(scan.entries, 1);

@@ -258,7 +258,9 @@ pub(crate) fn check_existing(shared: &Arc<Shared>, wait: Duration) -> usize {
             let _ = tx.send(found);
         });
     if let Err(e) = spawned {
-        tracing::warn!("data cache: cannot start the check of its entries ({e}); reading all from remote");
+        tracing::warn!(
+            "data cache: cannot start the check of its entries ({e}); reading all from remote"
+        );
         return 0;
     }
     rx.recv_timeout(wait).unwrap_or_else(|_| {

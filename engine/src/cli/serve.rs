@@ -360,7 +360,10 @@ impl ServeArgs {
             return None;
         }
         if self.cache == DataCacheUse::Off {
-            say_err!("ringfeed: data cache off (--cache off): every epoch reads from {}", self.source);
+            say_err!(
+                "ringfeed: data cache off (--cache off): every epoch reads from {}",
+                self.source
+            );
             return None;
         }
         let Some(root) = crate::cache::data_root(self.cache_dir.as_deref()) else {
@@ -370,9 +373,10 @@ impl ServeArgs {
         let stats = Arc::new(crate::cache::CacheStats::default());
         plan.set_data_cache(crate::cache::CacheConfig {
             root,
-            size: self
-                .cache_size
-                .map_or(crate::cache::CacheSize::Auto, crate::cache::CacheSize::Bytes),
+            size: self.cache_size.map_or(
+                crate::cache::CacheSize::Auto,
+                crate::cache::CacheSize::Bytes,
+            ),
             stats: Arc::clone(&stats),
         });
         crate::metrics::watch_cache(Arc::clone(&stats));

@@ -20,9 +20,9 @@ pub mod remote;
 pub mod ring;
 pub mod text;
 
+pub use cache::{watch_cache, CacheFigure};
 pub use http::{BindError, MetricsServer};
 pub use registry::{Collect, Counter, CounterVec, Gauge, Histogram, LATENCY_BUCKETS_SECONDS};
-pub use cache::{watch_cache, CacheFigure};
 pub use remote::{watch_remote, RemoteFigure};
 
 use crate::ring::observer::Snapshot;
@@ -70,7 +70,7 @@ catalog! {
     /// Data cache: bytes read from remote.
     pub static CACHE_MISS_BYTES_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_miss_bytes_total", "Bytes of a cached remote source read from the remote store.", |s| &s.bytes_from_remote);
     /// Data cache: bytes used.
-    pub static CACHE_USED_BYTES: CacheFigure = CacheFigure::gauge("ringfeed_cache_used_bytes", "Bytes the data cache directory holds, all loaders sharing it together.", |s| &s.used_bytes);
+    pub static CACHE_USED_BYTES: CacheFigure = CacheFigure::gauge("ringfeed_cache_size_bytes", "Bytes the data cache directory holds, all loaders sharing it together.", |s| &s.used_bytes);
     /// Data cache: this loader's limit.
     pub static CACHE_LIMIT_BYTES: CacheFigure = CacheFigure::gauge("ringfeed_cache_limit_bytes", "Most bytes this loader lets the data cache hold (--cache-size or its default).", |s| &s.limit_bytes);
     /// Data cache: full.

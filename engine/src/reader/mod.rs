@@ -390,7 +390,11 @@ pub fn open_engine_for(
             // A cache that cannot be opened is a warning: the run reads remote.
             let cache = cache.as_ref().and_then(|c| {
                 crate::cache::DataCache::open(c, &store.display, Arc::clone(objects))
-                    .map_err(|e| tracing::warn!("{e}; reading everything from remote (fix it, or pass --cache off)"))
+                    .map_err(|e| {
+                        tracing::warn!(
+                            "{e}; reading everything from remote (fix it, or pass --cache off)"
+                        )
+                    })
                     .ok()
             });
             Ok(OpenedEngine {
