@@ -99,7 +99,7 @@ impl CachedEngine {
     }
 
     /// Sends op `id` to the remote engine (a miss, or a failed hit).
-    fn to_remote(&mut self, id: u64, op: ReadOp) -> Result<(), ReadError> {
+    fn send_to_remote(&mut self, id: u64, op: ReadOp) -> Result<(), ReadError> {
         let inner = ReadOp {
             user_data: id,
             spare_byte: false,
@@ -175,7 +175,7 @@ impl CachedEngine {
                     }
                     shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
                 }
-                if let Err(e) = self.to_remote(id, op) {
+                if let Err(e) = self.send_to_remote(id, op) {
                     out.push(Completion {
                         user_data: op.user_data,
                         result: Err(e),
