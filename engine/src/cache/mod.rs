@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cli::say::say_err;
+use crate::manifest::FileList;
 use crate::reader::{FileTable, ReadError};
 use crate::remote::RemoteObject;
 use crate::ring::segment::human_bytes;
@@ -271,19 +272,22 @@ impl DataCache {
             .map(|_| AtomicU8::new(STATE_ABSENT))
             .collect();
         let crc = (0..objects.len()).map(|_| AtomicU32::new(0)).collect();
-        let mut rel = Vec::with_capacity(objects.len());
-        let mut sizes = Vec::with_capacity(objects.len());
+        // Built in place, one buffer for every path: no string per object.
+        // `hh/` + 16 hex + `-` + the file's size in decimal.
+        let path_bytes = objects
+            .iter()
+            .map(|o| 20 + o.size.saturating_add(entry::FOOTER_BYTES).to_string().len())
+            .sum();
+        let mut list = FileList::with_capacity(objects.len(), path_bytes);
         for o in objects.iter() {
             let id = Identity::of(&o.key, o.etag.as_deref().unwrap_or(""), o.size);
-            rel.push(id.rel_path());
-            sizes.push(id.file_bytes());
+            list.push(id.rel_path().as_bytes(), id.file_bytes());
         }
-        let files = FileTable::under_root(&dir, rel.iter().map(|p| p.as_bytes()), sizes, false)
-            .map_err(|e: ReadError| OpenError {
+        let files =
+            FileTable::over(&dir, Arc::new(list), false).map_err(|e: ReadError| OpenError {
                 path: dir.clone(),
                 source: std::io::Error::other(e.to_string()),
             })?;
-        drop(rel);
         let full = scan.used_bytes >= limit_bytes;
         let shared = Arc::new(Shared {
             dataset_dir: dir.clone(),
@@ -331,6 +335,15 @@ impl DataCache {
     /// The counters.
     pub fn stats(&self) -> &Arc<CacheStats> {
         &self.shared.stats
+    }
+
+    /// Objects whose entries are known good now.
+    pub fn cached_count(&self) -> usize {
+        self.shared
+            .state
+            .iter()
+            .filter(|s| s.load(Ordering::Relaxed) == STATE_CACHED)
+            .count()
     }
 
     /// The dataset's directory.

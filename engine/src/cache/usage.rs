@@ -17,11 +17,15 @@
 //! was left by a dead writer and is removed.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::entry::file_bytes_of_name;
+
+/// Bytes of the usage file: a right-aligned decimal u64 and a newline.
+const USAGE_FILE_BYTES: usize = 21;
 
 /// Prefix of a temporary entry file: `.tmp.<reserved bytes>.<pid>.<seq>`.
 pub const TMP_PREFIX: &str = ".tmp.";
@@ -115,20 +119,25 @@ impl Usage {
     }
 
     fn read(&self) -> io::Result<u64> {
-        let mut text = String::new();
-        let mut f = &self.usage;
-        f.seek(SeekFrom::Start(0))?;
-        f.read_to_string(&mut text)?;
+        let mut buf = [0u8; USAGE_FILE_BYTES];
+        let mut got = 0;
+        while got < buf.len() {
+            match self.usage.read_at(&mut buf[got..], got as u64)? {
+                0 => break,
+                n => got += n,
+            }
+        }
         // An empty or unreadable counter is rebuilt by the next rescan.
+        let text = std::str::from_utf8(&buf[..got]).unwrap_or("");
         Ok(text.trim().parse().unwrap_or(0))
     }
 
+    /// One `pwrite` of a fixed-width line: the writer takes the lock twice
+    /// per entry, so this is on its path.
     fn write(&self, used: u64) -> io::Result<()> {
-        let text = format!("{used}\n");
-        let mut f = &self.usage;
-        f.set_len(0)?;
-        f.seek(SeekFrom::Start(0))?;
-        f.write_all(text.as_bytes())
+        let text = format!("{used:>20}\n");
+        debug_assert_eq!(text.len(), USAGE_FILE_BYTES);
+        self.usage.write_all_at(text.as_bytes(), 0)
     }
 
     /// Derives the used bytes again from the directory (see the module
