@@ -149,6 +149,8 @@ def test_a_cached_dataset_serves_later_runs_with_no_remote_byte_and_the_same_bat
     figures = cache_figures(log)
     assert (figures["hits"], figures["misses"], figures["remote_bytes"]) == (2 * N_OBJECTS, 0, 0), log
     assert remote_received_bytes(log) == 0, log
+    # The remote engine's own count: the one listing page, and no GET.
+    assert re.search(r"ringfeed: remote: 1 requests,", log), log
     assert rows == reference
 
 

@@ -366,6 +366,15 @@ impl Plan {
         }
     }
 
+    /// The data cache's counters, when one is in front of the reads (for
+    /// the ring's counter block and `stat`).
+    pub fn cache_stats(&self) -> Option<&Arc<crate::cache::CacheStats>> {
+        match &self.target {
+            ReadTarget::Remote(remote) => remote.cache.as_ref().map(|c| &c.stats),
+            ReadTarget::Files(_) => None,
+        }
+    }
+
     /// Whether the source is remote (and so may be cached).
     pub fn is_remote(&self) -> bool {
         matches!(self.target, ReadTarget::Remote(_))
