@@ -331,3 +331,13 @@ def test_cache_list_names_the_source_and_clear_removes_its_entries(s3, tmp_path)
     bad = subprocess.run([ringfeed_bin(), "cache", "clear", "0000000000000000", "--cache-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode != 0 and "ringfeed cache list" in bad.stderr, bad.stderr
+
+
+def test_a_cache_directory_that_cannot_be_made_is_a_warning_and_the_run_reads_remote(s3, dataset, reference, tmp_path):
+    source, objects = dataset
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_bytes(b"a file where the cache directory should be")
+    rows, log = run(source, s3[0], blocker, epochs=2)
+    assert "cannot use the data cache" in log and "reading everything from remote" in log, log
+    assert "data cache: " not in log.split("ringfeed: done:")[1], log
+    assert rows == reference

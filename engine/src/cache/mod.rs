@@ -120,6 +120,8 @@ pub struct CacheStats {
     pub corrupt_refetched: AtomicU64,
     /// 1 once a write failed and writes stopped.
     pub writes_stopped: AtomicU64,
+    /// 1 once the cache opened (0: off, or it could not be opened).
+    pub opened: AtomicU64,
 }
 
 /// The line a loader prints at its end: the run's hits and misses.
@@ -306,6 +308,7 @@ impl DataCache {
             stats.fill_complete.store(1, Ordering::Relaxed);
         }
         let writer = writer::Writer::start(Arc::clone(&shared));
+        stats.opened.store(1, Ordering::Relaxed);
         say_err!(
             "ringfeed: data cache {} : limit {} ({why}); {} used by {} entries of all datasets{}; {found} of this dataset's {} objects cached{}{}",
             dir.display(),

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
@@ -632,7 +633,11 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
             if let Some(line) = crate::metrics::remote::summary_line() {
                 say_err!("ringfeed: {line}");
             }
-            if let Some(stats) = &cache_stats {
+            // A cache that could not be opened said so at start.
+            if let Some(stats) = cache_stats
+                .as_ref()
+                .filter(|s| s.opened.load(Ordering::Relaxed) > 0)
+            {
                 say_err!("ringfeed: {}", crate::cache::summary_line(stats));
             }
             Ok(0)
