@@ -285,11 +285,14 @@ def test_a_full_disk_leaves_the_run_going_from_remote(s3, tmp_path):
     if mounted.returncode != 0:
         pytest.skip("cannot mount a tmpfs: %s" % mounted.stderr)
     try:
-        rows, log = run(source, s3[0], tmp_path, epochs=2, extra=["--cache-size", "1G"])
+        rows, log = run(source, s3[0], tmp_path, epochs=1, extra=["--cache-size", "1G"])
         check_bytes(rows, objects)
         assert log.count("caching stops for this run") == 1, log
+        # What did fit before the disk filled is read back from it.
+        rows, log = run(source, s3[0], tmp_path, epochs=1, extra=["--cache-size", "1G"])
+        check_bytes(rows, objects)
         f = cache_figures(log)
-        assert f["hits"] + f["misses"] == 2 * 48 and f["hits"] > 0, log
+        assert f["hits"] + f["misses"] == 48 and f["hits"] > 0, log
     finally:
         subprocess.run(["umount", str(data)], capture_output=True)
 

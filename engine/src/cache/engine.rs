@@ -7,10 +7,12 @@
 //! are. A hit of a whole object is checked against the CRC32C its footer
 //! holds before its completion is handed out; a mismatch (or any failed
 //! cache read) is a warning, the entry is removed, and the read goes to the
-//! remote engine instead: never an error, never bad bytes. A successful
-//! remote read of a whole object the cache admits is copied (one memcpy, on
-//! this thread) and handed to the writer thread, which writes it off the
-//! publishing path; the queue is bounded by `WRITE_QUEUE_BYTES_MAX`.
+//! remote engine instead: never an error, never bad bytes. For a remote
+//! read of a whole object the cache may take, the fetch engine keeps the
+//! response body's chunks (refcounted `Bytes`, no copy) beside the bytes it
+//! wrote into the slot; on completion they go to the writer thread, which
+//! writes the entry off the publishing path. The queue is bounded by
+//! `WRITE_QUEUE_BYTES_MAX`.
 //!
 //! Partial ranges (record mode) are read from a cached entry unchecked
 //! (the entry was published whole, after its checksum and footer were
@@ -185,22 +187,25 @@ impl CachedEngine {
         }
     }
 
-    /// A remote read finished: count it, and offer a whole object to the writer.
+    /// A remote read finished: count it, and offer a whole object's body
+    /// (kept by the fetch engine) to the writer.
     fn remote_done(
         &mut self,
+        id: u64,
         op: ReadOp,
         result: Result<(), ReadError>,
         out: &mut Vec<Completion>,
     ) {
         let shared = Arc::clone(self.shared());
+        let chunks = self.remote.take_kept(id);
         if result.is_ok() {
             shared.stats.misses.fetch_add(1, Ordering::Relaxed);
             shared
                 .stats
                 .bytes_from_remote
                 .fetch_add(op.len_bytes, Ordering::Relaxed);
-            if self.is_whole(&op) && shared.admits() {
-                self.offer(&shared, &op);
+            if let Some(chunks) = chunks.filter(|_| self.is_whole(&op) && shared.admits()) {
+                self.offer(&shared, op.file as usize, chunks);
             }
         }
         out.push(Completion {
@@ -209,9 +214,8 @@ impl CachedEngine {
         });
     }
 
-    fn offer(&self, shared: &Shared, op: &ReadOp) {
-        let index = op.file as usize;
-        let n = op.len_bytes;
+    fn offer(&self, shared: &Shared, index: usize, chunks: Vec<bytes::Bytes>) {
+        let n: u64 = chunks.iter().map(|c| c.len() as u64).sum();
         if shared.queued_bytes.fetch_add(n, Ordering::Relaxed) + n > WRITE_QUEUE_BYTES_MAX {
             // The writer is behind: this object gets another chance next epoch.
             shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
@@ -229,14 +233,7 @@ impl CachedEngine {
             shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
             return;
         }
-        // SAFETY: the remote read completed, so `dest` holds its bytes, and
-        // its completion is not handed out yet (see `cache_done`).
-        let data = unsafe { std::slice::from_raw_parts(op.dest, n as usize) };
-        let job = Job::Write {
-            index,
-            bytes: data.to_vec(),
-        };
-        if !self.cache.writer().send(job) {
+        if !self.cache.writer().send(Job::Write { index, chunks }) {
             shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
             shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
         }
@@ -254,7 +251,7 @@ impl CachedEngine {
             debug_assert_eq!(went, tier, "a completion came from the other engine");
             match tier {
                 Tier::Cache => self.cache_done(c.user_data, op, c.result, out),
-                Tier::Remote => self.remote_done(op, c.result, out),
+                Tier::Remote => self.remote_done(c.user_data, op, c.result, out),
             }
         }
         self.scratch = done;
@@ -331,12 +328,15 @@ impl ReadEngine for CachedEngine {
         }
         let mut local = Vec::new();
         let mut remote = Vec::new();
+        let mut keep = Vec::new();
+        let admits = shared.admits();
         for op in ops {
             let id = self.next_id;
             self.next_id += 1;
             // SYNC POINT: Acquire pairs with the writer's (or the check's)
             // Release store of CACHED: the CRC it stored first is seen.
-            let cached = shared.state[op.file as usize].load(Ordering::Acquire) == STATE_CACHED;
+            let state = shared.state[op.file as usize].load(Ordering::Acquire);
+            let cached = state == STATE_CACHED;
             let inner = ReadOp {
                 user_data: id,
                 spare_byte: false,
@@ -346,6 +346,9 @@ impl ReadEngine for CachedEngine {
                 local.push(inner);
                 self.ops.insert(id, InFlight(*op, Tier::Cache));
             } else {
+                // Ask the fetch engine to keep the body of a whole object
+                // the cache may take: the fill needs no copy of its own.
+                keep.push(admits && state == STATE_ABSENT && self.is_whole(op));
                 remote.push(inner);
                 self.ops.insert(id, InFlight(*op, Tier::Remote));
             }
@@ -354,7 +357,7 @@ impl ReadEngine for CachedEngine {
         // both engines are ours and dropped before the caller's memory.
         let submitted = unsafe { self.local.submit(&local) }
             // SAFETY: as above.
-            .and_then(|()| unsafe { self.remote.submit(&remote) });
+            .and_then(|()| unsafe { self.remote.submit_keeping(&remote, &keep) });
         if let Err(e) = submitted {
             // Checked above, with room in both: only a broken engine fails here.
             for op in local.iter().chain(&remote) {

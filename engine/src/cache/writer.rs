@@ -3,6 +3,8 @@
 //! the entries already there.
 
 use std::fs::{self, File, OpenOptions};
+
+use bytes::Bytes;
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -20,8 +22,9 @@ use crate::ring::segment::human_bytes;
 
 /// Work for the writer thread.
 pub(crate) enum Job {
-    /// Write object `index` whose bytes are these.
-    Write { index: usize, bytes: Vec<u8> },
+    /// Write object `index` whose bytes are these chunks, in order (the
+    /// response body as received: refcounted, never copied).
+    Write { index: usize, chunks: Vec<Bytes> },
     /// Remove object `index`'s entry (found corrupt).
     Remove { index: usize },
 }
@@ -81,12 +84,12 @@ impl Drop for Writer {
 
 fn run_job(shared: &Shared, job: Job) {
     match job {
-        Job::Write { index, bytes } => {
-            let n = bytes.len() as u64;
+        Job::Write { index, chunks } => {
+            let n: u64 = chunks.iter().map(|c| c.len() as u64).sum();
             let published = if shared.stopped.load(Ordering::Relaxed) {
                 false
             } else {
-                write_entry(shared, index, &bytes)
+                write_entry(shared, index, &chunks)
             };
             if !published {
                 shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
@@ -102,10 +105,14 @@ fn run_job(shared: &Shared, job: Job) {
 
 /// Writes, then publishes, the entry of object `index`; true when it is
 /// there (written by us or by another loader first).
-fn write_entry(shared: &Shared, index: usize, bytes: &[u8]) -> bool {
+fn write_entry(shared: &Shared, index: usize, chunks: &[Bytes]) -> bool {
     let Some(id) = shared.identity(index) else {
         return false;
     };
+    if chunks.iter().map(|c| c.len() as u64).sum::<u64>() != id.size {
+        debug_assert!(false, "chunks of object {index} are not its size");
+        return false;
+    }
     let file_bytes = id.file_bytes();
     let tmp = shared.dataset_dir.join(format!(
         "{TMP_PREFIX}{file_bytes}.{}.{}",
@@ -141,8 +148,10 @@ fn write_entry(shared: &Shared, index: usize, bytes: &[u8]) -> bool {
             return false;
         }
     };
-    let crc = crc32c::crc32c(bytes);
-    let written = write_all(&file, bytes, &encode_footer(&id, crc));
+    let crc = chunks
+        .iter()
+        .fold(0, |crc, c| crc32c::crc32c_append(crc, c));
+    let written = write_all(&file, chunks, &encode_footer(&id, crc));
     let dest = shared.dataset_dir.join(id.rel_path());
     let outcome = written.and_then(|()| publish(shared, &tmp, &dest, file_bytes));
     drop(file);
@@ -167,8 +176,10 @@ fn write_entry(shared: &Shared, index: usize, bytes: &[u8]) -> bool {
     }
 }
 
-fn write_all(mut file: &File, bytes: &[u8], footer: &[u8]) -> io::Result<()> {
-    file.write_all(bytes)?;
+fn write_all(mut file: &File, chunks: &[Bytes], footer: &[u8]) -> io::Result<()> {
+    for c in chunks {
+        file.write_all(c)?;
+    }
     file.write_all(footer)
 }
 
