@@ -9,6 +9,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod cache;
 pub mod cli;
 pub mod loader;
 pub mod manifest;

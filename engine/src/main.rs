@@ -50,6 +50,9 @@ enum Command {
         #[arg(long)]
         cache_dir: Option<std::path::PathBuf>,
     },
+    /// The disk data cache of remote objects: `cache list` shows the cached
+    /// datasets, `cache clear ID|--all` removes them (docs/cache.md).
+    Cache(cli::cache::CacheArgs),
     #[command(hide = true)]
     DemoConsumer(cli::demo::DemoConsumerArgs),
     #[command(hide = true)]
@@ -136,6 +139,10 @@ fn main() -> ExitCode {
         Command::Gc { cache_dir } => {
             restore_sigpipe();
             cli::gc::run(cache_dir)
+        }
+        Command::Cache(a) => {
+            restore_sigpipe();
+            cli::cache::run(&a)
         }
         Command::RingTestProducer(a) => cli::testing::run_producer(&a),
         Command::RingTestConsumer(a) => cli::testing::run_consumer(&a),

@@ -1,5 +1,6 @@
 //! The `ringfeed` command line.
 
+pub mod cache;
 pub mod demo;
 pub mod gc;
 pub mod run;

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
@@ -103,6 +104,16 @@ pub struct ServeArgs {
     /// manifests/ directory.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// Disk data cache of a remote source's objects across epochs and runs,
+    /// under the cache directory's data/ (on by default for remote sources;
+    /// local ones are never cached). See docs/cache.md.
+    #[arg(long, value_enum, default_value_t = DataCacheUse::On)]
+    pub cache: DataCacheUse,
+    /// Most bytes the data cache may use, with k/M/G/T (binary) suffixes,
+    /// e.g. 200G. Default: the whole dataset, or what its file system can
+    /// spare less a reserve (10% of it, at least 1 GiB), whichever is less.
+    #[arg(long, value_name = "BYTES", value_parser = crate::cache::parse_size)]
+    pub cache_size: Option<u64>,
     /// Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, e.g.
     /// 127.0.0.1:9464 (port 0 picks a free one, logged at start). See docs/metrics.md.
     #[arg(long, value_name = "ADDR")]
@@ -129,6 +140,15 @@ pub enum SampleFormat {
     Records,
     /// Objects are WebDataset tar shards.
     Tar,
+}
+
+/// `--cache`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DataCacheUse {
+    /// Cache a remote source's objects on local disk.
+    On,
+    /// Read every epoch from the source.
+    Off,
 }
 
 /// `--resume`: a state, or `auto` (the trainers say).
@@ -353,6 +373,44 @@ impl ServeArgs {
         dir.map(ManifestCache::at)
     }
 
+    /// Puts the data cache these arguments ask for in front of `plan`'s
+    /// reads, and returns its counters; None when off, or for a local
+    /// source (said when --cache-size asked for one).
+    pub fn attach_data_cache(&self, plan: &mut Plan) -> Option<Arc<crate::cache::CacheStats>> {
+        if !plan.is_remote() {
+            if self.cache_size.is_some() {
+                tracing::warn!(
+                    "--cache-size {} is ignored: {} is a local directory, read in place and never cached",
+                    self.cache_size.unwrap_or(0),
+                    self.source
+                );
+            }
+            return None;
+        }
+        if self.cache == DataCacheUse::Off {
+            say_err!(
+                "ringfeed: data cache off (--cache off): every epoch reads from {}",
+                self.source
+            );
+            return None;
+        }
+        let Some(root) = crate::cache::data_root(self.cache_dir.as_deref()) else {
+            tracing::warn!("no data cache: neither RINGFEED_CACHE_DIR, XDG_CACHE_HOME nor HOME is set (pass --cache-dir)");
+            return None;
+        };
+        let stats = Arc::new(crate::cache::CacheStats::default());
+        plan.set_data_cache(crate::cache::CacheConfig {
+            root,
+            size: self.cache_size.map_or(
+                crate::cache::CacheSize::Auto,
+                crate::cache::CacheSize::Bytes,
+            ),
+            stats: Arc::clone(&stats),
+        });
+        crate::metrics::watch_cache(Arc::clone(&stats));
+        Some(stats)
+    }
+
     /// The loader configuration these arguments describe.
     pub fn config(&self) -> Result<ServeConfig> {
         let (world_size, job) = ranks_from(self.world_size, self.nnodes, self.node_rank)?;
@@ -498,7 +556,7 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
         None => (source.build_manifest(&opts)?, None),
     };
     let manifest = sample_manifest(args, &source, manifest, cache.as_ref())?;
-    let plan = match (
+    let mut plan = match (
         Plan::with_source(cfg.clone(), source.clone(), Arc::new(manifest)),
         &cache,
         &origin,
@@ -593,6 +651,7 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
         );
     }
     warn_of_a_fixed_tail(&plan, &cfg);
+    let cache_stats = args.attach_data_cache(&mut plan);
     // From here on SIGINT/SIGTERM/SIGHUP only set a flag that the loader acts on,
     // so that it removes its segment and tells the trainers. Before, during
     // a listing that may take minutes, they end the process at once: there
@@ -632,6 +691,13 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
             );
             if let Some(line) = crate::metrics::remote::summary_line() {
                 say_err!("ringfeed: {line}");
+            }
+            // A cache that could not be opened said so at start.
+            if let Some(stats) = cache_stats
+                .as_ref()
+                .filter(|s| s.opened.load(Ordering::Relaxed) > 0)
+            {
+                say_err!("ringfeed: {}", crate::cache::summary_line(stats));
             }
             Ok(0)
         }

@@ -273,6 +273,7 @@ impl Plan {
                 store: remote.store().clone(),
                 objects: Arc::new(remote.objects_for(manifest.files())),
                 fetch: FetchConfig::default(),
+                cache: None,
             })),
         };
         let start = Some(RunStart {
@@ -351,6 +352,32 @@ impl Plan {
         self.source
             .source()
             .object_name(self.manifest.files().path_bytes(file as usize))
+    }
+
+    /// Puts the disk data cache `cache` in front of a remote source's
+    /// reads; false (nothing done) for a local source, which is not cached.
+    pub fn set_data_cache(&mut self, cache: crate::cache::CacheConfig) -> bool {
+        match &mut self.target {
+            ReadTarget::Remote(remote) => {
+                remote.cache = Some(cache);
+                true
+            }
+            ReadTarget::Files(_) => false,
+        }
+    }
+
+    /// The data cache's counters, when one is in front of the reads (for
+    /// the ring's counter block and `stat`).
+    pub fn cache_stats(&self) -> Option<&Arc<crate::cache::CacheStats>> {
+        match &self.target {
+            ReadTarget::Remote(remote) => remote.cache.as_ref().map(|c| &c.stats),
+            ReadTarget::Files(_) => None,
+        }
+    }
+
+    /// Whether the source is remote (and so may be cached).
+    pub fn is_remote(&self) -> bool {
+        matches!(self.target, ReadTarget::Remote(_))
     }
 
     /// The manifest.

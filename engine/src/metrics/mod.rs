@@ -13,12 +13,14 @@
 //! atomics, so it can never block or slow the loader's loop. Every metric is
 //! documented in docs/metrics.md (a test checks that none is missing).
 
+pub mod cache;
 pub mod http;
 pub mod registry;
 pub mod remote;
 pub mod ring;
 pub mod text;
 
+pub use cache::{watch_cache, CacheFigure};
 pub use http::{BindError, MetricsServer};
 pub use registry::{Collect, Counter, CounterVec, Gauge, Histogram, LATENCY_BUCKETS_SECONDS};
 pub use remote::{watch_remote, RemoteFigure};
@@ -40,9 +42,7 @@ macro_rules! catalog {
 /// Status codes the endpoint answers with, as `code` label values.
 pub const HTTP_CODES: [&str; 6] = ["200", "400", "404", "405", "408", "431"];
 
-// More figures come here, one line each, e.g.:
-//   pub static CACHE_HITS_TOTAL: Counter = Counter::new("ringfeed_cache_hits_total", "...");
-// The remote source's (`RemoteFigure`) are read at scrape time from its
+// More figures come here, one line each. The remote source's (`RemoteFigure`) are read at scrape time from its
 // `RemoteMetrics`, registered with `watch_remote`.
 catalog! {
     /// Requests the metrics endpoint answered, by status code.
@@ -61,6 +61,26 @@ catalog! {
     pub static REMOTE_GET_P50: RemoteFigure = RemoteFigure::gauge("ringfeed_remote_get_p50_seconds", "Median time of a GET, first attempt to last byte (within a factor of two).", |s| remote::seconds_of_us(s.get_latency_us_p50));
     /// Remote source: 99th percentile GET latency.
     pub static REMOTE_GET_P99: RemoteFigure = RemoteFigure::gauge("ringfeed_remote_get_p99_seconds", "99th percentile time of a GET, first attempt to last byte (within a factor of two).", |s| remote::seconds_of_us(s.get_latency_us_p99));
+    /// Data cache: reads served from it.
+    pub static CACHE_HITS_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_hits_total", "Reads served from the disk data cache.", |s| &s.hits);
+    /// Data cache: reads served from remote.
+    pub static CACHE_MISSES_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_misses_total", "Reads of a cached remote source served from the remote store (not in the cache).", |s| &s.misses);
+    /// Data cache: bytes read from it.
+    pub static CACHE_READ_BYTES_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_read_bytes_total", "Bytes read from the disk data cache.", |s| &s.bytes_from_cache);
+    /// Data cache: bytes read from remote.
+    pub static CACHE_MISS_BYTES_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_miss_bytes_total", "Bytes of a cached remote source read from the remote store.", |s| &s.bytes_from_remote);
+    /// Data cache: bytes used.
+    pub static CACHE_USED_BYTES: CacheFigure = CacheFigure::gauge("ringfeed_cache_size_bytes", "Bytes the data cache directory holds, all loaders sharing it together.", |s| &s.used_bytes);
+    /// Data cache: this loader's limit.
+    pub static CACHE_LIMIT_BYTES: CacheFigure = CacheFigure::gauge("ringfeed_cache_limit_bytes", "Most bytes this loader lets the data cache hold (--cache-size or its default).", |s| &s.limit_bytes);
+    /// Data cache: full.
+    pub static CACHE_FULL: CacheFigure = CacheFigure::gauge("ringfeed_cache_full", "1 once the data cache refused an object for want of room (it keeps what it holds), else 0.", |s| &s.fill_complete);
+    /// Data cache: entries written.
+    pub static CACHE_WRITTEN_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_entries_written_total", "Entries this loader wrote to the data cache.", |s| &s.entries_written);
+    /// Data cache: corrupt entries refetched.
+    pub static CACHE_CORRUPT_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_corrupt_total", "Cache entries whose bytes failed their CRC32C, removed and refetched from remote.", |s| &s.corrupt_refetched);
+    /// Data cache: writes stopped.
+    pub static CACHE_WRITES_STOPPED: CacheFigure = CacheFigure::gauge("ringfeed_cache_writes_stopped", "1 once a write to the data cache failed (disk full, permissions) and caching stopped for the run, else 0.", |s| &s.writes_stopped);
 }
 
 /// The whole response body for loader `name`: the ring's families from

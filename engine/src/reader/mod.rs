@@ -369,6 +369,7 @@ pub fn open_engine_for(
                 store,
                 objects,
                 fetch,
+                cache,
             } = remote.as_ref();
             if choice != IoChoice::Auto {
                 return Err(ReadError::InvalidConfig {
@@ -386,8 +387,18 @@ pub fn open_engine_for(
                 fetch.clone(),
                 cfg.queue_depth as usize,
             )?;
+            // A cache that cannot be opened is a warning: the run reads remote.
+            let cache = cache.as_ref().and_then(|c| {
+                crate::cache::DataCache::open(c, &store.display, Arc::clone(objects))
+                    .map_err(|e| {
+                        tracing::warn!(
+                            "{e}; reading everything from remote (fix it, or pass --cache off)"
+                        )
+                    })
+                    .ok()
+            });
             Ok(OpenedEngine {
-                engine: Box::new(engine),
+                engine: crate::cache::engine::with_cache(engine, cache, cfg)?,
                 fallback_warning: None,
             })
         }

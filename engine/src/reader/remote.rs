@@ -35,6 +35,11 @@ pub struct RemoteReadEngine {
     next_id: u64,
     max_in_flight: usize,
     reaped: Vec<FetchCompletion>,
+    /// Body chunks of completed reads submitted with `keep`, by `user_data`,
+    /// until `take_kept` (the data cache's fill).
+    kept: HashMap<u64, Vec<bytes::Bytes>>,
+    /// `keep` of the `submit_keeping` under way.
+    keep_next: Vec<bool>,
 }
 
 impl std::fmt::Debug for RemoteReadEngine {
@@ -71,6 +76,8 @@ impl RemoteReadEngine {
             next_id: 0,
             max_in_flight,
             reaped: Vec::new(),
+            kept: HashMap::new(),
+            keep_next: Vec::new(),
         })
     }
 
@@ -82,6 +89,9 @@ impl RemoteReadEngine {
     fn completion(&mut self, c: FetchCompletion) -> Option<Completion> {
         // Every tag came from `submit`; one that did not is not ours to report.
         let (user_data, object) = self.outstanding.remove(&c.tag)?;
+        if !c.chunks.is_empty() {
+            self.kept.insert(user_data, c.chunks);
+        }
         let result = c.result.map_err(|e| self.read_error(object, e));
         Some(Completion { user_data, result })
     }
@@ -95,6 +105,32 @@ impl RemoteReadEngine {
             key,
             message: e.to_string(),
         }
+    }
+}
+
+impl RemoteReadEngine {
+    /// The body chunks of the completed read `user_data` that was
+    /// submitted with `keep` (see `submit_keeping`), once.
+    pub fn take_kept(&mut self, user_data: u64) -> Option<Vec<bytes::Bytes>> {
+        self.kept.remove(&user_data)
+    }
+
+    /// `ReadEngine::submit`, where `keep[i]` (false past its end) asks to
+    /// keep read i's body chunks for `take_kept` (only a read fetched in
+    /// one GET gets them).
+    ///
+    /// # Safety
+    /// As for `ReadEngine::submit`.
+    pub unsafe fn submit_keeping(
+        &mut self,
+        ops: &[ReadOp],
+        keep: &[bool],
+    ) -> Result<(), ReadError> {
+        self.keep_next = keep.to_vec();
+        // SAFETY: the caller's contract is `submit`'s.
+        let r = unsafe { self.submit(ops) };
+        self.keep_next.clear();
+        r
     }
 }
 
@@ -168,7 +204,7 @@ impl ReadEngine for RemoteReadEngine {
         // SAFETY: the caller's contract on `dest` (valid for `len_bytes`
         // writes, untouched until reaped or the engine is dropped) is the
         // fetch engine's; its drop waits for every GET, as ours must.
-        let submitted = unsafe { self.fetch.submit(&reads) };
+        let submitted = unsafe { self.fetch.submit_keeping(&reads, &self.keep_next) };
         submitted.map_err(|e| match e {
             RemoteError::InvalidRead { reason } => ReadError::InvalidOp {
                 user_data: ops.first().map_or(0, |op| op.user_data),
@@ -239,6 +275,8 @@ pub struct RemoteTarget {
     pub objects: Arc<Vec<RemoteObject>>,
     /// Tuning of the fetch engine.
     pub fetch: FetchConfig,
+    /// The disk data cache in front of the store, if any.
+    pub cache: Option<crate::cache::CacheConfig>,
 }
 
 impl std::fmt::Debug for ReadTarget {

@@ -43,6 +43,10 @@ pub struct FetchCompletion {
     pub tag: u64,
     /// `Ok` when every byte of the range landed in `dest`.
     pub result: Result<(), RemoteError>,
+    /// For a read submitted with `keep` that was fetched in one GET and
+    /// succeeded: the response body's chunks, in order (refcounted views
+    /// of the receive buffers, no copy), e.g. for the data cache. Else empty.
+    pub chunks: Vec<bytes::Bytes>,
 }
 
 /// A read as the dispatcher keeps it until its last part is done.
@@ -50,6 +54,7 @@ struct ReadState {
     tag: u64,
     parts_left: u64,
     error: Option<RemoteError>,
+    chunks: Vec<bytes::Bytes>,
 }
 
 /// A read on its way to the dispatcher (its pointer wrapped to cross threads).
@@ -60,6 +65,7 @@ enum Command {
         range: Range<u64>,
         dest: DestPtr,
         tag: u64,
+        keep: bool,
     },
 }
 
@@ -157,6 +163,21 @@ impl FetchEngine {
     /// nobody else may read or write it until the read's completion has been
     /// reaped or the engine dropped (drop waits for every GET under way).
     pub unsafe fn submit(&mut self, reads: &[FetchRead]) -> Result<(), RemoteError> {
+        // SAFETY: the caller's contract is `submit_keeping`'s.
+        unsafe { self.submit_keeping(reads, &[]) }
+    }
+
+    /// `submit`, where `keep[i]` (false past its end) asks for read i's
+    /// body chunks in its completion (`FetchCompletion::chunks`); only a
+    /// read fetched in one GET (at most `part_bytes`) gets them.
+    ///
+    /// # Safety
+    /// As for `submit`.
+    pub unsafe fn submit_keeping(
+        &mut self,
+        reads: &[FetchRead],
+        keep: &[bool],
+    ) -> Result<(), RemoteError> {
         if self.outstanding + reads.len() > self.queued_reads_max {
             return Err(RemoteError::Busy {
                 queued: self.outstanding,
@@ -169,7 +190,7 @@ impl FetchEngine {
         let commands = self.commands.as_ref().ok_or_else(|| RemoteError::Stopped {
             reason: "the engine is shutting down".to_string(),
         })?;
-        for read in reads {
+        for (i, read) in reads.iter().enumerate() {
             let id = self.next_id;
             self.next_id += 1;
             commands
@@ -179,6 +200,7 @@ impl FetchEngine {
                     range: read.range.clone(),
                     dest: DestPtr(read.dest),
                     tag: read.tag,
+                    keep: keep.get(i).copied().unwrap_or(false),
                 })
                 .map_err(|_| RemoteError::Stopped {
                     reason: "the dispatcher task ended (its runtime was shut down)".to_string(),
@@ -286,7 +308,7 @@ async fn dispatch(
             };
             if reads.get(&part.read_id).is_some_and(|r| r.error.is_some()) {
                 // A sibling already failed: do not fetch the rest.
-                finish_part(&mut reads, part.read_id, Ok(()), &done);
+                finish_part(&mut reads, part.read_id, Ok(()), Vec::new(), &done);
                 continue;
             }
             bytes_in_flight += len;
@@ -295,8 +317,8 @@ async fn dispatch(
         }
         tokio::select! {
             cmd = commands.recv() => match cmd {
-                Some(Command::Read { id, object, range, dest, tag }) => {
-                    split(id, object, range, dest, tag, &cfg, &mut pending, &mut reads, &done);
+                Some(Command::Read { id, object, range, dest, tag, keep }) => {
+                    split(id, object, range, dest, tag, keep, &cfg, &mut pending, &mut reads, &done);
                 }
                 None => {
                     // The engine was dropped: stop everything and wait for it.
@@ -313,7 +335,7 @@ async fn dispatch(
                     Ok(part) => {
                         bytes_in_flight -= part.len_bytes;
                         window.after_get(&metrics, part.result.is_ok());
-                        finish_part(&mut reads, part.read_id, part.result, &done);
+                        finish_part(&mut reads, part.read_id, part.result, part.chunks, &done);
                     }
                     Err(join_error) => {
                         // A part task panicked: nothing can say which read it
@@ -328,6 +350,7 @@ async fn dispatch(
                             result: Err(RemoteError::Stopped {
                                 reason: format!("a fetch task failed ({join_error}); restart the loader"),
                             }),
+                            chunks: Vec::new(),
                         };
                         for (_, state) in reads.drain() {
                             let _ = done.send(stopped(state.tag));
@@ -354,6 +377,7 @@ fn split(
     range: Range<u64>,
     dest: DestPtr,
     tag: u64,
+    keep: bool,
     cfg: &FetchConfig,
     pending: &mut VecDeque<Part>,
     reads: &mut HashMap<u64, ReadState>,
@@ -364,6 +388,7 @@ fn split(
         let _ = done.send(FetchCompletion {
             tag,
             result: Ok(()),
+            chunks: Vec::new(),
         });
         return;
     }
@@ -374,6 +399,7 @@ fn split(
             tag,
             parts_left: parts,
             error: None,
+            chunks: Vec::new(),
         },
     );
     let mut start = range.start;
@@ -387,6 +413,7 @@ fn split(
             object,
             range: start..end,
             dest: DestPtr(part_dest),
+            keep: keep && parts == 1,
         });
         start = end;
     }
@@ -398,6 +425,7 @@ fn finish_part(
     reads: &mut HashMap<u64, ReadState>,
     read_id: u64,
     result: Result<(), RemoteError>,
+    chunks: Vec<bytes::Bytes>,
     done: &crossbeam_channel::Sender<FetchCompletion>,
 ) {
     let Some(state) = reads.get_mut(&read_id) else {
@@ -407,6 +435,8 @@ fn finish_part(
     if let Err(e) = result {
         state.error.get_or_insert(e);
     }
+    // Only a read of one part keeps chunks, so these are all of them.
+    state.chunks = chunks;
     state.parts_left -= 1;
     if state.parts_left == 0 {
         if let Some(state) = reads.remove(&read_id) {
@@ -415,9 +445,15 @@ fn finish_part(
                 None => Ok(()),
             };
             // The engine may have been dropped already; then nobody waits.
+            let chunks = if result.is_ok() {
+                state.chunks
+            } else {
+                Vec::new()
+            };
             let _ = done.send(FetchCompletion {
                 tag: state.tag,
                 result,
+                chunks,
             });
         }
     }

@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::StreamExt;
 use object_store::{GetOptions, GetRange};
 
@@ -42,6 +43,8 @@ pub(crate) struct Part {
     pub(crate) range: Range<u64>,
     /// Where `range.start` goes.
     pub(crate) dest: DestPtr,
+    /// Keep the body's chunks (refcounted, no copy) for the completion.
+    pub(crate) keep: bool,
 }
 
 /// Everything a part task needs, shared by all of them.
@@ -64,6 +67,9 @@ pub(crate) struct PartDone {
     pub(crate) read_id: u64,
     pub(crate) len_bytes: u64,
     pub(crate) result: Result<(), RemoteError>,
+    /// The body's chunks in order, when the part asked to keep them and
+    /// succeeded; else empty.
+    pub(crate) chunks: Vec<Bytes>,
 }
 
 /// Fetches `part`, retrying with exponential backoff and jitter.
@@ -78,7 +84,7 @@ pub(crate) async fn fetch_part(ctx: Arc<PartContext>, part: Part) -> PartDone {
             .scope(Arc::clone(&last), attempt_once(&ctx, &part, &last))
             .await;
         match outcome {
-            Ok(()) => break Ok(()),
+            Ok(chunks) => break Ok(chunks),
             Err(Failure::Permanent(e)) => break Err(e),
             Err(Failure::Retry(cause, detail)) => {
                 if attempts > ctx.cfg.retries_max {
@@ -107,10 +113,15 @@ pub(crate) async fn fetch_part(ctx: Arc<PartContext>, part: Part) -> PartDone {
         m.get_latency
             .record_us(started.elapsed().as_micros() as u64);
     }
+    let (result, chunks) = match result {
+        Ok(chunks) => (Ok(()), chunks),
+        Err(e) => (Err(e), Vec::new()),
+    };
     PartDone {
         read_id: part.read_id,
         len_bytes,
         result,
+        chunks,
     }
 }
 
@@ -131,7 +142,13 @@ fn backoff(ctx: &PartContext, attempt: u32, salt: u64) -> Duration {
     Duration::from_millis(half + h.finish() % (ceiling_ms - half + 1))
 }
 
-async fn attempt_once(ctx: &PartContext, part: &Part, last: &LastAttempt) -> Result<(), Failure> {
+/// One GET of `part`; the body's chunks when `part.keep` (a retry starts
+/// a fresh list).
+async fn attempt_once(
+    ctx: &PartContext,
+    part: &Part,
+    last: &LastAttempt,
+) -> Result<Vec<Bytes>, Failure> {
     let object = &ctx.objects[part.object as usize];
     let store = &ctx.store;
     let stall = Duration::from_millis(ctx.cfg.stall_timeout_ms);
@@ -167,6 +184,7 @@ async fn attempt_once(ctx: &PartContext, part: &Part, last: &LastAttempt) -> Res
     }
     let mut stream = got.into_stream();
     let mut written: u64 = 0;
+    let mut kept = Vec::new();
     loop {
         let chunk = match tokio::time::timeout(stall, stream.next()).await {
             Err(_) => {
@@ -212,6 +230,9 @@ async fn attempt_once(ctx: &PartContext, part: &Part, last: &LastAttempt) -> Res
         }
         written += n;
         store.metrics.bytes_received.fetch_add(n, Ordering::Relaxed);
+        if part.keep {
+            kept.push(chunk);
+        }
     }
     if written < len_bytes {
         return Err(Failure::Retry(
@@ -219,7 +240,7 @@ async fn attempt_once(ctx: &PartContext, part: &Part, last: &LastAttempt) -> Res
             format!("the body ended after {written} of {len_bytes} bytes"),
         ));
     }
-    Ok(())
+    Ok(kept)
 }
 
 fn check_unchanged(

@@ -1,0 +1,421 @@
+//! A `ReadEngine` over a remote source with a data cache: each read goes to
+//! the local engine (io_uring or pread over the cache's entry files) when
+//! its object is cached, else to the remote engine; one batch may mix both.
+//!
+//! The tier is picked per read at `submit` from the object's state byte,
+//! so the loader, its one thread and its one completion loop stay as they
+//! are. A hit of a whole object is checked against the CRC32C its footer
+//! holds before its completion is handed out; a mismatch (or any failed
+//! cache read) is a warning, the entry is removed, and the read goes to the
+//! remote engine instead: never an error, never bad bytes. For a remote
+//! read of a whole object the cache may take, the fetch engine keeps the
+//! response body's chunks (refcounted `Bytes`, no copy) beside the bytes it
+//! wrote into the slot; on completion they go to the writer thread, which
+//! writes the entry off the publishing path. The queue is bounded by
+//! `WRITE_QUEUE_BYTES_MAX`.
+//!
+//! Partial ranges (record mode) are read from a cached entry unchecked
+//! (the entry was published whole, after its checksum and footer were
+//! written, and its footer was checked at start); they never fill it.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::writer::Job;
+use super::{DataCache, Shared, STATE_ABSENT, STATE_CACHED, STATE_WRITING, WRITE_QUEUE_BYTES_MAX};
+use crate::reader::{Completion, ReadEngine, ReadError, ReadOp, RemoteReadEngine};
+
+/// `backend_name` of an engine reading through the cache.
+pub const CACHED_BACKEND: &str = "remote+cache";
+/// Longest wait on one engine while the other also has reads in flight.
+const BOTH_WAIT_SLICE: Duration = Duration::from_millis(1);
+
+/// Where a read in flight went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tier {
+    Cache,
+    Remote,
+}
+
+/// A read in flight: the caller's op and where it went.
+struct InFlight(ReadOp, Tier);
+
+// SAFETY: the op's `dest` is only written by the engine that reads it and
+// only read by this engine's owner thread after that read completed
+// (`ReadEngine::submit`'s contract); the pointer itself is plain data.
+unsafe impl Send for InFlight {}
+
+/// The cache engine and the remote engine behind one `ReadEngine`.
+pub struct CachedEngine {
+    local: Box<dyn ReadEngine>,
+    remote: RemoteReadEngine,
+    cache: DataCache,
+    /// Internal id → the caller's op and where it went.
+    ops: HashMap<u64, InFlight>,
+    next_id: u64,
+    max_in_flight: usize,
+    scratch: Vec<Completion>,
+    /// A failed cache read was warned of (once per run).
+    read_error_warned: bool,
+}
+
+impl std::fmt::Debug for CachedEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedEngine")
+            .field("cache", &self.cache)
+            .field("in_flight", &self.ops.len())
+            .finish()
+    }
+}
+
+impl CachedEngine {
+    /// Puts `cache` (read with `local`, an engine over `cache`'s entry
+    /// files) in front of `remote`.
+    pub fn new(local: Box<dyn ReadEngine>, remote: RemoteReadEngine, cache: DataCache) -> Self {
+        let max_in_flight = local.max_in_flight().min(remote.max_in_flight()).max(1);
+        CachedEngine {
+            local,
+            remote,
+            cache,
+            ops: HashMap::new(),
+            next_id: 0,
+            max_in_flight,
+            scratch: Vec::new(),
+            read_error_warned: false,
+        }
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        self.cache.shared()
+    }
+
+    fn is_whole(&self, op: &ReadOp) -> bool {
+        op.offset_bytes == 0
+            && self
+                .shared()
+                .objects
+                .get(op.file as usize)
+                .is_some_and(|o| o.size == op.len_bytes)
+    }
+
+    /// Sends op `id` to the remote engine (a miss, or a failed hit).
+    fn send_to_remote(&mut self, id: u64, op: ReadOp) -> Result<(), ReadError> {
+        let inner = ReadOp {
+            user_data: id,
+            spare_byte: false,
+            ..op
+        };
+        // SAFETY: the caller's contract on `op.dest` holds until its
+        // completion is reaped, which has not happened yet.
+        unsafe { self.remote.submit(std::slice::from_ref(&inner)) }?;
+        self.ops.insert(id, InFlight(op, Tier::Remote));
+        Ok(())
+    }
+
+    /// A cache read finished: check it, or send it to remote.
+    fn cache_done(
+        &mut self,
+        id: u64,
+        op: ReadOp,
+        result: Result<(), ReadError>,
+        out: &mut Vec<Completion>,
+    ) {
+        let index = op.file as usize;
+        let trouble = match result {
+            Ok(()) if self.is_whole(&op) => {
+                // SAFETY: the read completed, so `dest` holds its
+                // `len_bytes` bytes, and the caller keeps it valid and
+                // untouched until we hand its completion out.
+                let data = unsafe { std::slice::from_raw_parts(op.dest, op.len_bytes as usize) };
+                let expected = self.shared().crc[index].load(Ordering::Relaxed);
+                let found = crc32c::crc32c(data);
+                (found != expected).then(|| {
+                    self.shared()
+                        .stats
+                        .corrupt_refetched
+                        .fetch_add(1, Ordering::Relaxed);
+                    format!("CRC32C {found:08x} where its footer says {expected:08x}")
+                })
+            }
+            Ok(()) => None,
+            Err(e) => Some(e.to_string()),
+        };
+        match trouble {
+            None => {
+                let stats = &self.shared().stats;
+                stats.hits.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .bytes_from_cache
+                    .fetch_add(op.len_bytes, Ordering::Relaxed);
+                out.push(Completion {
+                    user_data: op.user_data,
+                    result: Ok(()),
+                });
+            }
+            Some(why) => {
+                let shared = Arc::clone(self.shared());
+                let path = shared.entry_path(index).unwrap_or_default();
+                let key = shared.objects.get(index).map_or("?", |o| o.key.as_str());
+                if why.starts_with("CRC32C") {
+                    tracing::warn!(
+                        "data cache: entry {} of {key} is corrupt ({why}); removed, refetching from remote",
+                        path.display()
+                    );
+                    shared.state[index].store(STATE_WRITING, Ordering::Relaxed);
+                    if !self.cache.writer().send(Job::Remove { index }) {
+                        shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
+                    }
+                } else {
+                    if !self.read_error_warned {
+                        self.read_error_warned = true;
+                        tracing::warn!(
+                            "data cache: reading entry {} of {key} failed ({why}); reading it from remote (further failed cache reads are not logged)",
+                            path.display()
+                        );
+                    }
+                    shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
+                }
+                if let Err(e) = self.send_to_remote(id, op) {
+                    out.push(Completion {
+                        user_data: op.user_data,
+                        result: Err(e),
+                    });
+                }
+            }
+        }
+    }
+
+    /// A remote read finished: count it, and offer a whole object's body
+    /// (kept by the fetch engine) to the writer.
+    fn remote_done(
+        &mut self,
+        id: u64,
+        op: ReadOp,
+        result: Result<(), ReadError>,
+        out: &mut Vec<Completion>,
+    ) {
+        let shared = Arc::clone(self.shared());
+        let chunks = self.remote.take_kept(id);
+        if result.is_ok() {
+            shared.stats.misses.fetch_add(1, Ordering::Relaxed);
+            shared
+                .stats
+                .bytes_from_remote
+                .fetch_add(op.len_bytes, Ordering::Relaxed);
+            if let Some(chunks) = chunks.filter(|_| self.is_whole(&op) && shared.admits()) {
+                self.offer(&shared, op.file as usize, chunks);
+            }
+        }
+        out.push(Completion {
+            user_data: op.user_data,
+            result,
+        });
+    }
+
+    fn offer(&self, shared: &Shared, index: usize, chunks: Vec<bytes::Bytes>) {
+        let n: u64 = chunks.iter().map(|c| c.len() as u64).sum();
+        if shared.queued_bytes.fetch_add(n, Ordering::Relaxed) + n > WRITE_QUEUE_BYTES_MAX {
+            // The writer is behind: this object gets another chance next epoch.
+            shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
+            return;
+        }
+        if shared.state[index]
+            .compare_exchange(
+                STATE_ABSENT,
+                STATE_WRITING,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
+            return;
+        }
+        if !self.cache.writer().send(Job::Write { index, chunks }) {
+            shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
+            shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Moves the completions in `scratch` of `tier` to `out` (or to remote).
+    fn drain(&mut self, tier: Tier, out: &mut Vec<Completion>) -> usize {
+        let before = out.len();
+        let mut done = std::mem::take(&mut self.scratch);
+        for c in done.drain(..) {
+            // Every id came from `submit`; another is not ours to report.
+            let Some(InFlight(op, went)) = self.ops.remove(&c.user_data) else {
+                continue;
+            };
+            debug_assert_eq!(went, tier, "a completion came from the other engine");
+            match tier {
+                Tier::Cache => self.cache_done(c.user_data, op, c.result, out),
+                Tier::Remote => self.remote_done(c.user_data, op, c.result, out),
+            }
+        }
+        self.scratch = done;
+        out.len() - before
+    }
+
+    fn in_flight_of(&self, tier: Tier) -> usize {
+        match tier {
+            Tier::Cache => self.local.in_flight(),
+            Tier::Remote => self.remote.in_flight(),
+        }
+    }
+
+    /// Reaps from one engine, waiting up to `wait` for one completion.
+    fn reap_tier(
+        &mut self,
+        tier: Tier,
+        out: &mut Vec<Completion>,
+        wait: Duration,
+    ) -> Result<usize, ReadError> {
+        if self.in_flight_of(tier) == 0 {
+            return Ok(0);
+        }
+        let min = usize::from(!wait.is_zero());
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let r = match tier {
+            Tier::Cache => self.local.reap(&mut scratch, min, Some(wait)),
+            Tier::Remote => self.remote.reap(&mut scratch, min, Some(wait)),
+        };
+        self.scratch = scratch;
+        r?;
+        Ok(self.drain(tier, out))
+    }
+}
+
+impl ReadEngine for CachedEngine {
+    fn backend_name(&self) -> &'static str {
+        CACHED_BACKEND
+    }
+
+    fn in_flight(&self) -> usize {
+        self.ops.len()
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
+        if self.ops.len() + ops.len() > self.max_in_flight {
+            return Err(ReadError::Busy {
+                in_flight: self.ops.len(),
+                requested: ops.len(),
+                max_in_flight: self.max_in_flight,
+            });
+        }
+        let shared = Arc::clone(self.shared());
+        for op in ops {
+            let size = shared.objects.get(op.file as usize).map(|o| o.size);
+            let fits = size.is_some_and(|s| {
+                op.offset_bytes
+                    .checked_add(op.len_bytes)
+                    .is_some_and(|e| e <= s)
+            });
+            if !fits {
+                return Err(ReadError::InvalidOp {
+                    user_data: op.user_data,
+                    reason: format!(
+                        "{} bytes at offset {} of object #{} pass its size ({size:?} bytes)",
+                        op.len_bytes, op.offset_bytes, op.file
+                    ),
+                });
+            }
+        }
+        let mut local = Vec::new();
+        let mut remote = Vec::new();
+        let mut keep = Vec::new();
+        let admits = shared.admits();
+        for op in ops {
+            let id = self.next_id;
+            self.next_id += 1;
+            // SYNC POINT: Acquire pairs with the writer's (or the check's)
+            // Release store of CACHED: the CRC it stored first is seen.
+            let state = shared.state[op.file as usize].load(Ordering::Acquire);
+            let cached = state == STATE_CACHED;
+            let inner = ReadOp {
+                user_data: id,
+                spare_byte: false,
+                ..*op
+            };
+            if cached {
+                local.push(inner);
+                self.ops.insert(id, InFlight(*op, Tier::Cache));
+            } else {
+                // Ask the fetch engine to keep the body of a whole object
+                // the cache may take: the fill needs no copy of its own.
+                keep.push(admits && state == STATE_ABSENT && self.is_whole(op));
+                remote.push(inner);
+                self.ops.insert(id, InFlight(*op, Tier::Remote));
+            }
+        }
+        // SAFETY: the caller's contract on every `dest` is passed on as is;
+        // both engines are ours and dropped before the caller's memory.
+        let submitted = unsafe { self.local.submit(&local) }
+            // SAFETY: as above.
+            .and_then(|()| unsafe { self.remote.submit_keeping(&remote, &keep) });
+        if let Err(e) = submitted {
+            // Checked above, with room in both: only a broken engine fails here.
+            for op in local.iter().chain(&remote) {
+                self.ops.remove(&op.user_data);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn reap(
+        &mut self,
+        out: &mut Vec<Completion>,
+        min_complete: usize,
+        timeout: Option<Duration>,
+    ) -> Result<usize, ReadError> {
+        let started = Instant::now();
+        let mut got = 0;
+        loop {
+            got += self.reap_tier(Tier::Cache, out, Duration::ZERO)?;
+            got += self.reap_tier(Tier::Remote, out, Duration::ZERO)?;
+            if got >= min_complete || self.ops.is_empty() {
+                return Ok(got);
+            }
+            let left = match timeout {
+                Some(t) => match t.checked_sub(started.elapsed()) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => return Ok(got),
+                },
+                None => Duration::from_secs(3600),
+            };
+            let (cache, remote) = (self.local.in_flight(), self.remote.in_flight());
+            let (tier, wait) = match (cache > 0, remote > 0) {
+                (true, true) => (Tier::Cache, left.min(BOTH_WAIT_SLICE)),
+                (true, false) => (Tier::Cache, left),
+                (false, _) => (Tier::Remote, left),
+            };
+            got += self.reap_tier(tier, out, wait)?;
+        }
+    }
+}
+
+/// The data cache's engine for the loader, or the remote engine alone.
+pub fn with_cache(
+    remote: RemoteReadEngine,
+    cache: Option<DataCache>,
+    reader: &crate::reader::ReaderConfig,
+) -> Result<Box<dyn ReadEngine>, ReadError> {
+    let Some(cache) = cache else {
+        return Ok(Box::new(remote));
+    };
+    let local = crate::reader::open_engine(
+        crate::reader::IoChoice::Auto,
+        Arc::clone(cache.files()),
+        reader,
+    )?;
+    if let Some(w) = &local.fallback_warning {
+        tracing::warn!("data cache reads: {w}");
+    }
+    Ok(Box::new(CachedEngine::new(local.engine, remote, cache)))
+}
