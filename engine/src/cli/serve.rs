@@ -97,6 +97,11 @@ pub struct ServeArgs {
     /// manifests/ directory.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// A remote prefix's cached listing is used while younger than this
+    /// (then listed again in the background; a change stops the run):
+    /// e.g. 90s, 30m, 1h, 2d; 0 lists at every start.
+    #[arg(long, value_parser = parse_max_age, default_value = "1h")]
+    pub manifest_max_age: std::time::Duration,
     /// Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, e.g.
     /// 127.0.0.1:9464 (port 0 picks a free one, logged at start). See docs/metrics.md.
     #[arg(long, value_name = "ADDR")]
@@ -121,6 +126,27 @@ pub enum ResumeFlag {
     At(ResumeState),
     /// Wait for the ranks' start requests (`ring::start`).
     Auto,
+}
+
+/// `--manifest-max-age`: a whole number and s, m, h or d (0 alone too).
+fn parse_max_age(s: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("--manifest-max-age {s:?}: expected a whole number and s, m, h or d, e.g. 30m or 1h (0: always list)");
+    if s == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    let unit_at = s.len().checked_sub(1).ok_or_else(bad)?;
+    let (n, unit) = s.split_at(unit_at);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let secs_per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(secs_per)
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(bad)
 }
 
 fn parse_resume(s: &str) -> Result<ResumeFlag, String> {
@@ -323,7 +349,10 @@ impl ServeArgs {
         if dir.is_none() {
             tracing::info!("no manifest cache: neither RINGFEED_CACHE_DIR, XDG_CACHE_HOME nor HOME is set (pass --cache-dir)");
         }
-        dir.map(ManifestCache::at)
+        dir.map(|dir| ManifestCache {
+            remote_max_age: self.manifest_max_age,
+            ..ManifestCache::at(dir)
+        })
     }
 
     /// The loader configuration these arguments describe.
@@ -358,6 +387,30 @@ impl ServeArgs {
             start,
             progress: true,
         })
+    }
+}
+
+/// Lists a remote prefix served from its cached listing again, beside the
+/// run: a change stops the run (`signals::stop_with`), a failure is a
+/// warning (reads still insist on the cached ETags).
+fn relist_in_background(
+    remote: Arc<crate::source::RemoteSource>,
+    cache: ManifestCache,
+    entry: PathBuf,
+) {
+    use crate::source::relist::{self, RelistOutcome};
+    let name = remote.store().display.clone();
+    let named = name.clone();
+    let spawned = relist::spawn(remote, cache, entry, move |outcome| match outcome {
+        RelistOutcome::Unchanged { .. } => {}
+        RelistOutcome::Changed(why) => signals::stop_with(why),
+        RelistOutcome::Failed(why) => tracing::warn!(
+            "listing {named} again in the background failed ({why}); serving on from the cached listing \
+             (each read still insists on the object's cached ETag)"
+        ),
+    });
+    if let Err(err) = spawned {
+        tracing::warn!("cannot start the background re-list of {name} ({err}); serving from the cached listing");
     }
 }
 
@@ -466,11 +519,31 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
             );
             let (manifest, listed) = source.build_manifest_cached(&opts, cache, true)?;
             origin = Some(listed);
-            Plan::with_source(cfg.clone(), source, Arc::new(manifest))?
+            Plan::with_source(cfg.clone(), source.clone(), Arc::new(manifest))?
         }
         (Err(err), _, _) => return Err(err.into()),
     };
+    let cached_remote = match (&source, &origin, &cache) {
+        (OpenedSource::Remote(remote), Some(ManifestOrigin::Cached { path, .. }), Some(cache)) => {
+            remote
+                .cached_listed_at()
+                .map(|at| (Arc::clone(remote), path.clone(), cache.clone(), at))
+        }
+        _ => None,
+    };
     let how = match &origin {
+        Some(ManifestOrigin::Cached { path, .. }) if cached_remote.is_some() => {
+            let age = cached_remote
+                .as_ref()
+                .and_then(|(_, _, _, at)| std::time::SystemTime::now().duration_since(*at).ok())
+                .unwrap_or_default();
+            format!(
+                "from the cache {} (listed {} ago, within --manifest-max-age {}; listing again in the background)",
+                path.display(),
+                crate::source::remote::human_duration(age),
+                crate::source::remote::human_duration(args.manifest_max_age)
+            )
+        }
         Some(ManifestOrigin::Cached {
             path,
             dirs_checked,
@@ -540,6 +613,9 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
     // is nothing to clean up yet.
     signals::install();
     let loader = Loader::start(plan)?;
+    if let Some((remote, entry, cache, _)) = cached_remote {
+        relist_in_background(remote, cache, entry);
+    }
     if let Some(server) = &metrics {
         server.watch_ring(&cfg.name);
     }

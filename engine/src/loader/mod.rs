@@ -117,6 +117,10 @@ pub enum ServeError {
     /// Stopped by its caller (`stop` set to [`STOP_NOT_A_SIGNAL`]).
     #[error("stopped by its caller")]
     Stopped,
+    /// The source changed under the run (a remote prefix's background
+    /// re-list, `signals::stop_with`): what changed and the fix.
+    #[error("{0}")]
+    SourceChanged(String),
 }
 
 /// A `stop` value that is not a signal: the caller (the demo, when one of
@@ -145,7 +149,7 @@ pub struct ServeReport {
 pub(crate) fn check_stop(stop: &AtomicU32) -> Result<(), ServeError> {
     match stop.load(Ordering::Relaxed) {
         0 => Ok(()),
-        STOP_NOT_A_SIGNAL => Err(ServeError::Stopped),
+        STOP_NOT_A_SIGNAL => Err(signals::stopped_error(stop)),
         sig => Err(ServeError::Signal(sig)),
     }
 }
