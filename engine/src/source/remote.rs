@@ -69,6 +69,7 @@ const ENDPOINT_VARS: &[&str] = &[
     "AZURE_STORAGE_ACCOUNT_NAME",
     "AZURE_ENDPOINT",
     "AZURE_STORAGE_USE_EMULATOR",
+    "AZURITE_BLOB_STORAGE_URL",
 ];
 
 /// Whether `source` names a remote store (a scheme `remote` serves).
