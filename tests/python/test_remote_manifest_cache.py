@@ -124,3 +124,34 @@ def test_a_listing_past_the_max_age_is_listed_again_and_zero_always_lists(prefix
     assert "--manifest-max-age 0: a remote prefix is listed at every start" in always, always
     rc, bad = serve(source, env, "--manifest-max-age", "5x", consume=False)
     assert rc != 0 and "--manifest-max-age" in bad and "30m or 1h" in bad, bad
+
+
+def test_a_cached_start_serves_with_no_listing_request_before_its_first_batch(prefix, tmp_path):
+    """Listed once through a clean proxy; then a proxy on the same port
+    refuses every PROPFIND (the WebDAV listing): a start from the cache
+    still serves every sample, so it listed nothing before serving."""
+    from remote_util import FaultProxy
+
+    source, _, env = prefix
+    upstream = source.split("://", 1)[1].split("/", 1)[0]
+    (tmp_path / "clean").mkdir()
+    clean = FaultProxy(upstream, [], tmp_path / "clean")
+    port = clean.port
+    proxied = source.replace(upstream, "127.0.0.1:%d" % port)
+    try:
+        rc, first = serve(proxied, env)
+        assert rc == 0 and "listed (cached in" in first, first
+    finally:
+        clean.stop()
+    (tmp_path / "refusing").mkdir()
+    refusing = FaultProxy(upstream, ["--listen", "127.0.0.1:%d" % port, "--methods", "PROPFIND", "--error-503", "1"],
+                          tmp_path / "refusing")
+    try:
+        rc, cached = serve(proxied, env, "--manifest-max-age", "1h")
+        assert rc == 0, cached
+        assert "from the cache" in cached and "%d samples" % FILES in cached, cached
+        # The same proxy makes a listing fail, so the one above made none.
+        rc, listed = serve(proxied, env, "--manifest-max-age", "0", consume=False, timeout=120)
+        assert rc != 0 and "503" in listed, listed
+    finally:
+        refusing.stop()

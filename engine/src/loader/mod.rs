@@ -11,6 +11,7 @@
 //! `run` (the loop: claim, read, publish) and `watch` (stalls, trainers
 //! that do not come, progress).
 
+mod counters;
 mod pending;
 mod plan;
 mod run;
@@ -30,6 +31,7 @@ pub use plan::{
     auto_slots_per_rank, Plan, ServeConfig, AUTO_RANK_BYTES_MAX, AUTO_SLOTS_FLOOR, AUTO_SLOTS_MAX,
     AUTO_SLOTS_MIN,
 };
+pub use counters::write_remote_counters;
 pub use run::Loader;
 
 /// Why serving failed.
