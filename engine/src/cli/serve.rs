@@ -130,7 +130,9 @@ pub enum ResumeFlag {
 
 /// `--manifest-max-age`: a whole number and s, m, h or d (0 alone too).
 fn parse_max_age(s: &str) -> Result<std::time::Duration, String> {
-    let bad = || format!("--manifest-max-age {s:?}: expected a whole number and s, m, h or d, e.g. 30m or 1h (0: always list)");
+    let bad = || {
+        format!("--manifest-max-age {s:?}: expected a whole number and s, m, h or d, e.g. 30m or 1h (0: always list)")
+    };
     if s == "0" {
         return Ok(std::time::Duration::ZERO);
     }
@@ -401,13 +403,15 @@ fn relist_in_background(
     use crate::source::relist::{self, RelistOutcome};
     let name = remote.store().display.clone();
     let named = name.clone();
-    let spawned = relist::spawn(remote, cache, entry, move |outcome| match outcome {
+    let spawned = relist::spawn(remote, cache, entry, move |outcome| {
+        match outcome {
         RelistOutcome::Unchanged { .. } => {}
         RelistOutcome::Changed(why) => signals::stop_with(why),
         RelistOutcome::Failed(why) => tracing::warn!(
             "listing {named} again in the background failed ({why}); serving on from the cached listing \
              (each read still insists on the object's cached ETag)"
         ),
+    }
     });
     if let Err(err) = spawned {
         tracing::warn!("cannot start the background re-list of {name} ({err}); serving from the cached listing");

@@ -306,6 +306,10 @@ mod tests {
         ]);
         let lines = counter_lines(&now, &now, 1.0);
         assert_eq!(lines.len(), 1, "{lines:?}");
-        assert!(lines[0].starts_with("cache: 75% hits (75 hits, 25 misses)"), "{}", lines[0]);
+        assert!(
+            lines[0].starts_with("cache: 75% hits (75 hits, 25 misses)"),
+            "{}",
+            lines[0]
+        );
     }
 }

@@ -27,11 +27,11 @@ use crate::reader::ReadError;
 use crate::ring::{CreateError, PublishError};
 use crate::sampler::SamplerError;
 
+pub use counters::write_remote_counters;
 pub use plan::{
     auto_slots_per_rank, Plan, ServeConfig, AUTO_RANK_BYTES_MAX, AUTO_SLOTS_FLOOR, AUTO_SLOTS_MAX,
     AUTO_SLOTS_MIN,
 };
-pub use counters::write_remote_counters;
 pub use run::Loader;
 
 /// Why serving failed.

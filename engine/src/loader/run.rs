@@ -10,9 +10,9 @@ use crate::reader::{open_engine_for, Completion, ReadEngine, ReadError, ReadOp};
 use crate::ring::segment::human_bytes;
 use crate::ring::{CreateError, Producer, RingGeometry};
 
+use super::counters::COUNTERS_EVERY;
 use super::pending::{Pending, RankCursor};
 use super::watch::PROGRESS_EVERY;
-use super::counters::COUNTERS_EVERY;
 use super::{check_stop, Plan, ServeError, ServeReport};
 
 /// How often the loader looks for ranks whose consumer died.

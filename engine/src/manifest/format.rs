@@ -952,7 +952,10 @@ mod tests {
     fn a_remote_listing_reads_back_with_its_etags_and_listing_time() {
         let etags = b"\"e1\"\0\0\"e3\"\0";
         let bytes = remote_bytes(b"s3://bucket/pre/", etags);
-        assert_eq!(u32::from_le_bytes(bytes[12..16].try_into().unwrap()), KIND_REMOTE);
+        assert_eq!(
+            u32::from_le_bytes(bytes[12..16].try_into().unwrap()),
+            KIND_REMOTE
+        );
         let decoded = decode(&bytes, b"s3://bucket/pre/").unwrap();
         assert_eq!(decoded.files, list(&["a/x.bin", "b", "c"]));
         assert_eq!(decoded.etags.as_deref(), Some(&etags[..]));
@@ -961,10 +964,7 @@ mod tests {
             decoded.listed_at,
             UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000)
         );
-        assert_eq!(
-            root_of_bytes(&bytes),
-            Ok(PathBuf::from("s3://bucket/pre/"))
-        );
+        assert_eq!(root_of_bytes(&bytes), Ok(PathBuf::from("s3://bucket/pre/")));
     }
 
     #[test]
@@ -973,7 +973,9 @@ mod tests {
         let err = decode(&bytes, b"s3://b/").unwrap_err();
         assert!(err.contains("2 ETags") && err.contains("3 files"), "{err}");
         let bytes = remote_bytes(b"/not/a/url", b"\0\0\0");
-        assert!(decode(&bytes, b"/not/a/url").unwrap_err().contains("not a URL"));
+        assert!(decode(&bytes, b"/not/a/url")
+            .unwrap_err()
+            .contains("not a URL"));
     }
 
     #[test]

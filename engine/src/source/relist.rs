@@ -78,9 +78,7 @@ pub fn relist(remote: &RemoteSource, cache: &ManifestCache, entry: &Path) -> Rel
         };
         let age = cached_at
             .and_then(|at| listed_at.duration_since(at).ok())
-            .map_or_else(String::new, |age| {
-                format!(" {} ago", human_duration(age))
-            });
+            .map_or_else(String::new, |age| format!(" {} ago", human_duration(age)));
         return RelistOutcome::Changed(format!(
             "{} changed since its cached listing{age}: {total} difference(s), {}; stopped rather than \
              serve a changed dataset. {removed}; start again to list it afresh \

@@ -173,7 +173,10 @@ impl RemoteSource {
     }
 
     /// Lists on the runtime while this thread shows progress.
-    pub(crate) fn list_objects(&self, opts: &ManifestOptions) -> Result<Vec<RemoteObject>, RemoteError> {
+    pub(crate) fn list_objects(
+        &self,
+        opts: &ManifestOptions,
+    ) -> Result<Vec<RemoteObject>, RemoteError> {
         let keys = Arc::new(AtomicU64::new(0));
         let store = self.store.clone();
         let keys_file = self.keys_file.clone();
