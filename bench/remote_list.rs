@@ -29,6 +29,10 @@ struct Args {
     /// Skip the sequential listing (when it is known to take minutes).
     #[arg(long)]
     skip_sequential: bool,
+    /// Skip the parallel listing (to measure the server's CPU under the
+    /// sequential one alone).
+    #[arg(long)]
+    skip_parallel: bool,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -47,6 +51,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             seq_keys.len() as f64 / secs
         );
         seq_s = Some(secs);
+    }
+    if args.skip_parallel {
+        return Ok(());
     }
     let t = Instant::now();
     let par_keys = rt.block_on(list_parallel(&store, args.workers, None))?;

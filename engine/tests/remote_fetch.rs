@@ -175,7 +175,8 @@ fn parallel_listing_gives_the_same_objects_as_one_listing() {
 #[test]
 fn parallel_listing_is_exact_and_splits_over_every_key_shape() {
     let rt = runtime();
-    let shapes: [(&str, fn(usize) -> String); 4] = [
+    type KeyOf = fn(usize) -> String;
+    let shapes: [(&str, KeyOf); 4] = [
         ("decimal", |i| format!("obj-{i:06}")),
         ("hex", |i| {
             format!("{:016x}", (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))

@@ -290,6 +290,8 @@ setup_garage() {
         [ $SECONDS -lt $deadline ] || { echo "servers.sh: garage node id did not answer" >&2; return 1; }
         sleep 0.5
     done
+    # A state directory set up before keeps its layout, key and bucket.
+    [ -f "$state/garage-setup.done" ] && return 0
     {
         "${g[@]}" layout assign -z dc1 -c 10G "${node%%@*}" &&
             "${g[@]}" layout apply --version 1 &&
@@ -297,6 +299,7 @@ setup_garage() {
             "${g[@]}" bucket create "$GARAGE_BUCKET" &&
             "${g[@]}" bucket allow --read --write --owner "$GARAGE_BUCKET" --key "$GARAGE_KEY_ID"
     } >>"$state/garage.log" 2>&1 || { echo "servers.sh: garage setup failed; see $state/garage.log" >&2; return 1; }
+    touch "$state/garage-setup.done"
 }
 
 health_url() {

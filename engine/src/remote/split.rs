@@ -140,11 +140,10 @@ pub fn cut_points(
         Some(hi) => {
             let left = digits.number(hi.as_bytes()).saturating_sub(at);
             // Pages left, guessed from the pace so far: no more parts.
-            let pages_left = if walked == 0 {
-                parts as u128
-            } else {
-                left.saturating_mul(seen as u128) / walked / page_keys.max(1) as u128
-            };
+            let pages_left = left
+                .saturating_mul(seen as u128)
+                .checked_div(walked)
+                .map_or(parts as u128, |keys| keys / page_keys.max(1) as u128);
             let parts = (parts as u128)
                 .min(pages_left)
                 .min(CUTS_AT_ONCE_MAX as u128);
