@@ -26,6 +26,9 @@ use super::RemoteObject;
 
 /// A worker with a range checks for idle workers after this many keys.
 pub const LIST_SPLIT_AFTER_KEYS: usize = 1000;
+/// Cuts of the unbounded tail at least, when workers are idle (see
+/// `list_range`).
+pub const TAIL_CUTS_MIN: usize = 8;
 /// Most parallel listing workers.
 pub const LIST_WORKERS_MAX: usize = 256;
 /// HEAD requests in flight while sizing a key list.
@@ -304,9 +307,20 @@ async fn list_range(
             break;
         }
         if seen.is_multiple_of(LIST_SPLIT_AFTER_KEYS) {
+            lock(queue).keys += LIST_SPLIT_AFTER_KEYS as u64;
+        }
+        // Cut at the first key of a page, not the last of the one before:
+        // the range is known to go on (a cut past the end of the keys costs
+        // a request that finds nothing).
+        if seen > LIST_SPLIT_AFTER_KEYS && seen % LIST_SPLIT_AFTER_KEYS == 1 {
             let mut q = lock(queue);
-            q.keys += LIST_SPLIT_AFTER_KEYS as u64;
-            let idle = workers.saturating_sub(q.busy + q.ranges.len());
+            let mut idle = workers.saturating_sub(q.busy + q.ranges.len());
+            if range.upto.is_none() {
+                // The tail's end is unknown: at most twice the pages listed
+                // so far, so that cuts past it stay few.
+                let pages = (q.keys / LIST_SPLIT_AFTER_KEYS as u64) as usize;
+                idle = idle.min((2 * pages).max(TAIL_CUTS_MIN));
+            }
             if idle > 0 {
                 let lo = first.as_deref().unwrap_or(&loc);
                 let page = &out[out.len().saturating_sub(LIST_SPLIT_AFTER_KEYS)..];
