@@ -76,6 +76,10 @@ def main():
         import remote_bench
 
         remote_bench.RTT_MS = args.rtt_ms
+        # A port file of an earlier run would be read as this proxy's.
+        port_file = os.path.join(args.state, "proxy-list.port")
+        if os.path.exists(port_file):
+            os.remove(port_file)
         proxy, port = start_proxy(args.target, upstream, args.state, "list")
         run_env = dict(os.environ, **env)
         run_env["AWS_ENDPOINT_URL"] = "http://127.0.0.1:%d" % port

@@ -33,6 +33,9 @@ struct Args {
     /// sequential one alone).
     #[arg(long)]
     skip_parallel: bool,
+    /// Print the parallel listing's keys and ranges done as they change.
+    #[arg(long)]
+    progress: bool,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -56,7 +59,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let t = Instant::now();
-    let par_keys = rt.block_on(list_parallel(&store, args.workers, None))?;
+    let started = Instant::now();
+    let trace = |p: ringfeed::remote::ListProgress| {
+        eprintln!(
+            "  {:7.3} s: {} keys, {} ranges done",
+            started.elapsed().as_secs_f64(),
+            p.keys,
+            p.ranges_done
+        )
+    };
+    let progress: Option<&ringfeed::remote::ProgressFn<'_>> =
+        if args.progress { Some(&trace) } else { None };
+    let par_keys = rt.block_on(list_parallel(&store, args.workers, progress))?;
     let secs = t.elapsed().as_secs_f64();
     println!(
         "parallel ({} workers): {} keys in {secs:.2} s ({:.0} keys/s)",

@@ -167,6 +167,9 @@ struct Queue {
     busy: usize,
     keys: u64,
     ranges_done: u64,
+    /// Pages of the key space given to ranges by cuts of the tail (and
+    /// listed by the tail's workers): how far the keys are known to go.
+    tail_pages: usize,
     error: Option<RemoteError>,
 }
 
@@ -302,12 +305,12 @@ async fn list_range(
         first.get_or_insert_with(|| loc.clone());
         out.extend(to_object(store, item));
         seen += 1;
+        if seen.is_multiple_of(LIST_SPLIT_AFTER_KEYS) {
+            lock(queue).keys += LIST_SPLIT_AFTER_KEYS as u64;
+        }
         // The range's last key: nothing is left (saves a page past it).
         if range.upto.as_deref() == Some(loc.as_str()) {
             break;
-        }
-        if seen.is_multiple_of(LIST_SPLIT_AFTER_KEYS) {
-            lock(queue).keys += LIST_SPLIT_AFTER_KEYS as u64;
         }
         // Cut at the first key of a page, not the last of the one before:
         // the range is known to go on (a cut past the end of the keys costs
@@ -316,10 +319,10 @@ async fn list_range(
             let mut q = lock(queue);
             let mut idle = workers.saturating_sub(q.busy + q.ranges.len());
             if range.upto.is_none() {
-                // The tail's end is unknown: at most twice the pages listed
-                // so far, so that cuts past it stay few.
-                let pages = (q.keys / LIST_SPLIT_AFTER_KEYS as u64) as usize;
-                idle = idle.min((2 * pages).max(TAIL_CUTS_MIN));
+                // The tail's end is unknown: at most twice the pages already
+                // given to ranges, so that cuts past it stay few.
+                q.tail_pages += seen / LIST_SPLIT_AFTER_KEYS;
+                idle = idle.min((2 * q.tail_pages).max(TAIL_CUTS_MIN));
             }
             if idle > 0 {
                 let lo = first.as_deref().unwrap_or(&loc);
@@ -344,6 +347,9 @@ async fn list_range(
                     idle,
                     (floor, seen, LIST_SPLIT_AFTER_KEYS),
                 );
+                if range.upto.is_none() {
+                    q.tail_pages += cuts.len();
+                }
                 if let Some(first_cut) = cuts.first() {
                     for w in cuts.windows(2) {
                         q.ranges.push_back(KeyRange {

@@ -154,11 +154,15 @@ pub fn cut_points(
             (1..=parts).map(|i| at + i * step).collect()
         }
         None => {
-            // About one page per new range.
-            let span = walked.saturating_add(1);
+            // One page per new range, each ending where a page would: the
+            // current key opens a page, which ends `page_keys - 1` keys on.
+            let gaps = seen.saturating_sub(1).max(1) as u128;
+            let per_key = (walked / gaps).max(1);
+            let span = (walked.saturating_mul(page_keys as u128) / gaps).max(1);
             (1..=parts.min(CUTS_AT_ONCE_MAX) as u128)
                 .map_while(|i| {
                     at.checked_add(span.checked_mul(i)?)
+                        .map(|n| n - per_key)
                         .filter(|&n| n <= digits.max())
                 })
                 .collect()
@@ -199,15 +203,26 @@ mod tests {
 
     #[test]
     fn the_tail_is_cut_a_page_apart_ahead_of_the_current_key() {
+        // At the first key of the second page: this page ends at 1999.
         let cuts = cut_points(
             "k/obj-000000",
-            "k/obj-000999",
+            "k/obj-001000",
             None,
             &decimal(),
             3,
-            (2, 1000, 1000),
+            (2, 1001, 1000),
         );
         assert_eq!(cuts, ["k/obj-001999", "k/obj-002999", "k/obj-003999"]);
+        // Every other key: a page spans twice the numbers.
+        let cuts = cut_points(
+            "k/obj-000000",
+            "k/obj-002000",
+            None,
+            &decimal(),
+            2,
+            (2, 1001, 1000),
+        );
+        assert_eq!(cuts, ["k/obj-003998", "k/obj-005998"]);
     }
 
     #[test]
@@ -241,8 +256,9 @@ mod tests {
     fn hex_keys_are_cut_in_base_sixteen_and_the_prefix_is_kept() {
         let hex = page_alphabet([&b"0123456789abcdef"[..]].into_iter(), 0);
         assert_eq!(hex, b"0123456789abcdef");
-        let cuts = cut_points("p/0000", "p/00ff", None, &hex, 2, (2, 1000, 1000));
-        assert_eq!(cuts, ["p/01ff", "p/02ff"]);
+        // 256 dense hex keys, pages of 256: the next pages end at 1fe, 2fe.
+        let cuts = cut_points("p/0000", "p/00ff", None, &hex, 2, (2, 256, 256));
+        assert_eq!(cuts, ["p/01fe", "p/02fe"]);
         // Digits of the prefix itself are never carried into.
         let cuts = cut_points("9/99", "9/99", None, &decimal(), 2, (2, 1, 1000));
         assert!(cuts.iter().all(|c| c.starts_with("9/")), "{cuts:?}");
