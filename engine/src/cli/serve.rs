@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 
 use crate::cli::say::say_err;
+use crate::cli::serve_remote::{parse_max_age, CachedRemote};
 use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
 use crate::manifest::{ManifestCache, ManifestOptions, ManifestOrigin};
 use crate::metrics::http::METRICS_PATH;
@@ -126,29 +127,6 @@ pub enum ResumeFlag {
     At(ResumeState),
     /// Wait for the ranks' start requests (`ring::start`).
     Auto,
-}
-
-/// `--manifest-max-age`: a whole number and s, m, h or d (0 alone too).
-fn parse_max_age(s: &str) -> Result<std::time::Duration, String> {
-    let bad = || {
-        format!("--manifest-max-age {s:?}: expected a whole number and s, m, h or d, e.g. 30m or 1h (0: always list)")
-    };
-    if s == "0" {
-        return Ok(std::time::Duration::ZERO);
-    }
-    let unit_at = s.len().checked_sub(1).ok_or_else(bad)?;
-    let (n, unit) = s.split_at(unit_at);
-    let n: u64 = n.parse().map_err(|_| bad())?;
-    let secs_per = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(secs_per)
-        .map(std::time::Duration::from_secs)
-        .ok_or_else(bad)
 }
 
 fn parse_resume(s: &str) -> Result<ResumeFlag, String> {
@@ -392,32 +370,6 @@ impl ServeArgs {
     }
 }
 
-/// Lists a remote prefix served from its cached listing again, beside the
-/// run: a change stops the run (`signals::stop_with`), a failure is a
-/// warning (reads still insist on the cached ETags).
-fn relist_in_background(
-    remote: Arc<crate::source::RemoteSource>,
-    cache: ManifestCache,
-    entry: PathBuf,
-) {
-    use crate::source::relist::{self, RelistOutcome};
-    let name = remote.store().display.clone();
-    let named = name.clone();
-    let spawned = relist::spawn(remote, cache, entry, move |outcome| {
-        match outcome {
-        RelistOutcome::Unchanged { .. } => {}
-        RelistOutcome::Changed(why) => signals::stop_with(why),
-        RelistOutcome::Failed(why) => tracing::warn!(
-            "listing {named} again in the background failed ({why}); serving on from the cached listing \
-             (each read still insists on the object's cached ETag)"
-        ),
-    }
-    });
-    if let Err(err) = spawned {
-        tracing::warn!("cannot start the background re-list of {name} ({err}); serving from the cached listing");
-    }
-}
-
 /// "8 rank(s)", or for a job on several machines which of its ranks.
 fn ranks_words(world_size: u32, job: Job) -> String {
     if job.is_single_machine(world_size) {
@@ -527,27 +479,11 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
         }
         (Err(err), _, _) => return Err(err.into()),
     };
-    let cached_remote = match (&source, &origin, &cache) {
-        (OpenedSource::Remote(remote), Some(ManifestOrigin::Cached { path, .. }), Some(cache)) => {
-            remote
-                .cached_listed_at()
-                .map(|at| (Arc::clone(remote), path.clone(), cache.clone(), at))
-        }
-        _ => None,
-    };
+    let cached_remote = CachedRemote::of(&source, origin.as_ref(), cache.as_ref());
     let how = match &origin {
-        Some(ManifestOrigin::Cached { path, .. }) if cached_remote.is_some() => {
-            let age = cached_remote
-                .as_ref()
-                .and_then(|(_, _, _, at)| std::time::SystemTime::now().duration_since(*at).ok())
-                .unwrap_or_default();
-            format!(
-                "from the cache {} (listed {} ago, within --manifest-max-age {}; listing again in the background)",
-                path.display(),
-                crate::source::remote::human_duration(age),
-                crate::source::remote::human_duration(args.manifest_max_age)
-            )
-        }
+        Some(ManifestOrigin::Cached { .. }) if cached_remote.is_some() => cached_remote
+            .as_ref()
+            .map_or_else(String::new, |c| c.words(args.manifest_max_age)),
         Some(ManifestOrigin::Cached {
             path,
             dirs_checked,
@@ -617,8 +553,8 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
     // is nothing to clean up yet.
     signals::install();
     let loader = Loader::start(plan)?;
-    if let Some((remote, entry, cache, _)) = cached_remote {
-        relist_in_background(remote, cache, entry);
+    if let Some(cached) = cached_remote {
+        cached.relist_in_background();
     }
     if let Some(server) = &metrics {
         server.watch_ring(&cfg.name);
