@@ -155,3 +155,21 @@ def test_a_cached_start_serves_with_no_listing_request_before_its_first_batch(pr
         assert rc != 0 and "503" in listed, listed
     finally:
         refusing.stop()
+
+
+def test_an_object_changed_between_runs_stops_the_run_and_removes_the_cache(prefix):
+    """Whether a read (If-Match, 412) or the background re-list sees it
+    first, a changed object stops the run naming it, and the cache entry
+    goes, so the next start lists the prefix afresh."""
+    source, root, env = prefix
+    rc, first = serve(source, env)
+    assert rc == 0, first
+    cache_file = cache_file_of(first)
+    changed = root / "d0" / "f000.bin"
+    changed.write_bytes(b"rewritten with another size")
+    rc, log = serve(source, env, "--no-shuffle")
+    assert rc != 0, log
+    assert "d0/f000.bin" in log and "changed" in log, log
+    assert not os.path.exists(cache_file), "the stale cache file was kept: " + log
+    rc, again = serve(source, env)
+    assert rc == 0 and "listed (cached in" in again, again

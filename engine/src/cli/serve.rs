@@ -609,7 +609,9 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
             ) || matches!(
                 (&err, &origin),
                 (
-                    ServeError::SampleTooLarge { .. },
+                    // A remote object that changed (412), went (404), or
+                    // cannot be read: a cached listing may be what is stale.
+                    ServeError::SampleTooLarge { .. } | ServeError::Read(ReadError::Remote { .. }),
                     Some(ManifestOrigin::Cached { .. })
                 )
             ) =>
