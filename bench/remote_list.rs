@@ -29,6 +29,13 @@ struct Args {
     /// Skip the sequential listing (when it is known to take minutes).
     #[arg(long)]
     skip_sequential: bool,
+    /// Skip the parallel listing (to measure the server's CPU under the
+    /// sequential one alone).
+    #[arg(long)]
+    skip_parallel: bool,
+    /// Print the parallel listing's keys and ranges done as they change.
+    #[arg(long)]
+    progress: bool,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -48,8 +55,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         seq_s = Some(secs);
     }
+    if args.skip_parallel {
+        return Ok(());
+    }
     let t = Instant::now();
-    let par_keys = rt.block_on(list_parallel(&store, args.workers, None))?;
+    let started = Instant::now();
+    let trace = |p: ringfeed::remote::ListProgress| {
+        eprintln!(
+            "  {:7.3} s: {} keys, {} ranges done",
+            started.elapsed().as_secs_f64(),
+            p.keys,
+            p.ranges_done
+        )
+    };
+    let progress: Option<&ringfeed::remote::ProgressFn<'_>> =
+        if args.progress { Some(&trace) } else { None };
+    let par_keys = rt.block_on(list_parallel(&store, args.workers, progress))?;
     let secs = t.elapsed().as_secs_f64();
     println!(
         "parallel ({} workers): {} keys in {secs:.2} s ({:.0} keys/s)",

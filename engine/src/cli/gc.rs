@@ -103,6 +103,9 @@ fn collect_manifests(dir: &Path) {
             }
         } else if name.ends_with(".manifest") {
             match ManifestCache::root_of(&path) {
+                // A remote prefix's listing: nothing here can tell whether
+                // the prefix still exists; its age limit retires it.
+                Ok(root) if crate::source::remote::is_remote_url(&root.to_string_lossy()) => None,
                 // Only a directory that is certainly gone: an unmounted or
                 // unreadable one may come back.
                 Ok(root) => match fs::symlink_metadata(&root) {

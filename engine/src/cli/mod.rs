@@ -6,5 +6,6 @@ pub mod gc;
 pub mod run;
 pub mod say;
 pub mod serve;
+mod serve_remote;
 pub mod stat;
 pub mod testing;

@@ -9,6 +9,7 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 
 use crate::cli::say::say_err;
+use crate::cli::serve_remote::{parse_max_age, CachedRemote};
 use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
 use crate::manifest::{Manifest, ManifestCache, ManifestOptions, ManifestOrigin};
 use crate::metrics::http::METRICS_PATH;
@@ -114,6 +115,11 @@ pub struct ServeArgs {
     /// spare less a reserve (10% of it, at least 1 GiB), whichever is less.
     #[arg(long, value_name = "BYTES", value_parser = crate::cache::parse_size)]
     pub cache_size: Option<u64>,
+    /// A remote prefix's cached listing is used while younger than this
+    /// (then listed again in the background; a change stops the run):
+    /// e.g. 90s, 30m, 1h, 2d; 0 lists at every start.
+    #[arg(long, value_parser = parse_max_age, default_value = "1h")]
+    pub manifest_max_age: std::time::Duration,
     /// Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, e.g.
     /// 127.0.0.1:9464 (port 0 picks a free one, logged at start). See docs/metrics.md.
     #[arg(long, value_name = "ADDR")]
@@ -370,7 +376,10 @@ impl ServeArgs {
         if dir.is_none() {
             tracing::info!("no manifest cache: neither RINGFEED_CACHE_DIR, XDG_CACHE_HOME nor HOME is set (pass --cache-dir)");
         }
-        dir.map(ManifestCache::at)
+        dir.map(|dir| ManifestCache {
+            remote_max_age: self.manifest_max_age,
+            ..ManifestCache::at(dir)
+        })
     }
 
     /// Puts the data cache these arguments ask for in front of `plan`'s
@@ -583,11 +592,15 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
             let (manifest, listed) = source.build_manifest_cached(&opts, cache, true)?;
             let manifest = sample_manifest(args, &source, manifest, Some(cache))?;
             origin = Some(listed);
-            Plan::with_source(cfg.clone(), source, Arc::new(manifest))?
+            Plan::with_source(cfg.clone(), source.clone(), Arc::new(manifest))?
         }
         (Err(err), _, _) => return Err(err.into()),
     };
+    let cached_remote = CachedRemote::of(&source, origin.as_ref(), cache.as_ref());
     let how = match &origin {
+        Some(ManifestOrigin::Cached { .. }) if cached_remote.is_some() => cached_remote
+            .as_ref()
+            .map_or_else(String::new, |c| c.words(args.manifest_max_age)),
         Some(ManifestOrigin::Cached {
             path,
             dirs_checked,
@@ -658,6 +671,9 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
     // is nothing to clean up yet.
     signals::install();
     let loader = Loader::start(plan)?;
+    if let Some(cached) = cached_remote {
+        cached.relist_in_background();
+    }
     if let Some(server) = &metrics {
         server.watch_ring(&cfg.name);
     }
@@ -718,7 +734,9 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
             ) || matches!(
                 (&err, &origin),
                 (
-                    ServeError::SampleTooLarge { .. },
+                    // A remote object that changed (412), went (404), or
+                    // cannot be read: a cached listing may be what is stale.
+                    ServeError::SampleTooLarge { .. } | ServeError::Read(ReadError::Remote { .. }),
                     Some(ManifestOrigin::Cached { .. })
                 )
             ) =>

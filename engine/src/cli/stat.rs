@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+use crate::remote::RetryCause;
 use crate::ring::consumer::AttachError;
+use crate::ring::layout::{Counter, Counters};
 use crate::ring::observer::{Observer, Snapshot};
 use crate::ring::segment::{self, human_bytes};
 
@@ -128,6 +130,7 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         s.batches_published,
         human_bytes(s.bytes_published)
     );
+    print_counters(&s.counters, &prev.counters, secs);
     let recent = if secs > 0.0 {
         format!("waited(last {secs:.1}s)")
     } else {
@@ -177,6 +180,136 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
             r.consumed,
             rate(r.consumed, p.consumed, 1.0),
             r.wait.as_secs_f64(),
+        );
+    }
+}
+
+/// The loader's counters block: the remote engine's line when it fetched
+/// anything, the disk cache's when it holds or missed anything. A loader
+/// that predates the block (or serves a local directory) prints neither.
+fn print_counters(c: &Counters, prev: &Counters, secs: f64) {
+    if !c.written() {
+        return;
+    }
+    for line in counter_lines(c, prev, secs) {
+        println!("  {line}");
+    }
+}
+
+/// The lines `print_counters` prints (tests read them).
+fn counter_lines(c: &Counters, prev: &Counters, secs: f64) -> Vec<String> {
+    let mut lines = Vec::new();
+    let got = |k: Counter| c.get(k);
+    let rate = |k: Counter| {
+        if secs > 0.0 {
+            let before = prev.get(k).min(c.get(k));
+            format!("{:.1} MB/s", (c.get(k) - before) as f64 / secs / 1e6)
+        } else {
+            "- MB/s".to_owned()
+        }
+    };
+    if got(Counter::RemoteGetsOk) > 0
+        || got(Counter::RemoteGetsInFlight) > 0
+        || got(Counter::RemoteBytesReceived) > 0
+    {
+        let retries: Vec<String> = RetryCause::ALL
+            .iter()
+            .zip(Counter::REMOTE_RETRIES)
+            .filter(|(_, k)| got(*k) > 0)
+            .map(|(cause, k)| format!("{} {}", cause.name(), got(k)))
+            .collect();
+        lines.push(format!(
+            "remote: {} GETs in flight (window {}), {}, {} GETs, {} received, GET latency p50 {:.1} ms p99 {:.1} ms, retries: {}",
+            got(Counter::RemoteGetsInFlight),
+            got(Counter::RemoteWindow),
+            rate(Counter::RemoteBytesReceived),
+            got(Counter::RemoteGetsOk),
+            human_bytes(got(Counter::RemoteBytesReceived)),
+            got(Counter::RemoteGetLatencyUsP50) as f64 / 1e3,
+            got(Counter::RemoteGetLatencyUsP99) as f64 / 1e3,
+            if retries.is_empty() {
+                "none".to_owned()
+            } else {
+                retries.join(", ")
+            }
+        ));
+    }
+    let (hits, misses) = (got(Counter::CacheHits), got(Counter::CacheMisses));
+    if hits + misses > 0 || got(Counter::CacheBytesLimit) > 0 {
+        let ratio = if hits + misses > 0 {
+            format!("{:.0}% hits", hits as f64 * 100.0 / (hits + misses) as f64)
+        } else {
+            "no reads yet".to_owned()
+        };
+        lines.push(format!(
+            "cache: {ratio} ({hits} hits, {misses} misses), {} from cache, {} from remote, {} of {} used",
+            human_bytes(got(Counter::CacheBytesFromCache)),
+            human_bytes(got(Counter::CacheBytesFromRemote)),
+            human_bytes(got(Counter::CacheBytesUsed)),
+            human_bytes(got(Counter::CacheBytesLimit)),
+        ));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counters(values: &[(Counter, u64)]) -> Counters {
+        let mut c = Counters::default();
+        c.0[Counter::UpdatedUnixMs.index()] = 1;
+        for &(k, v) in values {
+            c.0[k.index()] = v;
+        }
+        c
+    }
+
+    #[test]
+    fn a_local_loader_prints_no_remote_or_cache_line() {
+        assert!(counter_lines(&counters(&[]), &counters(&[]), 1.0).is_empty());
+    }
+
+    #[test]
+    fn remote_figures_show_rate_latency_and_retries_by_cause() {
+        let prev = counters(&[(Counter::RemoteBytesReceived, 1_000_000)]);
+        let now = counters(&[
+            (Counter::RemoteGetsInFlight, 37),
+            (Counter::RemoteWindow, 256),
+            (Counter::RemoteBytesReceived, 21_000_000),
+            (Counter::RemoteGetsOk, 900),
+            (Counter::RemoteGetLatencyUsP50, 32_768),
+            (Counter::RemoteGetLatencyUsP99, 131_072),
+            (Counter::RemoteRetriesThrottled, 4),
+            (Counter::RemoteRetriesStall, 1),
+        ]);
+        let lines = counter_lines(&now, &prev, 2.0);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let line = &lines[0];
+        for want in [
+            "37 GETs in flight (window 256)",
+            "10.0 MB/s",
+            "900 GETs",
+            "p50 32.8 ms p99 131.1 ms",
+            "retries: throttled (429/503) 4, stall 1",
+        ] {
+            assert!(line.contains(want), "{want:?} not in {line}");
+        }
+    }
+
+    #[test]
+    fn cache_figures_show_when_the_cache_wrote_them() {
+        let now = counters(&[
+            (Counter::CacheHits, 75),
+            (Counter::CacheMisses, 25),
+            (Counter::CacheBytesLimit, 1 << 30),
+        ]);
+        let lines = counter_lines(&now, &now, 1.0);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("cache: 75% hits (75 hits, 25 misses)"),
+            "{}",
+            lines[0]
         );
     }
 }

@@ -11,6 +11,7 @@
 //! `run` (the loop: claim, read, publish) and `watch` (stalls, trainers
 //! that do not come, progress).
 
+mod counters;
 mod pending;
 mod plan;
 mod run;
@@ -26,6 +27,7 @@ use crate::reader::ReadError;
 use crate::ring::{CreateError, PublishError};
 use crate::sampler::SamplerError;
 
+pub use counters::write_remote_counters;
 pub use plan::{
     auto_slots_per_rank, Plan, ServeConfig, AUTO_RANK_BYTES_MAX, AUTO_SLOTS_FLOOR, AUTO_SLOTS_MAX,
     AUTO_SLOTS_MIN,
@@ -117,6 +119,10 @@ pub enum ServeError {
     /// Stopped by its caller (`stop` set to [`STOP_NOT_A_SIGNAL`]).
     #[error("stopped by its caller")]
     Stopped,
+    /// The source changed under the run (a remote prefix's background
+    /// re-list, `signals::stop_with`): what changed and the fix.
+    #[error("{0}")]
+    SourceChanged(String),
 }
 
 /// A `stop` value that is not a signal: the caller (the demo, when one of
@@ -145,7 +151,7 @@ pub struct ServeReport {
 pub(crate) fn check_stop(stop: &AtomicU32) -> Result<(), ServeError> {
     match stop.load(Ordering::Relaxed) {
         0 => Ok(()),
-        STOP_NOT_A_SIGNAL => Err(ServeError::Stopped),
+        STOP_NOT_A_SIGNAL => Err(signals::stopped_error(stop)),
         sig => Err(ServeError::Signal(sig)),
     }
 }

@@ -10,6 +10,7 @@ use crate::reader::{open_engine_for, Completion, ReadEngine, ReadError, ReadOp};
 use crate::ring::segment::human_bytes;
 use crate::ring::{CreateError, Producer, RingGeometry};
 
+use super::counters::COUNTERS_EVERY;
 use super::pending::{Pending, RankCursor};
 use super::watch::PROGRESS_EVERY;
 use super::{check_stop, Plan, ServeError, ServeReport};
@@ -228,6 +229,7 @@ impl Loader {
         let world = self.plan.cfg.world_size;
         let mut last_reclaim = Instant::now();
         let mut last_progress = Instant::now();
+        let mut last_counters = Instant::now();
         let mut progress_base = (0u64, Instant::now());
         let mut batch = Vec::with_capacity(self.plan.cfg.batch_size as usize);
         if self.plan.job.awaits_start {
@@ -264,6 +266,10 @@ impl Loader {
                 self.reclaim();
                 last_reclaim = Instant::now();
             }
+            if last_counters.elapsed() >= COUNTERS_EVERY {
+                self.write_counters();
+                last_counters = Instant::now();
+            }
             if last_progress.elapsed() >= PROGRESS_EVERY {
                 self.log_progress(&mut progress_base);
                 self.log_unattached(&blocked, "");
@@ -288,6 +294,7 @@ impl Loader {
         // the last completions were reaped.
         self.producer
             .set_reader_info(self.reader.backend_name(), self.reader.in_flight() as u32);
+        self.write_counters();
         self.producer.finish();
         tracing::debug!("every batch published; waiting for the trainers to release the last ones");
         let all: Vec<u32> = (0..world).collect();
@@ -296,6 +303,10 @@ impl Loader {
             if last_reclaim.elapsed() >= RECLAIM_EVERY {
                 self.reclaim();
                 last_reclaim = Instant::now();
+            }
+            if last_counters.elapsed() >= COUNTERS_EVERY {
+                self.write_counters();
+                last_counters = Instant::now();
             }
             if last_progress.elapsed() >= PROGRESS_EVERY {
                 let undrained: Vec<u32> = all

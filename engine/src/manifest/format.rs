@@ -4,26 +4,30 @@
 //! (where, when, atomically) are `crate::source::cache`'s, and what the
 //! evidence means is the source's (`crate::source::local`).
 //!
-//! Format version 3, little-endian; docs/manifest.md has the table with
+//! Format version 4, little-endian; docs/manifest.md has the table with
 //! every field's offset, and the `const` asserts below keep this code to it.
 //! The objects' keys and sizes are two blocks that read straight into a
 //! [`FileList`]'s buffers, without a buffer of the whole file or an
 //! allocation per key:
 //!
 //! ```text
-//! "RFMANIF\0"  u32 version  u32 0  i64 listed-at (Unix seconds)
-//! u32 len, root bytes (canonical path)
+//! "RFMANIF\0"  u32 version  u32 kind  i64 listed-at (Unix seconds)
+//! u32 len, root bytes (kind 0: canonical path; kind 1: the prefix's URL)
 //! u64 directories   u64 links   u64 files   u64 file path bytes
 //! directories: u32 len, path, u64 dev, u64 ino, i64 mtime s, u32 mtime ns, i64 ctime s, u32 ctime ns
 //! links:       u32 len, path, u8 1 = to a file (then its size) or 0 = to anything else, u64 size
 //! file paths:  each file's path and a NUL byte, end to end, strictly increasing
 //!              (file path bytes in all, the NULs included)
 //! file sizes:  u64 each, in the same order
+//! kind 1 only: u64 ETag bytes, then each object's ETag and a NUL (empty: none)
 //! u32 CRC-32 of everything before it
 //! ```
 //!
-//! (Version 2 had a length-prefixed record per file; its files are a miss
-//! and are replaced at the next listing.)
+//! Kind 0 is a local tree (at least the root's directory record); kind 1 a
+//! remote listing (no directory or link records; its evidence is the
+//! listing time and the ETags). Version 3 (no kind, no ETags) and version 2
+//! (a length-prefixed record per file) are a miss and are replaced at the
+//! next listing.
 //!
 //! Any bytes decode to `Ok` or to an `Err` naming what is wrong, never a
 //! panic, and no allocation is larger than the file's length warrants.
@@ -40,7 +44,11 @@ use crate::source::{DirStamp, LinkStamp};
 /// First bytes of every cache file.
 pub(crate) const MAGIC: &[u8; 8] = b"RFMANIF\0";
 /// The version this build writes and reads.
-pub(crate) const FORMAT_VERSION: u32 = 3;
+pub(crate) const FORMAT_VERSION: u32 = 4;
+/// The kind field (bytes 12..16): a local directory tree.
+pub(crate) const KIND_LOCAL_TREE: u32 = 0;
+/// The kind field (bytes 12..16): a remote prefix's listing, with ETags.
+pub(crate) const KIND_REMOTE: u32 = 1;
 /// Bytes of the fixed header before the root's bytes: magic, version,
 /// reserved, listed-at, the root's length.
 pub(crate) const HEADER_FIXED_BYTES: u64 = 8 + 4 + 4 + 8 + 4;
@@ -66,7 +74,7 @@ pub(crate) const IO_CHUNK_BYTES: usize = 256 * 1024;
 const _: () = assert!(MAGIC.len() == 8);
 const _: () = assert!(
     HEADER_FIXED_BYTES == 28,
-    "magic 0..8, version 8..12, reserved 12..16, listed-at 16..24, root length 24..28"
+    "magic 0..8, version 8..12, kind 12..16, listed-at 16..24, root length 24..28"
 );
 const _: () = assert!(
     COUNTS_BYTES == 32,
@@ -101,6 +109,11 @@ pub(crate) struct Decoded {
     pub links: Vec<LinkStamp>,
     /// The objects, in manifest order.
     pub files: FileList,
+    /// When the listing began (whole seconds).
+    pub listed_at: SystemTime,
+    /// A remote listing's ETags: each object's and a NUL, in manifest order
+    /// (an empty one where the store gave none). None for a local tree.
+    pub etags: Option<Vec<u8>>,
 }
 
 /// A writer that keeps the CRC-32 of what went through it.
@@ -123,7 +136,7 @@ impl<W: Write> CrcWriter<W> {
     }
 }
 
-/// Writes a cache file of `root` to `out`.
+/// Writes a cache file of the local tree `root` to `out`.
 pub(crate) fn encode_to<W: Write>(
     out: W,
     root: &[u8],
@@ -132,6 +145,36 @@ pub(crate) fn encode_to<W: Write>(
     links: &[LinkStamp],
     files: &FileList,
 ) -> io::Result<()> {
+    encode_any(out, root, listed_at, (dirs, links), files, None)
+}
+
+/// Writes a cache file of the remote prefix `url` to `out`: `etags` holds
+/// each of `files`' ETags and a NUL, in the same order.
+pub(crate) fn encode_remote_to<W: Write>(
+    out: W,
+    url: &[u8],
+    listed_at: SystemTime,
+    files: &FileList,
+    etags: &[u8],
+) -> io::Result<()> {
+    debug_assert_eq!(memchr::memchr_iter(0, etags).count(), files.len());
+    encode_any(out, url, listed_at, (&[], &[]), files, Some(etags))
+}
+
+/// Either kind: a local tree's stamps, or a remote listing's ETags.
+fn encode_any<W: Write>(
+    out: W,
+    root: &[u8],
+    listed_at: SystemTime,
+    (dirs, links): (&[DirStamp], &[LinkStamp]),
+    files: &FileList,
+    etags: Option<&[u8]>,
+) -> io::Result<()> {
+    let kind = if etags.is_some() {
+        KIND_REMOTE
+    } else {
+        KIND_LOCAL_TREE
+    };
     let mut w = CrcWriter {
         out,
         crc: crc32fast::Hasher::new(),
@@ -141,7 +184,7 @@ pub(crate) fn encode_to<W: Write>(
         .map_or(0, |d| d.as_secs() as i64);
     w.put(MAGIC)?;
     w.put(&FORMAT_VERSION.to_le_bytes())?;
-    w.put(&0u32.to_le_bytes())?;
+    w.put(&kind.to_le_bytes())?;
     w.put(&listed_secs.to_le_bytes())?;
     w.put_path(Path::new(OsStr::from_bytes(root)))?;
     for count in [dirs.len(), links.len(), files.len(), files.names().len()] {
@@ -167,6 +210,10 @@ pub(crate) fn encode_to<W: Write>(
         chunk.clear();
         chunk.extend(sizes.iter().flat_map(|size| size.to_le_bytes()));
         w.put(&chunk)?;
+    }
+    if let Some(etags) = etags {
+        w.put(&(etags.len() as u64).to_le_bytes())?;
+        w.put(etags)?;
     }
     let crc = w.crc.finalize();
     w.out.write_all(&crc.to_le_bytes())
@@ -200,20 +247,21 @@ pub(crate) fn decode(bytes: &[u8], root: &[u8]) -> Result<Decoded, String> {
 /// the CRC at the end matched.
 pub(crate) fn decode_from<R: Read>(src: R, len: u64, root: &[u8]) -> Result<Decoded, String> {
     let mut r = Reader::new(src, len);
-    let stored_root = r.header().map_err(|err| match err {
+    let header = r.header().map_err(|err| match err {
         HeaderError::Newer(version) => {
             format!("format version {version}, this build reads {FORMAT_VERSION}")
         }
         HeaderError::Bad(why) => why,
     })?;
-    if stored_root.as_os_str().as_bytes() != root {
-        return Err(format!("it is the cache of {}", stored_root.display()));
+    if header.root.as_os_str().as_bytes() != root {
+        return Err(format!("it is the cache of {}", header.root.display()));
     }
-    decode_body(&mut r)
+    decode_body(&mut r, &header)
 }
 
 /// What follows the header, through the CRC.
-fn decode_body<R: Read>(r: &mut Reader<R>) -> Result<Decoded, String> {
+fn decode_body<R: Read>(r: &mut Reader<R>, header: &Header) -> Result<Decoded, String> {
+    let remote = header.kind == KIND_REMOTE;
     let n_dirs = r.u64()?;
     let n_links = r.u64()?;
     let n_files = r.u64()?;
@@ -226,8 +274,13 @@ fn decode_body<R: Read>(r: &mut Reader<R>) -> Result<Decoded, String> {
         .and_then(|b| b.checked_add(n_links.checked_mul(LINK_FIXED_BYTES)?))
         .and_then(|b| b.checked_add(path_bytes))
         .and_then(|b| b.checked_add(n_files.checked_mul(8)?));
-    if n_dirs == 0 {
+    if n_dirs == 0 && !remote {
         return Err("it has no directory records (there is always the root's)".into());
+    }
+    if remote && (n_dirs, n_links) != (0, 0) {
+        return Err(format!(
+            "a remote listing with {n_dirs} directory and {n_links} link records (it has none)"
+        ));
     }
     if n_files == 0
         || n_files > MAX_FILES
@@ -272,6 +325,19 @@ fn decode_body<R: Read>(r: &mut Reader<R>) -> Result<Decoded, String> {
     }
     let names = r.names(path_bytes, n_files)?;
     let sizes = r.u64s(n_files)?;
+    let etags = if remote {
+        let etag_bytes = r.u64()?;
+        let etags = r.bytes(etag_bytes)?;
+        let count = memchr::memchr_iter(0, &etags).count() as u64;
+        if count != n_files || etags.last().is_some_and(|&b| b != 0) {
+            return Err(format!(
+                "its ETags block holds {count} ETags, not one for each of its {n_files} files"
+            ));
+        }
+        Some(etags)
+    } else {
+        None
+    };
     r.finish()?;
     let files = FileList::from_names(names, sizes)?;
     let mut prev: &[u8] = &[];
@@ -286,7 +352,20 @@ fn decode_body<R: Read>(r: &mut Reader<R>) -> Result<Decoded, String> {
         }
         prev = path;
     }
-    Ok(Decoded { dirs, links, files })
+    Ok(Decoded {
+        dirs,
+        links,
+        files,
+        listed_at: header.listed_at,
+        etags,
+    })
+}
+
+/// What a header says.
+struct Header {
+    root: PathBuf,
+    kind: u32,
+    listed_at: SystemTime,
 }
 
 /// Why a header was refused.
@@ -429,8 +508,8 @@ impl<R: Read> Reader<R> {
         }
     }
 
-    /// Magic, version, reserved, listed-at; returns the root.
-    fn header(&mut self) -> Result<PathBuf, HeaderError> {
+    /// Magic, version, kind, listed-at and the root.
+    fn header(&mut self) -> Result<Header, HeaderError> {
         // Magic, version, reserved, listed-at, root length, CRC.
         const SHORTEST: u64 = HEADER_FIXED_BYTES + CRC_BYTES;
         if self.len < SHORTEST {
@@ -450,9 +529,30 @@ impl<R: Read> Reader<R> {
                 "format version {version}, this build reads {FORMAT_VERSION}"
             )));
         }
-        self.u32()?;
-        self.i64()?;
+        let kind = self.u32()?;
+        if kind != KIND_LOCAL_TREE && kind != KIND_REMOTE {
+            return Err(HeaderError::Bad(format!("kind {kind} is neither 0 nor 1")));
+        }
+        let listed_secs = self.i64()?;
+        let listed_at = if listed_secs >= 0 {
+            UNIX_EPOCH + std::time::Duration::from_secs(listed_secs as u64)
+        } else {
+            UNIX_EPOCH
+        };
         let root = PathBuf::from(std::ffi::OsString::from_vec(self.path_bytes()?));
+        if kind == KIND_REMOTE {
+            // A prefix's URL (`s3://b/p/`): gc knows it for a remote one.
+            if !root.as_os_str().as_bytes().windows(3).any(|w| w == b"://") {
+                return Err(HeaderError::Bad(format!(
+                    "its remote root {root:?} is not a URL"
+                )));
+            }
+            return Ok(Header {
+                root,
+                kind,
+                listed_at,
+            });
+        }
         // Roots are canonical paths; gc would look a relative one up from
         // wherever it runs.
         if !root.is_absolute() {
@@ -461,7 +561,11 @@ impl<R: Read> Reader<R> {
                 root
             )));
         }
-        Ok(root)
+        Ok(Header {
+            root,
+            kind,
+            listed_at,
+        })
     }
 
     /// A u32 length, then that many bytes of a path.
@@ -559,7 +663,9 @@ pub(crate) fn root_of<R: Read>(
     let unusable = NotACacheFile::Unusable;
     let mut r = Reader::new(src, len);
     match r.header() {
-        Ok(root) => decode_body(&mut r).map(|_| root).map_err(unusable),
+        Ok(header) => decode_body(&mut r, &header)
+            .map(|_| header.root)
+            .map_err(unusable),
         Err(HeaderError::Newer(version)) => {
             before_newer().map_err(unusable)?;
             r.skip_to_crc()
@@ -689,9 +795,17 @@ mod tests {
     #[test]
     fn a_cache_file_reads_back_as_written() {
         let (dirs, links, files) = sample();
+        let listed_at = UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        let bytes = encode(b"/data/set", listed_at, &dirs, &links, &files);
         assert_eq!(
-            decode(&sample_bytes(b"/data/set"), b"/data/set"),
-            Ok(Decoded { dirs, links, files })
+            decode(&bytes, b"/data/set"),
+            Ok(Decoded {
+                dirs,
+                links,
+                files,
+                listed_at: UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
+                etags: None,
+            })
         );
     }
 
@@ -824,6 +938,57 @@ mod tests {
             root_of_bytes(&bytes),
             Err(NotACacheFile::Unusable(_))
         ));
+    }
+
+    fn remote_bytes(url: &[u8], etags: &[u8]) -> Vec<u8> {
+        let files = list(&["a/x.bin", "b", "c"]);
+        let listed_at = UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        let mut out = Vec::new();
+        encode_remote_to(&mut out, url, listed_at, &files, etags).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_remote_listing_reads_back_with_its_etags_and_listing_time() {
+        let etags = b"\"e1\"\0\0\"e3\"\0";
+        let bytes = remote_bytes(b"s3://bucket/pre/", etags);
+        assert_eq!(
+            u32::from_le_bytes(bytes[12..16].try_into().unwrap()),
+            KIND_REMOTE
+        );
+        let decoded = decode(&bytes, b"s3://bucket/pre/").unwrap();
+        assert_eq!(decoded.files, list(&["a/x.bin", "b", "c"]));
+        assert_eq!(decoded.etags.as_deref(), Some(&etags[..]));
+        assert!(decoded.dirs.is_empty() && decoded.links.is_empty());
+        assert_eq!(
+            decoded.listed_at,
+            UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000)
+        );
+        assert_eq!(root_of_bytes(&bytes), Ok(PathBuf::from("s3://bucket/pre/")));
+    }
+
+    #[test]
+    fn a_remote_listing_whose_etags_do_not_match_its_files_is_refused() {
+        let bytes = remote_bytes(b"s3://b/", b"\"e1\"\0\"e2\"\0");
+        let err = decode(&bytes, b"s3://b/").unwrap_err();
+        assert!(err.contains("2 ETags") && err.contains("3 files"), "{err}");
+        let bytes = remote_bytes(b"/not/a/url", b"\0\0\0");
+        assert!(decode(&bytes, b"/not/a/url")
+            .unwrap_err()
+            .contains("not a URL"));
+    }
+
+    #[test]
+    fn every_flipped_byte_of_a_remote_listing_is_refused() {
+        let bytes = remote_bytes(b"gs://b/p", b"\"1\"\0\"2\"\0\"3\"\0");
+        for at in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[at] ^= 0x10;
+            assert!(decode(&bad, b"gs://b/p").is_err(), "flip at {at} accepted");
+        }
+        for len in 0..bytes.len() {
+            assert!(decode(&bytes[..len], b"gs://b/p").is_err(), "cut at {len}");
+        }
     }
 
     /// A body with a valid CRC.

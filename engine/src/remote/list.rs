@@ -4,35 +4,35 @@
 //!
 //! Parallel listing splits the key space as it goes: a worker lists its
 //! range `(after, upto]` with start-after (`list_with_offset`), and every
-//! `LIST_SPLIT_AFTER_KEYS` keys, if a worker is idle, it cuts its remaining
-//! range at a split key and queues the upper part, which the idle worker
-//! takes. Split keys come from the keys seen (see `split_key`), so they
-//! follow the shape of real keys (`shard-000123`), not the alphabet.
+//! `LIST_SPLIT_AFTER_KEYS` keys (a page), if workers are idle, it cuts its
+//! remaining range at one key per idle worker and queues the parts, which
+//! the idle workers take. Cut keys come from the keys seen, read as numbers
+//! in the alphabet they use (`split`), so they follow the shape of real keys
+//! (`shard-000123` in decimal, hashes in hex): the tail is cut about a page
+//! apart ahead of the current key, a bounded range evenly.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
 use super::error::RemoteError;
 use super::metrics::{AttemptOutcome, LastAttempt, LAST_ATTEMPT};
+use super::split::{common_prefix, cut_points, page_alphabet};
 use super::store::StoreHandle;
 use super::RemoteObject;
 
 /// A worker with a range checks for idle workers after this many keys.
 pub const LIST_SPLIT_AFTER_KEYS: usize = 1000;
+/// Cuts of the unbounded tail at least, when workers are idle (see
+/// `list_range`).
+pub const TAIL_CUTS_MIN: usize = 8;
 /// Most parallel listing workers.
 pub const LIST_WORKERS_MAX: usize = 256;
 /// HEAD requests in flight while sizing a key list.
 pub const HEADS_IN_FLIGHT: usize = 64;
-/// Characters split keys are made of: ASCII-ordered, and each one
-/// kept as is by object_store's `Path` (so a split key round-trips).
-const SPLIT_ALPHABET: &[u8] = b"-.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz";
-/// Digits of a split key after the common prefix (64^16 fits a u128).
-const SPLIT_DIGITS: usize = 16;
 
 /// How far a listing is.
 #[derive(Clone, Copy, Debug, Default)]
@@ -167,6 +167,9 @@ struct Queue {
     busy: usize,
     keys: u64,
     ranges_done: u64,
+    /// Pages of the key space given to ranges by cuts of the tail (and
+    /// listed by the tail's workers): how far the keys are known to go.
+    tail_pages: usize,
     error: Option<RemoteError>,
 }
 
@@ -303,17 +306,62 @@ async fn list_range(
         out.extend(to_object(store, item));
         seen += 1;
         if seen.is_multiple_of(LIST_SPLIT_AFTER_KEYS) {
+            lock(queue).keys += LIST_SPLIT_AFTER_KEYS as u64;
+        }
+        // The range's last key: nothing is left (saves a page past it).
+        if range.upto.as_deref() == Some(loc.as_str()) {
+            break;
+        }
+        // Cut at the first key of a page, not the last of the one before:
+        // the range is known to go on (a cut past the end of the keys costs
+        // a request that finds nothing).
+        if seen > LIST_SPLIT_AFTER_KEYS && seen % LIST_SPLIT_AFTER_KEYS == 1 {
             let mut q = lock(queue);
-            q.keys += LIST_SPLIT_AFTER_KEYS as u64;
-            let idle = workers.saturating_sub(q.busy) > q.ranges.len();
-            if idle {
+            let mut idle = workers.saturating_sub(q.busy + q.ranges.len());
+            if range.upto.is_none() {
+                // The tail's end is unknown: at most twice the pages already
+                // given to ranges, so that cuts past it stay few.
+                q.tail_pages += seen / LIST_SPLIT_AFTER_KEYS;
+                idle = idle.min((2 * q.tail_pages).max(TAIL_CUTS_MIN));
+            }
+            if idle > 0 {
                 let lo = first.as_deref().unwrap_or(&loc);
-                if let Some(split) = split_key(lo, &loc, range.upto.as_deref()) {
+                let page = &out[out.len().saturating_sub(LIST_SPLIT_AFTER_KEYS)..];
+                let alphabet = match (page.first(), page.last()) {
+                    (Some(a), Some(b)) => page_alphabet(
+                        page.iter().map(|o| o.key.as_bytes()),
+                        common_prefix(a.key.as_bytes(), b.key.as_bytes()),
+                    ),
+                    _ => super::split::SPLIT_ALPHABET.to_vec(),
+                };
+                // The store's prefix and its `/`: never cut into.
+                let floor = match store.prefix.as_ref().len() {
+                    0 => 0,
+                    n => n + 1,
+                };
+                let cuts = cut_points(
+                    lo,
+                    &loc,
+                    range.upto.as_deref(),
+                    &alphabet,
+                    idle,
+                    (floor, seen, LIST_SPLIT_AFTER_KEYS),
+                );
+                if range.upto.is_none() {
+                    q.tail_pages += cuts.len();
+                }
+                if let Some(first_cut) = cuts.first() {
+                    for w in cuts.windows(2) {
+                        q.ranges.push_back(KeyRange {
+                            after: Some(w[0].clone()),
+                            upto: Some(w[1].clone()),
+                        });
+                    }
                     q.ranges.push_back(KeyRange {
-                        after: Some(split.clone()),
+                        after: cuts.last().cloned(),
                         upto: range.upto.take(),
                     });
-                    range.upto = Some(split);
+                    range.upto = Some(first_cut.clone());
                     drop(q);
                     notify.notify_waiters();
                 }
@@ -322,66 +370,6 @@ async fn list_range(
     }
     lock(queue).keys += (seen % LIST_SPLIT_AFTER_KEYS) as u64;
     Ok(())
-}
-
-fn digit(c: u8) -> u128 {
-    // Index of the largest alphabet character <= c (0 below the alphabet):
-    // monotone, so the order of keys is kept.
-    SPLIT_ALPHABET.iter().rposition(|&a| a <= c).unwrap_or(0) as u128
-}
-
-fn to_number(key: &[u8], skip: usize) -> u128 {
-    let base = SPLIT_ALPHABET.len() as u128;
-    (0..SPLIT_DIGITS).fold(0u128, |n, i| {
-        n * base + key.get(skip + i).map_or(0, |&c| digit(c))
-    })
-}
-
-fn from_number(mut n: u128) -> Vec<u8> {
-    let base = SPLIT_ALPHABET.len() as u128;
-    let mut digits = vec![0u8; SPLIT_DIGITS];
-    for d in digits.iter_mut().rev() {
-        *d = SPLIT_ALPHABET[(n % base) as usize];
-        n /= base;
-    }
-    while digits.len() > 1 && digits.last() == Some(&SPLIT_ALPHABET[0]) {
-        digits.pop();
-    }
-    digits
-}
-
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// A key strictly between `current` and `upto` where to cut a range: their
-/// midpoint read as numbers in `SPLIT_ALPHABET` after their common prefix;
-/// with no `upto`, `current` plus the distance from `first` (the range is
-/// guessed to go on as it went). `None` when no such key is found.
-pub(crate) fn split_key(first: &str, current: &str, upto: Option<&str>) -> Option<String> {
-    let cur = current.as_bytes();
-    let (skip, target) = match upto {
-        Some(hi) => {
-            let skip = common_prefix(cur, hi.as_bytes());
-            let (a, b) = (to_number(cur, skip), to_number(hi.as_bytes(), skip));
-            (skip, a + (b.saturating_sub(a)) / 2)
-        }
-        None => {
-            let skip = common_prefix(first.as_bytes(), cur);
-            let (a, b) = (to_number(first.as_bytes(), skip), to_number(cur, skip));
-            (skip, b.saturating_add(b - a.min(b)).saturating_add(1))
-        }
-    };
-    if !current.is_char_boundary(skip) {
-        return None;
-    }
-    let max = (SPLIT_ALPHABET.len() as u128).pow(SPLIT_DIGITS as u32) - 1;
-    let mut key = cur[..skip].to_vec();
-    key.extend(from_number(target.min(max)));
-    let key = String::from_utf8(key).ok()?;
-    let ordered = key.as_str() > current && upto.is_none_or(|hi| key.as_str() < hi);
-    let round_trips = Path::from(key.as_str()).as_ref() == key;
-    (ordered && round_trips).then_some(key)
 }
 
 /// Reads an explicit key list: one key per line, optionally a tab and its
@@ -448,7 +436,7 @@ pub async fn read_keys_file(
 
 #[cfg(test)]
 mod tests {
-    use super::{finish, split_key};
+    use super::finish;
     use crate::remote::RemoteObject;
 
     #[test]
@@ -460,18 +448,5 @@ mod tests {
         };
         let got = finish(vec![o("b", 0), o("a/b", 3), o("a", 0), o("a-c", 0)]);
         assert_eq!(got, vec![o("a-c", 0), o("a/b", 3), o("b", 0)]);
-    }
-
-    #[test]
-    fn split_keys_fall_strictly_inside_their_range() {
-        let k = split_key("d/shard-000000", "d/shard-000999", None).unwrap();
-        assert!(k.as_str() > "d/shard-000999", "{k}");
-        assert!(k.starts_with("d/shard-00"), "{k}");
-        let m = split_key("d/shard-000000", "d/shard-001000", Some("d/shard-003000")).unwrap();
-        assert!(
-            m.as_str() > "d/shard-001000" && m.as_str() < "d/shard-003000",
-            "{m}"
-        );
-        assert_eq!(split_key("a", "a0", Some("a0-")), None);
     }
 }

@@ -31,6 +31,7 @@ mod fetch;
 mod list;
 pub mod metrics;
 mod part;
+mod split;
 mod store;
 mod webdav;
 

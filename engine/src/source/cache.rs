@@ -40,6 +40,9 @@ pub const DEFAULT_RACY_WINDOW: Duration = Duration::from_secs(2);
 /// Default of [`ManifestCache::stat_files_max`]: about 4 ms of `stat` calls
 /// on the test VM.
 pub const DEFAULT_STAT_FILES_MAX: usize = 4_096;
+/// Default of [`ManifestCache::remote_max_age`] (`--manifest-max-age`): a
+/// remote listing older than this is listed again before serving.
+pub const DEFAULT_REMOTE_MAX_AGE: Duration = Duration::from_secs(3_600);
 
 /// Where cached manifests live, and how they are checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +54,9 @@ pub struct ManifestCache {
     pub racy_window: Duration,
     /// Check every file's size on a hit when there are at most this many.
     pub stat_files_max: usize,
+    /// A remote listing is used from the cache while it is younger than
+    /// this (and listed again in the background); zero: always list.
+    pub remote_max_age: Duration,
 }
 
 /// What happened when a cached manifest was looked for.
@@ -74,6 +80,7 @@ impl ManifestCache {
             dir,
             racy_window: DEFAULT_RACY_WINDOW,
             stat_files_max: DEFAULT_STAT_FILES_MAX,
+            remote_max_age: DEFAULT_REMOTE_MAX_AGE,
         }
     }
 
@@ -127,11 +134,15 @@ impl ManifestCache {
             Ok(decoded) => decoded,
             Err(why) => return Lookup::Miss(format!("{} is not usable: {why}", path.display())),
         };
-        // Format 3 holds a local tree's evidence only; a remote source's
-        // (listed-at and an age limit, ETags) comes with a format of its own.
-        let validity = Validity::LocalTree {
-            dirs: decoded.dirs,
-            links: decoded.links,
+        let validity = match decoded.etags {
+            Some(etags) => Validity::Remote {
+                listed_at: decoded.listed_at,
+                etags,
+            },
+            None => Validity::LocalTree {
+                dirs: decoded.dirs,
+                links: decoded.links,
+            },
         };
         match source.check_cached(&decoded.files, &validity, self, threads) {
             Ok(checked) => Lookup::Hit {
@@ -157,11 +168,11 @@ impl ManifestCache {
         if let Some(why) = source.why_not_cacheable(validity, listed_at, self) {
             return Ok(Some(why));
         }
-        let Validity::LocalTree { dirs, links } = validity else {
+        if let Validity::Unchecked = validity {
             return Ok(Some(
                 "the listing has nothing a later start could check".to_owned(),
             ));
-        };
+        }
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -186,7 +197,18 @@ impl ManifestCache {
                 .mode(0o600)
                 .open(&tmp)?;
             let mut out = BufWriter::with_capacity(IO_CHUNK_BYTES, file);
-            format::encode_to(&mut out, identity, listed_at, dirs, links, files)?;
+            match validity {
+                Validity::LocalTree { dirs, links } => {
+                    format::encode_to(&mut out, identity, listed_at, dirs, links, files)?
+                }
+                Validity::Remote { etags, .. } => {
+                    format::encode_remote_to(&mut out, identity, listed_at, files, etags)?
+                }
+                // Refused above; never an empty file.
+                Validity::Unchecked => {
+                    return Err(io::Error::other("a listing with nothing to check"))
+                }
+            }
             out.into_inner().map_err(io::IntoInnerError::into_error)?;
             fs::rename(&tmp, &path)
         })();

@@ -11,17 +11,17 @@
 //! - `local`: a directory on a local (or network) file system, listed by a
 //!   parallel walk; a cached listing is valid while every directory's
 //!   (device, inode, mtime, ctime) and every link's target are unchanged.
-//! - A remote source (S3, GCS, Azure, HTTP) fits the same trait: keys from a
-//!   parallel, paginated listing; its validity evidence a listing time (an
-//!   age limit) and the objects' ETags, with a re-list in the background that
-//!   stops the run before a changed dataset is served; [`Validity`] gains a
-//!   variant for it, and the cache format a version.
+//! - `remote`: a remote prefix (S3, GCS, Azure, HTTP): keys from a parallel,
+//!   paginated listing; its evidence the listing time (an age limit) and the
+//!   objects' ETags ([`Validity::Remote`]), with a re-list in the background
+//!   (`relist`) that stops the run when the prefix changed.
 //!
 //! [`build_manifest`] and [`build_manifest_cached`] turn any source into a
 //! [`Manifest`]; `cache` keeps listings on local disk.
 
 pub(crate) mod cache;
 pub mod local;
+pub mod relist;
 pub mod remote;
 mod spec;
 
@@ -104,8 +104,18 @@ pub enum Validity {
         /// Every symbolic link met, and what it pointed to.
         links: Vec<LinkStamp>,
     },
-    /// A listing with no evidence a later start could check (a remote
-    /// prefix's, today): never kept in the manifest cache.
+    /// A remote prefix's listing: used from the cache while younger than
+    /// `ManifestCache::remote_max_age`, and listed again in the background
+    /// (`remote::relist`); a read insists on each object's ETag.
+    Remote {
+        /// When the listing began.
+        listed_at: SystemTime,
+        /// Each object's ETag and a NUL, in manifest order (empty where the
+        /// store gave none).
+        etags: Vec<u8>,
+    },
+    /// A listing with no evidence a later start could check (a `--keys`
+    /// file's): never kept in the manifest cache.
     Unchecked,
 }
 

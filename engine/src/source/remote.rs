@@ -13,11 +13,14 @@
 //!   them, an explicit key list (`--keys FILE`; `remote::read_keys_file`).
 //! - Progress as a local listing shows it: nothing for the first second,
 //!   then a spinner on a terminal or a log line every 5 s.
-//! - The manifest cache: a remote listing is not cached (yet). Its
-//!   directories have no times to check, and an honest rule (an age limit
-//!   plus ETags checked at read time) is not written; every start lists
-//!   again, and the log says so. Each object's size and ETag are checked at
-//!   read time anyway: a changed object stops the run, naming its key.
+//! - The manifest cache keeps a listing (keys, sizes, ETags) with the time
+//!   it began ([`Validity::Remote`]). A start uses it while it is younger
+//!   than `ManifestCache::remote_max_age` (`--manifest-max-age`, 1 h by
+//!   default, 0: always list), and lists again in the background
+//!   (`super::relist`): any difference stops the run and removes the cache
+//!   file. Reads send the cached ETag as `If-Match` meanwhile, so an object
+//!   changed before the re-list ends is an error, never other bytes. A
+//!   `--keys` listing is not cached (the file is read at every start).
 //!
 //! Listing and fetching share one `RemoteRuntime` (the connection pool lives
 //! on it): the source owns it, and the loader's fetch engine takes it from
@@ -51,9 +54,23 @@ pub const REMOTE_LIST_WORKERS_DEFAULT: usize = 32;
 /// Threads of the remote runtime a loader starts: GETs are async, a few
 /// threads drive hundreds of them (and copy their bytes into slots).
 pub const REMOTE_RUNTIME_THREADS: usize = 4;
-/// Why a remote listing is never kept in the manifest cache.
-const NOT_CACHED: &str = "remote listings are not cached, every start lists again \
-                          (objects are still checked by size and ETag as they are read)";
+/// Why a `--keys` listing is never kept in the manifest cache.
+const KEYS_NOT_CACHED: &str = "a --keys listing is read from its file at every start";
+/// A cached listing stamped this far in the future (a clock stepped back)
+/// is not trusted to be young.
+const LISTED_IN_FUTURE_MAX: Duration = Duration::from_secs(60);
+/// Environment variables that point a scheme at another server: part of a
+/// prefix's cache identity, so two servers' buckets of one name differ.
+const ENDPOINT_VARS: &[&str] = &[
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT",
+    "GOOGLE_BASE_URL",
+    "STORAGE_EMULATOR_HOST",
+    "AZURE_STORAGE_ACCOUNT_NAME",
+    "AZURE_ENDPOINT",
+    "AZURE_STORAGE_USE_EMULATOR",
+    "AZURITE_BLOB_STORAGE_URL",
+];
 
 /// Whether `source` names a remote store (a scheme `remote` serves).
 pub fn is_remote_url(source: &str) -> bool {
@@ -73,6 +90,9 @@ pub struct RemoteSource {
     keys_file: Option<PathBuf>,
     /// The last listing's objects (keys, sizes, ETags), for the fetch engine.
     listed: Mutex<Option<Arc<Vec<RemoteObject>>>>,
+    /// When the listing the manifest came from began, if it came from the
+    /// cache.
+    cached_listed_at: Mutex<Option<SystemTime>>,
 }
 
 impl RemoteSource {
@@ -95,6 +115,7 @@ impl RemoteSource {
             runtime,
             keys_file: keys_file.map(Path::to_path_buf),
             listed: Mutex::new(None),
+            cached_listed_at: Mutex::new(None),
         }
     }
 
@@ -135,8 +156,27 @@ impl RemoteSource {
             .collect()
     }
 
+    /// When the listing the manifest came from began, if the manifest came
+    /// from the cache (None: listed by this start).
+    pub fn cached_listed_at(&self) -> Option<SystemTime> {
+        self.cached_listed_at.lock().ok().and_then(|at| *at)
+    }
+
+    /// The objects the manifest was built from (listed or cached), if any.
+    pub(crate) fn listed_objects(&self) -> Option<Arc<Vec<RemoteObject>>> {
+        self.listed.lock().ok().and_then(|l| l.clone())
+    }
+
+    /// Whether the source is a `--keys` file's list.
+    pub fn has_keys_file(&self) -> bool {
+        self.keys_file.is_some()
+    }
+
     /// Lists on the runtime while this thread shows progress.
-    fn list_objects(&self, opts: &ManifestOptions) -> Result<Vec<RemoteObject>, RemoteError> {
+    pub(crate) fn list_objects(
+        &self,
+        opts: &ManifestOptions,
+    ) -> Result<Vec<RemoteObject>, RemoteError> {
         let keys = Arc::new(AtomicU64::new(0));
         let store = self.store.clone();
         let keys_file = self.keys_file.clone();
@@ -227,22 +267,29 @@ impl ObjectNames for RemoteSource {
 
 impl Source for RemoteSource {
     fn list(&self, opts: &ManifestOptions) -> Result<Listing, ManifestError> {
+        let listed_at = SystemTime::now();
         let objects = self.list_objects(opts)?;
-        let mut files =
-            FileList::with_capacity(objects.len(), objects.iter().map(|o| o.key.len()).sum());
-        let mut versions = Vec::with_capacity(objects.len());
-        for o in &objects {
-            files.push(o.key.as_bytes(), o.size);
+        let (files, etags) = files_and_etags(&objects);
+        let versions = objects
+            .iter()
             // An object without an ETag is checked by size alone.
-            versions.push(VersionTag::ETag(o.etag.clone().unwrap_or_default().into()));
-        }
+            .map(|o| VersionTag::ETag(o.etag.clone().unwrap_or_default().into()))
+            .collect();
         if let Ok(mut listed) = self.listed.lock() {
             *listed = Some(Arc::new(objects));
         }
+        if let Ok(mut at) = self.cached_listed_at.lock() {
+            *at = None;
+        }
+        let validity = if self.keys_file.is_some() {
+            Validity::Unchecked
+        } else {
+            Validity::Remote { listed_at, etags }
+        };
         Ok(Listing {
             objects: files,
             versions: Some(versions),
-            validity: Validity::Unchecked,
+            validity,
         })
     }
 
@@ -268,32 +315,130 @@ impl Source for RemoteSource {
     }
 
     fn cache_identity(&self) -> Result<Vec<u8>, String> {
-        Err(NOT_CACHED.to_string())
+        if self.keys_file.is_some() {
+            return Err(KEYS_NOT_CACHED.to_string());
+        }
+        let mut identity = self.store.display.clone();
+        for var in ENDPOINT_VARS {
+            if let Some(value) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+                identity.push_str(&format!(" {var}={}", value.to_string_lossy()));
+            }
+        }
+        Ok(identity.into_bytes())
     }
 
     fn why_not_cacheable(
         &self,
-        _validity: &Validity,
+        validity: &Validity,
         _listed_at: SystemTime,
         _cache: &ManifestCache,
     ) -> Option<String> {
-        Some(NOT_CACHED.to_string())
+        match validity {
+            Validity::Remote { .. } => None,
+            _ => Some(KEYS_NOT_CACHED.to_string()),
+        }
     }
 
     fn check_cached(
         &self,
-        _objects: &FileList,
-        _validity: &Validity,
-        _cache: &ManifestCache,
+        objects: &FileList,
+        validity: &Validity,
+        cache: &ManifestCache,
         _threads: usize,
     ) -> Result<Checked, String> {
-        Err(NOT_CACHED.to_string())
+        let Validity::Remote { listed_at, etags } = validity else {
+            return Err("the cache file holds a local directory's listing".to_string());
+        };
+        check_age(*listed_at, SystemTime::now(), cache.remote_max_age)?;
+        let mut etags = etags.split(|&b| b == 0);
+        let cached: Vec<RemoteObject> = objects
+            .iter()
+            .map(|f| RemoteObject {
+                key: String::from_utf8_lossy(f.rel_path.as_os_str().as_encoded_bytes())
+                    .into_owned(),
+                size: f.size_bytes,
+                etag: etags
+                    .next()
+                    .filter(|e| !e.is_empty())
+                    .map(|e| String::from_utf8_lossy(e).into_owned()),
+            })
+            .collect();
+        if let Ok(mut listed) = self.listed.lock() {
+            *listed = Some(Arc::new(cached));
+        }
+        if let Ok(mut at) = self.cached_listed_at.lock() {
+            *at = Some(*listed_at);
+        }
+        Ok(Checked::default())
+    }
+}
+
+/// A listing's keys and sizes, and its ETags block (each ETag and a NUL).
+pub(crate) fn files_and_etags(objects: &[RemoteObject]) -> (FileList, Vec<u8>) {
+    let mut files =
+        FileList::with_capacity(objects.len(), objects.iter().map(|o| o.key.len()).sum());
+    let mut etags = Vec::with_capacity(objects.len() * 36);
+    for o in objects {
+        files.push(o.key.as_bytes(), o.size);
+        // HTTP header values hold no NUL; one would only cut the ETag short,
+        // which the read's If-Match then refuses.
+        let etag = o.etag.as_deref().unwrap_or_default().as_bytes();
+        etags.extend(etag.iter().copied().filter(|&b| b != 0));
+        etags.push(0);
+    }
+    (files, etags)
+}
+
+/// Whether a listing that began at `listed_at` is young enough at `now`.
+fn check_age(listed_at: SystemTime, now: SystemTime, max_age: Duration) -> Result<(), String> {
+    if max_age.is_zero() {
+        return Err("--manifest-max-age 0: a remote prefix is listed at every start".to_string());
+    }
+    match now.duration_since(listed_at) {
+        Ok(age) if age > max_age => Err(format!(
+            "the cached listing is {} old, past --manifest-max-age {}",
+            human_duration(age),
+            human_duration(max_age)
+        )),
+        Ok(_) => Ok(()),
+        Err(ahead) if ahead.duration() > LISTED_IN_FUTURE_MAX => Err(format!(
+            "the cached listing is stamped {} in the future (was the clock set back?)",
+            human_duration(ahead.duration())
+        )),
+        Err(_) => Ok(()),
+    }
+}
+
+/// `90 s`, `12 min`, `3.0 h`, `2.0 d`: for messages.
+pub fn human_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        0..=119 => format!("{secs} s"),
+        120..=7_199 => format!("{} min", secs / 60),
+        7_200..=172_799 => format!("{:.1} h", secs as f64 / 3_600.0),
+        _ => format!("{:.1} d", secs as f64 / 86_400.0),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cached_listing_is_young_within_the_age_limit_and_never_with_zero() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let hour = Duration::from_secs(3_600);
+        assert_eq!(check_age(at, at + hour / 2, hour), Ok(()));
+        let old = check_age(at, at + hour * 2, hour).unwrap_err();
+        assert!(old.contains("2.0 h old") && old.contains("60 min"), "{old}");
+        assert!(check_age(at, at, Duration::ZERO)
+            .unwrap_err()
+            .contains("--manifest-max-age 0"));
+        assert_eq!(check_age(at + Duration::from_secs(5), at, hour), Ok(()));
+        assert!(check_age(at + hour, at, hour)
+            .unwrap_err()
+            .contains("in the future"));
+    }
 
     #[test]
     fn remote_urls_are_told_from_local_paths() {

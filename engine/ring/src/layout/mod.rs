@@ -66,7 +66,9 @@ pub mod flags {
     pub const AWAITS_START: u32 = 4;
 }
 
+mod counters;
 mod job;
+pub use counters::{Counter, Counters, COUNTERS_OFFSET, COUNTER_WORDS};
 pub use job::{Job, RunOrder, RunStart};
 
 /// Segment header at offset 0. Fields up to `plan_digest` are written once
@@ -149,8 +151,11 @@ pub struct Header {
     /// Why the loader stopped, UTF-8, [`ABORT_MESSAGE_MAX_BYTES`] at most:
     /// what trainers report instead of "see its log". See [`crate::message`].
     pub abort_message: [AtomicU64; ABORT_MESSAGE_WORDS],
-    // --- offset 1288 to 4096: reserved ---
-    _reserved2: [AtomicU64; 351],
+    // --- offset 1288: the loader's counters, rewritten every ~100 ms ---
+    /// Figures for `ringfeed stat`, one word per [`Counter`]; Relaxed.
+    pub counters: [AtomicU64; COUNTER_WORDS],
+    // --- offset 1544 to 4096: reserved ---
+    _reserved2: [AtomicU64; 319],
 }
 
 /// Longest abort message the header holds, in bytes.
@@ -328,7 +333,9 @@ const _: () = {
     assert!(offset_of!(Header, order_shuffled) == 192);
     assert!(offset_of!(Header, abort_message_bytes) == 256);
     assert!(offset_of!(Header, abort_message) == 264);
-    assert!(offset_of!(Header, _reserved2) == 264 + ABORT_MESSAGE_MAX_BYTES);
+    assert!(offset_of!(Header, counters) == 264 + ABORT_MESSAGE_MAX_BYTES);
+    assert!(offset_of!(Header, counters) == COUNTERS_OFFSET);
+    assert!(offset_of!(Header, _reserved2) == COUNTERS_OFFSET + COUNTER_WORDS * 8);
     assert!(size_of::<RankBlock>() as u64 == RANK_BLOCK_BYTES);
     assert!(offset_of!(RankBlock, publish_futex) == 8);
     assert!(offset_of!(RankBlock, finished) == 12);

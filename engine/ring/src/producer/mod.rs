@@ -126,6 +126,21 @@ impl Producer {
         h.reads_in_flight.store(in_flight, Ordering::Relaxed);
     }
 
+    /// Writes one word of the header's counters block (for `ringfeed
+    /// stat`; Relaxed, display only). Call [`Producer::stamp_counters`]
+    /// after a round of writes, so stat knows the block is live.
+    pub fn set_counter(&self, counter: crate::layout::Counter, value: u64) {
+        self.view.header().counters[counter.index()].store(value, Ordering::Relaxed);
+    }
+
+    /// Marks the counters block as written now (Unix ms).
+    pub fn stamp_counters(&self) {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_millis().max(1) as u64);
+        self.set_counter(crate::layout::Counter::UpdatedUnixMs, now_ms);
+    }
+
     /// Claims rank's next slot if its previous batch was released: `Ok(None)`
     /// while it is still held. The first claim of a slot allocates its
     /// payload in /dev/shm unless `reserve_rest` already did; that fails with
