@@ -25,8 +25,17 @@ const WARM_UP_IN_FLIGHT_MIN: usize = 32;
 /// How the planner merges local reads: not at all. A local read costs one
 /// SQE or one pread, and the engine spreads a batch's reads over its rings
 /// or threads; one merged read of a whole batch would copy it on one core.
-/// (Remote reads, where each request costs a round trip, will merge.)
 const LOCAL_COALESCE: Option<planner::Coalesce> = None;
+/// How it merges remote reads, where each request costs a round trip:
+/// byte-adjacent pieces of one object that also sit next to each other in
+/// the slot become one ranged GET (a batch of neighbouring tar samples under
+/// `--shuffle block`). No gap is read and dropped (0): every merged byte
+/// lands in the payload, so a merged read is one destination. Up to one GET
+/// part's default size; the fetch engine splits longer reads into parts.
+const REMOTE_COALESCE: Option<planner::Coalesce> = Some(planner::Coalesce {
+    gap_bytes_max: 0,
+    read_bytes_max: 8 << 20,
+});
 /// How long a stopping loader waits for the reads under way.
 const READS_GRACE: Duration = Duration::from_secs(5);
 
@@ -397,7 +406,11 @@ impl Loader {
             &self.plan.manifest,
             self.plan.slot_bytes,
             Tier::Local,
-            LOCAL_COALESCE,
+            if self.plan.is_remote() {
+                REMOTE_COALESCE
+            } else {
+                LOCAL_COALESCE
+            },
             &mut self.batch_plan,
         );
         if let Err(planner::PlanError::SampleTooLarge {

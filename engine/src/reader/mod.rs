@@ -48,6 +48,7 @@
 //! - Dropping an engine waits for every read the kernel or a thread is still
 //!   doing, so no byte is written into `dest` after the drop returns.
 
+pub mod chunked;
 mod error;
 pub(crate) mod files;
 mod pread;

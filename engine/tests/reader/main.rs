@@ -54,3 +54,4 @@ impl EngineFactory for Pread {
 conformance_suite!(uring, crate::Uring);
 conformance_suite!(pread, crate::Pread);
 conformance_suite!(remote, crate::remote_memory::RemoteMemory);
+conformance_suite!(chunked, crate::remote_memory::ChunkedMemory);

@@ -79,3 +79,165 @@ impl EngineFactory for RemoteMemory {
         }
     }
 }
+
+/// The chunk layer (`reader::chunked`) in front of the remote engine over the
+/// in-memory store: small reads served out of 64 KiB chunks, with a budget
+/// of four chunks so that chunks are dropped and fetched again mid-suite.
+pub struct ChunkedMemory;
+
+impl EngineFactory for ChunkedMemory {
+    const BACKEND: &'static str = REMOTE_BACKEND;
+
+    fn open(files: Arc<FileTable>, cfg: &ReaderConfig) -> Option<Box<dyn ReadEngine>> {
+        let sizes = (0..files.len() as u32)
+            .map(|i| files.size_bytes(i).unwrap_or(0))
+            .collect();
+        let inner = RemoteMemory::open(files, cfg)?;
+        let chunk = ringfeed::reader::chunked::ChunkConfig {
+            chunk_bytes: 64 << 10,
+            small_read_max: 16 << 10,
+            budget_bytes: 256 << 10,
+        };
+        Some(Box::new(ringfeed::reader::chunked::ChunkedEngine::new(
+            inner, sizes, chunk,
+        )))
+    }
+
+    fn skip(group: &str, behaviour: &str) -> Option<&'static str> {
+        RemoteMemory::skip(group, behaviour)
+    }
+}
+
+/// Counts the reads a chunk layer hands to the engine under it.
+struct CountingInner {
+    inner: Box<dyn ReadEngine>,
+    reads: Arc<std::sync::atomic::AtomicUsize>,
+    bytes: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl ReadEngine for CountingInner {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+    fn max_in_flight(&self) -> usize {
+        self.inner.max_in_flight()
+    }
+    unsafe fn submit(
+        &mut self,
+        ops: &[ringfeed::reader::ReadOp],
+    ) -> Result<(), ringfeed::reader::ReadError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        // SAFETY: the caller's contract, passed on unchanged.
+        unsafe { self.inner.submit(ops) }?;
+        self.reads.fetch_add(ops.len(), Relaxed);
+        self.bytes
+            .fetch_add(ops.iter().map(|op| op.len_bytes).sum(), Relaxed);
+        Ok(())
+    }
+    fn reap(
+        &mut self,
+        out: &mut Vec<ringfeed::reader::Completion>,
+        min_complete: usize,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<usize, ringfeed::reader::ReadError> {
+        self.inner.reap(out, min_complete, timeout)
+    }
+}
+
+#[test]
+fn small_reads_of_neighbouring_ranges_cost_one_remote_read_per_chunk_and_land_byte_exact() {
+    use crate::support::{check_bytes, make_files, ops_into, run_all, table};
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    // One "shard" of 1 MiB + 100 bytes: 17 chunks of 64 KiB, the last short.
+    let size = (1 << 20) + 100;
+    let (paths, contents) = make_files(dir.path(), &[size]);
+    let files = table(&paths, &[size], false);
+    let cfg = ReaderConfig {
+        queue_depth: 8,
+        ..ReaderConfig::default()
+    };
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let inner = CountingInner {
+        inner: RemoteMemory::open(Arc::clone(&files), &cfg).unwrap(),
+        reads: Arc::clone(&reads),
+        bytes: Arc::clone(&bytes),
+    };
+    let chunk = ringfeed::reader::chunked::ChunkConfig {
+        chunk_bytes: 64 << 10,
+        small_read_max: 8 << 10,
+        // Room for every chunk: each is fetched once.
+        budget_bytes: 4 << 20,
+    };
+    let mut engine =
+        ringfeed::reader::chunked::ChunkedEngine::new(Box::new(inner), vec![size], chunk);
+    // 4 KiB samples back to back, in a shuffled order (as a window of
+    // blocks gives them), then one 20 KiB read (too large: passed through)
+    // and one 4 KiB read across a chunk boundary (passed through too).
+    let mut ranges: Vec<(u32, u64, u64)> = (0..256u64).map(|i| (0, i * 4096, 4096)).collect();
+    let mut state = 7u64;
+    for i in (1..ranges.len()).rev() {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ranges.swap(i, (state >> 33) as usize % (i + 1));
+    }
+    ranges.push((0, 100_000, 20_000));
+    ranges.push((0, (64 << 10) - 2048, 4096));
+    let total: u64 = ranges.iter().map(|r| r.2).sum();
+    let mut buf = vec![0u8; total as usize];
+    let ops = ops_into(&mut buf, &ranges);
+    let (results, _) = run_all(&mut engine, &ops);
+    assert!(results.values().all(Result::is_ok), "{results:?}");
+    check_bytes(&buf, &ranges, &contents);
+    // 16 chunks cover the 256 samples; plus the two passed-through reads.
+    assert_eq!(reads.load(Relaxed), 16 + 2);
+    assert_eq!(bytes.load(Relaxed), (16 << 16) + 20_000 + 4096);
+}
+
+#[test]
+fn a_chunk_layer_over_budget_drops_old_chunks_and_fetches_them_again_byte_exact() {
+    use crate::support::{check_bytes, make_files, ops_into, run_all, table};
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let size = 512 << 10;
+    let (paths, contents) = make_files(dir.path(), &[size]);
+    let files = table(&paths, &[size], false);
+    let cfg = ReaderConfig {
+        queue_depth: 4,
+        ..ReaderConfig::default()
+    };
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inner = CountingInner {
+        inner: RemoteMemory::open(Arc::clone(&files), &cfg).unwrap(),
+        reads: Arc::clone(&reads),
+        bytes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+    };
+    let chunk = ringfeed::reader::chunked::ChunkConfig {
+        chunk_bytes: 64 << 10,
+        small_read_max: 4096,
+        budget_bytes: 128 << 10,
+    };
+    let mut engine =
+        ringfeed::reader::chunked::ChunkedEngine::new(Box::new(inner), vec![size], chunk);
+    // Two passes over 8 chunks, a 4 KiB read in each, with room for two.
+    let ranges: Vec<(u32, u64, u64)> = (0..16u64)
+        .map(|i| (0, (i % 8) * (64 << 10), 4096))
+        .collect();
+    let mut buf = vec![0u8; 16 * 4096];
+    let ops = ops_into(&mut buf, &ranges);
+    for op in ops.chunks(2) {
+        let (results, _) = run_all(&mut engine, op);
+        assert!(results.values().all(Result::is_ok));
+    }
+    check_bytes(&buf, &ranges, &contents);
+    assert_eq!(
+        reads.load(Relaxed),
+        16,
+        "every chunk fetched again in the second pass"
+    );
+}

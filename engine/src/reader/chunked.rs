@@ -1,0 +1,387 @@
+//! Small reads served from large ranged reads: a [`ReadEngine`] in front of
+//! another (the remote engine) that fetches an object's aligned chunk of
+//! `chunk_bytes` once and copies each small read that falls inside it out
+//! of that chunk, so that a 4 KiB sample costs a share of a 1 MiB GET
+//! instead of a round trip of its own.
+//!
+//! It pays only where reads cluster: under `--shuffle block` the samples of
+//! a window of blocks sit in a few byte ranges of a few shards, and each
+//! chunk serves a block's worth of samples. Under the exact order a chunk
+//! would be fetched for one sample and dropped, so the loader turns this on
+//! only with the block order (see `loader::plan`).
+//!
+//! - A read is *small* when it is at most `small_read_max` bytes and lies
+//!   inside one chunk (chunk `i` of an object is its bytes
+//!   `i * chunk_bytes .. min((i + 1) * chunk_bytes, size)`). Every other
+//!   read goes to the inner engine unchanged.
+//! - A small read whose chunk is resident is copied at once (its completion
+//!   comes from the next `reap`); one whose chunk is on its way waits for
+//!   it; otherwise its chunk is fetched, as one read of the inner engine.
+//! - Resident chunks stay while their bytes and those of chunks on their way
+//!   fit in `budget_bytes`; past it the least recently used resident ones
+//!   go. Chunks on their way are never dropped, so a burst of misses can
+//!   pass the budget by the reads in flight (each at most `chunk_bytes`).
+//! - A chunk read that fails fails every read waiting on it (the first
+//!   with the inner error, the others with its message), and the chunk is
+//!   forgotten: the next read of it fetches it again.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use super::{Completion, ReadEngine, ReadError, ReadOp};
+
+/// How the chunk layer is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkConfig {
+    /// Size of an aligned chunk (the last one of an object is shorter).
+    pub chunk_bytes: u64,
+    /// Reads longer than this go to the inner engine.
+    pub small_read_max: u64,
+    /// Most bytes of chunks kept (see the module's notes).
+    pub budget_bytes: u64,
+}
+
+/// Fewest bytes of a chunk: below this a chunk saves too few round trips.
+pub const CHUNK_BYTES_MIN: u64 = 64 << 10;
+/// Most bytes of a chunk (one GET part of the fetch engine by default).
+pub const CHUNK_BYTES_MAX: u64 = 8 << 20;
+/// Reads accepted per read slot of the inner engine: waiting on a chunk
+/// costs no GET, so the caller may queue this many more (reads past the
+/// inner engine's room wait in `deferred`).
+const WAITERS_PER_INNER_SLOT: usize = 8;
+
+enum Chunk {
+    /// Its read is with the inner engine; these small reads wait for it.
+    Fetching {
+        buf: Box<[u8]>,
+        waiters: Vec<ReadOp>,
+    },
+    /// Its bytes, and when a read last used it.
+    Resident { buf: Box<[u8]>, used: u64 },
+}
+
+/// What an inner read is for.
+enum Origin {
+    /// The caller's read, passed through: its `user_data`.
+    Pass(u64),
+    /// The chunk (object, index) of the map.
+    Chunk(u32, u64),
+}
+
+/// See the module documentation.
+pub struct ChunkedEngine {
+    inner: Box<dyn ReadEngine>,
+    /// Each object's size, by index (chunks are clipped to it).
+    sizes: Vec<u64>,
+    cfg: ChunkConfig,
+    chunks: HashMap<(u32, u64), Chunk>,
+    /// Bytes of every chunk in `chunks`.
+    held_bytes: u64,
+    /// Inner read tag → what it is for.
+    origins: HashMap<u64, Origin>,
+    next_tag: u64,
+    /// Completions of small reads copied out, waiting to be reaped.
+    ready: VecDeque<Completion>,
+    /// Small reads waiting on chunks on their way.
+    waiting: usize,
+    /// Passed-through reads with the inner engine.
+    passed: usize,
+    clock: u64,
+    inner_out: Vec<Completion>,
+    /// Inner reads (tagged) not handed to the inner engine yet: it was full.
+    deferred: VecDeque<ReadOp>,
+}
+
+// SAFETY: the raw pointers it keeps (in the ReadOps waiting on chunks and
+// in `deferred`) point into the caller's read destinations, valid under
+// `submit`'s contract until reaped, or into this engine's own chunk buffers.
+// Moving the engine to another thread moves none of that memory, and the
+// engine is used by one thread at a time (`ReadEngine: Send`, not `Sync`).
+unsafe impl Send for ChunkedEngine {}
+
+impl std::fmt::Debug for ChunkedEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkedEngine")
+            .field("cfg", &self.cfg)
+            .field("chunks", &self.chunks.len())
+            .field("held_bytes", &self.held_bytes)
+            .finish()
+    }
+}
+
+impl ChunkedEngine {
+    /// The chunk layer over `inner`, whose objects have `sizes`.
+    pub fn new(inner: Box<dyn ReadEngine>, sizes: Vec<u64>, cfg: ChunkConfig) -> ChunkedEngine {
+        let cfg = ChunkConfig {
+            chunk_bytes: cfg.chunk_bytes.clamp(CHUNK_BYTES_MIN, CHUNK_BYTES_MAX),
+            small_read_max: cfg.small_read_max.min(cfg.chunk_bytes),
+            budget_bytes: cfg.budget_bytes,
+        };
+        ChunkedEngine {
+            inner,
+            sizes,
+            cfg,
+            chunks: HashMap::new(),
+            held_bytes: 0,
+            origins: HashMap::new(),
+            next_tag: 0,
+            ready: VecDeque::new(),
+            waiting: 0,
+            passed: 0,
+            clock: 0,
+            inner_out: Vec::new(),
+            deferred: VecDeque::new(),
+        }
+    }
+
+    /// The chunk holding `op` when `op` is small, else None.
+    fn chunk_of(&self, op: &ReadOp) -> Option<(u64, std::ops::Range<u64>)> {
+        if op.len_bytes == 0 || op.len_bytes > self.cfg.small_read_max {
+            return None;
+        }
+        let size = *self.sizes.get(op.file as usize)?;
+        let c = self.cfg.chunk_bytes;
+        let index = op.offset_bytes / c;
+        let start = index * c;
+        let end = start.saturating_add(c).min(size);
+        (op.offset_bytes.checked_add(op.len_bytes)? <= end).then_some((index, start..end))
+    }
+
+    fn tag(&mut self, origin: Origin) -> u64 {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.origins.insert(tag, origin);
+        tag
+    }
+
+    /// Copies `op`'s bytes out of a chunk starting at object offset
+    /// `chunk_start` and queues its completion.
+    fn copy_out(ready: &mut VecDeque<Completion>, buf: &[u8], chunk_start: u64, op: &ReadOp) {
+        let at = (op.offset_bytes - chunk_start) as usize;
+        let len = op.len_bytes as usize;
+        // SAFETY: `chunk_of` put the range inside the chunk, so `at + len`
+        // is within `buf`; `submit`'s caller made `dest` valid for
+        // `len_bytes` writes until its completion is reaped, which is after
+        // this copy.
+        unsafe { std::ptr::copy_nonoverlapping(buf[at..at + len].as_ptr(), op.dest, len) };
+        ready.push_back(Completion {
+            user_data: op.user_data,
+            result: Ok(()),
+        });
+    }
+
+    /// Hands deferred reads to the inner engine as far as it has room.
+    fn pump(&mut self) -> Result<(), ReadError> {
+        let room = self
+            .inner
+            .max_in_flight()
+            .saturating_sub(self.inner.in_flight());
+        let n = room.min(self.deferred.len());
+        if n == 0 {
+            return Ok(());
+        }
+        let batch: Vec<ReadOp> = self.deferred.drain(..n).collect();
+        // SAFETY: a passed-through read's `dest` is the caller's, under the
+        // caller's contract of `submit`; a chunk's is its boxed buffer in
+        // `chunks` (a Box's heap bytes do not move when the map does), kept
+        // there until the inner completion for it is settled, or until the
+        // engine drops: `inner`, declared first, drops first and waits for
+        // its reads. Every read was checked against its object's size.
+        unsafe { self.inner.submit(&batch) }
+    }
+
+    /// Drops least recently used resident chunks while over budget.
+    fn trim(&mut self) {
+        while self.held_bytes > self.cfg.budget_bytes {
+            let oldest = self
+                .chunks
+                .iter()
+                .filter_map(|(k, c)| match c {
+                    Chunk::Resident { used, .. } => Some((*used, *k)),
+                    Chunk::Fetching { .. } => None,
+                })
+                .min();
+            let Some((_, key)) = oldest else { return };
+            if let Some(Chunk::Resident { buf, .. }) = self.chunks.remove(&key) {
+                self.held_bytes -= buf.len() as u64;
+            }
+        }
+    }
+
+    /// Turns the inner engine's completions into the caller's.
+    fn settle(&mut self, out: &mut Vec<Completion>) {
+        for c in std::mem::take(&mut self.inner_out) {
+            match self.origins.remove(&c.user_data) {
+                Some(Origin::Pass(user_data)) => {
+                    self.passed -= 1;
+                    out.push(Completion {
+                        user_data,
+                        result: c.result,
+                    });
+                }
+                Some(Origin::Chunk(object, index)) => {
+                    let Some(Chunk::Fetching { buf, waiters }) =
+                        self.chunks.remove(&(object, index))
+                    else {
+                        continue;
+                    };
+                    self.waiting -= waiters.len();
+                    let start = index * self.cfg.chunk_bytes;
+                    match c.result {
+                        Ok(()) => {
+                            for op in &waiters {
+                                Self::copy_out(&mut self.ready, &buf, start, op);
+                            }
+                            self.clock += 1;
+                            let used = self.clock;
+                            self.chunks
+                                .insert((object, index), Chunk::Resident { buf, used });
+                        }
+                        Err(e) => {
+                            self.held_bytes -= buf.len() as u64;
+                            let (key, message) = match &e {
+                                ReadError::Remote { key, message } => {
+                                    (key.clone(), message.clone())
+                                }
+                                other => (String::new(), other.to_string()),
+                            };
+                            let mut first = Some(e);
+                            for op in waiters {
+                                let result =
+                                    Err(first.take().unwrap_or_else(|| ReadError::Remote {
+                                        key: key.clone(),
+                                        message: message.clone(),
+                                    }));
+                                self.ready.push_back(Completion {
+                                    user_data: op.user_data,
+                                    result,
+                                });
+                            }
+                        }
+                    }
+                }
+                // Every inner tag came from `tag`.
+                None => {}
+            }
+        }
+        self.trim();
+        out.extend(self.ready.drain(..));
+    }
+}
+
+impl ReadEngine for ChunkedEngine {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.passed + self.waiting + self.ready.len()
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.inner.max_in_flight() * WAITERS_PER_INNER_SLOT
+    }
+
+    unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
+        if self.in_flight() + ops.len() > self.max_in_flight() {
+            return Err(ReadError::Busy {
+                in_flight: self.in_flight(),
+                requested: ops.len(),
+                max_in_flight: self.max_in_flight(),
+            });
+        }
+        // All or none: every read is checked before any is taken.
+        for op in ops {
+            let size = self.sizes.get(op.file as usize).copied();
+            let fits = size.is_some_and(|size| {
+                op.offset_bytes
+                    .checked_add(op.len_bytes)
+                    .is_some_and(|end| end <= size)
+            });
+            if !fits {
+                return Err(ReadError::InvalidOp {
+                    user_data: op.user_data,
+                    reason: format!(
+                        "{} bytes at offset {} of object #{} pass its size ({size:?} bytes)",
+                        op.len_bytes, op.offset_bytes, op.file
+                    ),
+                });
+            }
+        }
+        for op in ops {
+            let Some((index, range)) = self.chunk_of(op) else {
+                let tag = self.tag(Origin::Pass(op.user_data));
+                self.deferred.push_back(ReadOp {
+                    user_data: tag,
+                    ..*op
+                });
+                self.passed += 1;
+                continue;
+            };
+            self.clock += 1;
+            let clock = self.clock;
+            let key = (op.file, index);
+            match self.chunks.get_mut(&key) {
+                Some(Chunk::Resident { buf, used }) => {
+                    *used = clock;
+                    Self::copy_out(&mut self.ready, buf, range.start, op);
+                }
+                Some(Chunk::Fetching { waiters, .. }) => {
+                    waiters.push(*op);
+                    self.waiting += 1;
+                }
+                None => {
+                    let mut buf = vec![0u8; (range.end - range.start) as usize].into_boxed_slice();
+                    let tag = self.tag(Origin::Chunk(op.file, index));
+                    self.deferred.push_back(ReadOp {
+                        file: op.file,
+                        offset_bytes: range.start,
+                        len_bytes: range.end - range.start,
+                        dest: buf.as_mut_ptr(),
+                        spare_byte: false,
+                        user_data: tag,
+                    });
+                    self.held_bytes += buf.len() as u64;
+                    self.chunks.insert(
+                        key,
+                        Chunk::Fetching {
+                            buf,
+                            waiters: vec![*op],
+                        },
+                    );
+                    self.waiting += 1;
+                }
+            }
+        }
+        self.pump()
+    }
+
+    fn reap(
+        &mut self,
+        out: &mut Vec<Completion>,
+        min_complete: usize,
+        timeout: Option<Duration>,
+    ) -> Result<usize, ReadError> {
+        let before = out.len();
+        loop {
+            self.pump()?;
+            let got = out.len() - before + self.ready.len();
+            let need = min_complete.saturating_sub(got);
+            // Copies are ready now: do not block on the inner engine for them.
+            let wait = if need == 0 || self.inner.in_flight() == 0 {
+                Some(Duration::ZERO)
+            } else {
+                timeout
+            };
+            let mut inner_out = std::mem::take(&mut self.inner_out);
+            self.inner.reap(&mut inner_out, need.min(1), wait)?;
+            self.inner_out = inner_out;
+            self.settle(out);
+            let got = out.len() - before;
+            if got >= min_complete || timeout.is_some() || self.in_flight() == 0 {
+                self.pump()?;
+                return Ok(got);
+            }
+        }
+    }
+}
