@@ -19,3 +19,4 @@ pub mod remote;
 pub use ringfeed_ring as ring;
 pub mod sampler;
 pub mod source;
+pub mod tar;
