@@ -2,6 +2,7 @@
 
 pub mod demo;
 pub mod gc;
+pub mod pack;
 pub mod run;
 pub mod say;
 pub mod serve;

@@ -1,0 +1,442 @@
+//! `ringfeed pack`: a tree of files or objects into WebDataset tar shards,
+//! each with its sidecar index (TAR-INDEX.md, docs/pack.md).
+//!
+//! 1. List the source (local walk or remote listing, as `serve` does) and
+//!    plan everything ([`plan::PackPlan`]): samples, order, shard sizes.
+//! 2. Write the plan to `DEST/.ringfeed-pack.plan` first, or, when one is
+//!    there, go on from it if it is this input's, refuse if not.
+//! 3. For each shard not already written and verified (its size and its
+//!    index as planned: the index is written only after its shard is whole),
+//!    read its objects, many reads in flight, and write the shard and then
+//!    its index.
+//!
+//! Deterministic: the plan and the headers depend on the listing only, so
+//! the same input gives byte-identical shards, interrupted or not.
+
+mod dest;
+pub mod header;
+pub mod plan;
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use object_store::ObjectStoreExt;
+
+use crate::manifest::{FileList, ManifestOptions};
+use crate::remote::{RemoteRuntime, StoreHandle};
+use crate::source::{OpenedSource, SourceSpec, VersionTag};
+use crate::tar::index::SIDECAR_SUFFIX;
+use crate::tar::TarIndex;
+
+pub use dest::{Dest, PARTS_IN_FLIGHT, PART_BYTES};
+pub use plan::{shard_name, PackPlan, PLAN_FILE};
+
+/// Default `--shard-size` (256 MiB).
+pub const DEFAULT_SHARD_BYTES: u64 = 256 << 20;
+
+/// Most object reads in flight.
+pub const READS_IN_FLIGHT_MAX: usize = 128;
+
+/// Most bytes of objects read ahead of the writer.
+pub const READ_AHEAD_BYTES_MAX: u64 = 256 << 20;
+
+/// Seconds between progress lines.
+pub const PROGRESS_INTERVAL_S: u64 = 3;
+
+/// Threads of the runtime that reads and uploads.
+const RUNTIME_THREADS: usize = 8;
+
+/// Test hook: milliseconds to sleep after each member, so a test can kill
+/// `pack` in the middle of a shard. Unset in real use.
+const MEMBER_DELAY_ENV: &str = "RINGFEED_PACK_TEST_MEMBER_DELAY_MS";
+
+/// What `ringfeed pack` is asked.
+#[derive(Clone, Debug)]
+pub struct PackConfig {
+    /// `--source`: a local directory or a remote prefix.
+    pub source: String,
+    /// `--dest`: a local directory or a remote prefix.
+    pub dest: String,
+    /// `--shard-size` in bytes.
+    pub shard_size: u64,
+    /// Log progress lines.
+    pub progress: bool,
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PackReport {
+    /// Shards in the plan.
+    pub shards: usize,
+    /// Shards written by this run.
+    pub written: usize,
+    /// Shards found written and verified, kept.
+    pub kept: usize,
+    /// Files packed (all shards).
+    pub files: u64,
+    /// Bytes of the shards (all shards).
+    pub shard_bytes: u64,
+}
+
+/// Where the objects are read from.
+enum Input {
+    Local(PathBuf),
+    Remote(StoreHandle),
+}
+
+/// Packs `cfg.source` into `cfg.dest` (see the module docs).
+pub fn pack(cfg: &PackConfig) -> Result<PackReport> {
+    if cfg.shard_size < 4096 {
+        bail!(
+            "--shard-size {} is below 4096 bytes; pass a size such as 256MiB",
+            cfg.shard_size
+        );
+    }
+    let spec = SourceSpec::parse(&cfg.source, None).map_err(anyhow::Error::msg)?;
+    let opened = spec.open()?;
+    let listing = opened.source().list(&ManifestOptions {
+        record_bytes: None,
+        threads: 0,
+        progress: cfg.progress,
+    })?;
+    let files = listing.objects;
+    let (input, runtime, versions) = match &opened {
+        OpenedSource::Local(local) => {
+            let runtime = Arc::new(RemoteRuntime::new(RUNTIME_THREADS)?);
+            let versions = local_versions(local.root(), &files)?;
+            (Input::Local(local.root().to_path_buf()), runtime, versions)
+        }
+        OpenedSource::Remote(remote) => {
+            let versions = listing
+                .versions
+                .as_deref()
+                .map(|v| v.iter().map(version_word).collect())
+                .unwrap_or_default();
+            (
+                Input::Remote(remote.store().clone()),
+                Arc::clone(remote.runtime()),
+                versions,
+            )
+        }
+    };
+    let plan = PackPlan::new(&cfg.source, &files, &versions, cfg.shard_size)?;
+    let dest = open_dest(&cfg.dest, &input)?;
+    runtime.block_on(run(cfg, &plan, &files, &input, &dest))
+}
+
+/// A local DEST (created) or a remote one; refuses a DEST inside a local
+/// source (its shards would be packed by the next run).
+fn open_dest(dest: &str, input: &Input) -> Result<Dest> {
+    let spec =
+        SourceSpec::parse(dest, None).map_err(|e| anyhow::anyhow!("--dest {dest:?}: {e}"))?;
+    if let Some(dir) = spec.local_path() {
+        if let (Input::Local(root), Ok(abs)) = (input, std::path::absolute(dir)) {
+            let root = root.canonicalize().unwrap_or_else(|_| root.clone());
+            if abs.starts_with(&root) {
+                bail!("--dest {} is inside --source {}: the shards would become input of the next run; pick a DEST outside it", abs.display(), root.display());
+            }
+        }
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "cannot create --dest {} (check the path and its permissions)",
+                dir.display()
+            )
+        })?;
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("cannot resolve --dest {}", dir.display()))?;
+        if let Input::Local(root) = input {
+            let root = root.canonicalize().unwrap_or_else(|_| root.clone());
+            if dir.starts_with(&root) {
+                bail!("--dest {} is inside --source {}: the shards would become input of the next run; pick a DEST outside it", dir.display(), root.display());
+            }
+        }
+        dest::remove_stale_tmp(&dir);
+        return Ok(Dest::Local(dir));
+    }
+    Ok(Dest::Remote(StoreHandle::open(dest)?))
+}
+
+/// Each local file's mtime, as one word: a file changed in place (same size)
+/// changes the input's digest.
+fn local_versions(root: &Path, files: &FileList) -> Result<Vec<u64>> {
+    use std::os::unix::fs::MetadataExt;
+    files
+        .iter()
+        .map(|f| {
+            let path = root.join(f.rel_path);
+            let meta = std::fs::metadata(&path).with_context(|| {
+                format!(
+                    "cannot stat {} (it was listed a moment ago)",
+                    path.display()
+                )
+            })?;
+            Ok((meta.mtime() as u64).wrapping_mul(1_000_000_007) ^ meta.mtime_nsec() as u64)
+        })
+        .collect()
+}
+
+/// A remote object's version (its ETag) as one word.
+fn version_word(tag: &VersionTag) -> u64 {
+    match tag {
+        VersionTag::ETag(etag) => crate::manifest::digest_words(0, etag.bytes().map(u64::from)),
+        VersionTag::Local { ino, mtime, .. } => ino ^ (mtime.0 as u64) ^ u64::from(mtime.1),
+    }
+}
+
+async fn run(
+    cfg: &PackConfig,
+    plan: &PackPlan,
+    files: &FileList,
+    input: &Input,
+    dest: &Dest,
+) -> Result<PackReport> {
+    let text = plan.to_text(&cfg.source);
+    match dest.read(PLAN_FILE).await? {
+        Some(found) => {
+            if let Some(why) = plan.mismatch(&found, &dest.display()) {
+                bail!("{why}");
+            }
+            tracing::info!(
+                "pack: {} holds the plan of this input: going on from it",
+                dest.display()
+            );
+        }
+        None => dest.put_small(PLAN_FILE, text.into_bytes()).await?,
+    }
+    let mut report = PackReport {
+        shards: plan.shards.len(),
+        files: plan.input_objects,
+        shard_bytes: plan.shards.iter().map(|s| s.bytes).sum(),
+        ..PackReport::default()
+    };
+    let mut todo = Vec::new();
+    for s in 0..plan.shards.len() {
+        if verified(plan, files, dest, s).await? {
+            report.kept += 1;
+        } else {
+            todo.push(s);
+        }
+    }
+    if report.kept > 0 {
+        tracing::info!(
+            "pack: {} of {} shards already written and verified: kept",
+            report.kept,
+            report.shards
+        );
+    }
+    let mut progress = Progress::new(cfg.progress, plan, &todo);
+    write_shards(plan, files, input, dest, &todo, &mut progress).await?;
+    report.written = todo.len();
+    if !todo.is_empty() {
+        progress.line(true);
+    }
+    Ok(report)
+}
+
+/// Whether shard `s` is in DEST as planned: its size, and an index that
+/// parses and lists exactly the planned members (an index is written only
+/// once its shard is whole).
+async fn verified(plan: &PackPlan, files: &FileList, dest: &Dest, s: usize) -> Result<bool> {
+    let name = shard_name(s);
+    if dest.size_of(&name).await? != Some(plan.shards[s].bytes) {
+        return Ok(false);
+    }
+    let Some(bytes) = dest.read(&format!("{name}{SIDECAR_SUFFIX}")).await? else {
+        return Ok(false);
+    };
+    Ok(TarIndex::parse(&bytes).is_ok_and(|index| index == plan.shard_index(files, s)))
+}
+
+/// A read of one object, running on the runtime.
+type Read = tokio::task::JoinHandle<Result<bytes::Bytes>>;
+
+fn start_read(input: &Input, key: &[u8]) -> Read {
+    match input {
+        Input::Local(root) => {
+            let path =
+                root.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(key));
+            tokio::task::spawn_blocking(move || {
+                std::fs::read(&path)
+                    .map(bytes::Bytes::from)
+                    .with_context(|| format!("cannot read {}", path.display()))
+            })
+        }
+        Input::Remote(store) => {
+            let store = store.clone();
+            let key = String::from_utf8_lossy(key).into_owned();
+            tokio::spawn(async move {
+                let path = store.path_of(&key);
+                let got = store.meta.get(&path).await.with_context(|| {
+                    format!("cannot GET {}/{key}", store.display.trim_end_matches('/'))
+                })?;
+                got.bytes().await.with_context(|| {
+                    format!(
+                        "reading {}/{key} failed",
+                        store.display.trim_end_matches('/')
+                    )
+                })
+            })
+        }
+    }
+}
+
+async fn write_shards(
+    plan: &PackPlan,
+    files: &FileList,
+    input: &Input,
+    dest: &Dest,
+    todo: &[usize],
+    progress: &mut Progress,
+) -> Result<()> {
+    let delay_ms: u64 = std::env::var(MEMBER_DELAY_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // Every member of the shards to write, in order; reads run ahead of
+    // the writer up to READS_IN_FLIGHT_MAX objects or READ_AHEAD_BYTES_MAX.
+    let order: Vec<usize> = todo
+        .iter()
+        .flat_map(|&s| {
+            let shard = &plan.shards[s];
+            plan.members[shard.first_member..shard.first_member + shard.members]
+                .iter()
+                .copied()
+        })
+        .collect();
+    let mut next_read = 0;
+    let mut in_flight: VecDeque<(usize, Read)> = VecDeque::new();
+    let mut ahead_bytes = 0u64;
+    let zeros = [0u8; 1024];
+    for &s in todo {
+        let name = shard_name(s);
+        let mut writer = dest.start_shard(&name).await?;
+        let shard = &plan.shards[s];
+        let mut written = 0u64;
+        for _ in 0..shard.members {
+            while next_read < order.len()
+                && (in_flight.is_empty()
+                    || (in_flight.len() < READS_IN_FLIGHT_MAX
+                        && ahead_bytes < READ_AHEAD_BYTES_MAX))
+            {
+                let i = order[next_read];
+                in_flight.push_back((i, start_read(input, files.path_bytes(i))));
+                ahead_bytes += files.size_bytes(i);
+                next_read += 1;
+            }
+            let Some((i, read)) = in_flight.pop_front() else {
+                bail!("internal: no read for a member of {name}");
+            };
+            let data = match read.await {
+                Ok(Ok(data)) => data,
+                Ok(Err(e)) => {
+                    writer.abandon().await;
+                    return Err(e);
+                }
+                Err(e) => {
+                    writer.abandon().await;
+                    bail!("a read task of {name} failed: {e}");
+                }
+            };
+            let (key, size) = (files.path_bytes(i), files.size_bytes(i));
+            ahead_bytes -= size;
+            if data.len() as u64 != size {
+                writer.abandon().await;
+                bail!(
+                    "{} changed while packing: listed with {size} bytes, read {} bytes; rerun pack once the input is settled (the plan will say the input changed: pack into a new DEST)",
+                    String::from_utf8_lossy(key),
+                    data.len()
+                );
+            }
+            let head = header::member_header(key, size);
+            writer.write(&head).await?;
+            writer.write(&data).await?;
+            writer
+                .write(&zeros[..header::padding(size) as usize])
+                .await?;
+            written += head.len() as u64 + size + header::padding(size);
+            progress.member(size);
+            if delay_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            }
+        }
+        writer.write(&zeros).await?;
+        written += zeros.len() as u64;
+        if written != shard.bytes {
+            writer.abandon().await;
+            bail!(
+                "internal: {name} came to {written} bytes, planned {}",
+                shard.bytes
+            );
+        }
+        writer.finish(dest).await?;
+        let mut index = Vec::new();
+        plan.shard_index(files, s)
+            .write(&mut index)
+            .context("cannot build the index")?;
+        dest.put_small(&format!("{name}{SIDECAR_SUFFIX}"), index)
+            .await?;
+        progress.shard_done();
+    }
+    Ok(())
+}
+
+/// The progress line, every PROGRESS_INTERVAL_S seconds.
+struct Progress {
+    on: bool,
+    started: Instant,
+    last: Instant,
+    files: u64,
+    bytes: u64,
+    shards: usize,
+    files_total: u64,
+    shards_total: usize,
+}
+
+impl Progress {
+    fn new(on: bool, plan: &PackPlan, todo: &[usize]) -> Progress {
+        let now = Instant::now();
+        Progress {
+            on,
+            started: now,
+            last: now,
+            files: 0,
+            bytes: 0,
+            shards: 0,
+            files_total: todo.iter().map(|&s| plan.shards[s].members as u64).sum(),
+            shards_total: todo.len(),
+        }
+    }
+
+    fn member(&mut self, size: u64) {
+        self.files += 1;
+        self.bytes += size;
+        self.line(false);
+    }
+
+    fn shard_done(&mut self) {
+        self.shards += 1;
+    }
+
+    fn line(&mut self, last: bool) {
+        if !self.on || (!last && self.last.elapsed() < Duration::from_secs(PROGRESS_INTERVAL_S)) {
+            return;
+        }
+        self.last = Instant::now();
+        let secs = self.started.elapsed().as_secs_f64().max(1e-3);
+        tracing::info!(
+            "pack: {}/{} files, {:.1} MB, {}/{} shards written, {:.1} MB/s, {:.0} files/s{}",
+            self.files,
+            self.files_total,
+            self.bytes as f64 / 1e6,
+            self.shards,
+            self.shards_total,
+            self.bytes as f64 / 1e6 / secs,
+            self.files as f64 / secs,
+            if last { " (done)" } else { "" }
+        );
+    }
+}
