@@ -8,7 +8,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
 use crate::remote::{Scheme, StoreHandle};
 
@@ -93,6 +93,55 @@ impl Dest {
                 Ok(meta) => Ok(Some(meta.size)),
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(e).with_context(|| format!("cannot HEAD {}/{name}", self.display())),
+            },
+        }
+    }
+
+    /// Names of the shards (`shard-*.tar`) DEST holds now.
+    pub async fn shard_names(&self) -> Result<Vec<String>> {
+        let is_shard = |n: &str| n.starts_with("shard-") && n.ends_with(".tar");
+        match self {
+            Dest::Local(dir) => {
+                let entries =
+                    fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+                Ok(entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| is_shard(n))
+                    .collect())
+            }
+            Dest::Remote(store) => {
+                let prefix = store.path_of("");
+                let prefix = (!prefix.as_ref().is_empty()).then_some(prefix);
+                let listed = store
+                    .meta
+                    .list_with_delimiter(prefix.as_ref())
+                    .await
+                    .with_context(|| format!("cannot list {}", self.display()))?;
+                Ok(listed
+                    .objects
+                    .iter()
+                    .filter_map(|o| o.location.filename().map(str::to_string))
+                    .filter(|n| is_shard(n))
+                    .collect())
+            }
+        }
+    }
+
+    /// Removes `name` from DEST (gone already is fine).
+    pub async fn remove(&self, name: &str) -> Result<()> {
+        match self {
+            Dest::Local(dir) => match fs::remove_file(dir.join(name)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e).with_context(|| format!("cannot remove {}", dir.join(name).display()))
+                }
+                _ => Ok(()),
+            },
+            Dest::Remote(store) => match store.meta.delete(&store.path_of(name)).await {
+                Err(e) if !matches!(e, object_store::Error::NotFound { .. }) => {
+                    Err(e).with_context(|| format!("cannot delete {}/{name}", self.display()))
+                }
+                _ => Ok(()),
             },
         }
     }

@@ -205,7 +205,10 @@ async fn run(
                 dest.display()
             );
         }
-        None => dest.put_small(PLAN_FILE, text.into_bytes()).await?,
+        None => {
+            check_finished_pack(plan, files, dest).await?;
+            dest.put_small(PLAN_FILE, text.into_bytes()).await?;
+        }
     }
     let mut report = PackReport {
         shards: plan.shards.len(),
@@ -234,7 +237,40 @@ async fn run(
     if !todo.is_empty() {
         progress.line(true);
     }
+    // Done: DEST holds shards and their indexes only, so that `serve`
+    // takes it as a tar listing. A rerun tells a finished pack by its shards.
+    dest.remove(PLAN_FILE).await?;
     Ok(report)
+}
+
+/// Without a plan file DEST is new, or holds a finished pack (whose plan was
+/// removed at its end): refuses shards that are not exactly this plan's.
+async fn check_finished_pack(plan: &PackPlan, files: &FileList, dest: &Dest) -> Result<()> {
+    let mut found = dest.shard_names().await?;
+    if found.is_empty() {
+        return Ok(());
+    }
+    found.sort();
+    let planned: Vec<String> = (0..plan.shards.len()).map(shard_name).collect();
+    // Shards that are there must be this plan's; missing ones (deleted
+    // because they were damaged) are written again.
+    let mut other = found.iter().find(|n| !planned.contains(n)).cloned();
+    if other.is_none() {
+        for (s, name) in planned.iter().enumerate() {
+            if found.binary_search(name).is_ok() && !verified(plan, files, dest, s).await? {
+                other = Some(name.clone());
+                break;
+            }
+        }
+    }
+    if let Some(name) = other {
+        bail!(
+            "{} already holds {} shards, and they are not this input's ({name} differs: another input, another --shard-size, or a damaged shard or index); pack into an empty DEST, or delete the shards that differ (and their .tar.idx) to have them written again",
+            dest.display(),
+            found.len()
+        );
+    }
+    Ok(())
 }
 
 /// Whether shard `s` is in DEST as planned: its size, and an index that
