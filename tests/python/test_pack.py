@@ -277,12 +277,12 @@ def serves_tar_shards():
     return "--format" in p.stdout
 
 
-def serve_and_read(source, mode, seed, epochs=2, world=2, batch=4):
+def serve_and_read(source, mode, seed, *flags, epochs=2, world=2, batch=4):
     from e2e_util import kill_survivors, python_consumer, wait_all
     name = "pack-%s-%d-%d" % (mode, os.getpid(), time.monotonic_ns() % 10**9)
     loader = subprocess.Popen(
         [ringfeed_bin(), "serve", "--source", str(source), "--name", name, "--batch-size", str(batch),
-         "--world-size", str(world), "--epochs", str(epochs), "--seed", str(seed), "--manifest-cache", "off"],
+         "--world-size", str(world), "--epochs", str(epochs), "--seed", str(seed), "--manifest-cache", "off", *flags],
         stderr=subprocess.PIPE)
     try:
         procs = [subprocess.Popen(python_consumer("field_consumer.py", name, r, mode), stdout=subprocess.PIPE,
@@ -313,8 +313,8 @@ def test_serving_the_packed_shards_gives_the_samples_of_serving_the_raw_tree(tmp
     dest = tmp_path / "packed"
     pack(src, dest, "--shard-size", "32KiB")
     assert len(shards(dest)) > 3
-    for seed in (5, 6):
-        raw = serve_and_read(src, "raw", seed)
-        packed = serve_and_read(dest, "tar", seed)
+    for seed, flags in [(5, ()), (6, ("--shuffle", "block", "--shuffle-block", "16", "--shuffle-window", "2"))]:
+        raw = serve_and_read(src, "raw", seed, *flags)
+        packed = serve_and_read(dest, "tar", seed, *flags)
         assert len(raw) == 2 * (len(names) // 8) * 8
         assert packed == raw
