@@ -318,3 +318,35 @@ def test_serving_the_packed_shards_gives_the_samples_of_serving_the_raw_tree(tmp
         packed = serve_and_read(dest, "tar", seed, *flags)
         assert len(raw) == 2 * (len(names) // 8) * 8
         assert packed == raw
+
+
+def test_a_file_larger_than_the_read_ahead_is_streamed_in_bounded_memory(tmp_path):
+    import zlib
+    src = tmp_path / "src"
+    src.mkdir()
+    big = 100 << 20
+    with open(src / "big.bin", "wb") as f:  # sparse but for its ends
+        f.write(b"head")
+        f.seek(big - 4)
+        f.write(b"tail")
+    (src / "small.txt").write_bytes(b"small")
+    proc = subprocess.Popen([ringfeed_bin(), "pack", "--source", str(src), "--dest", str(tmp_path / "out"),
+                             "--shard-size", "1MiB"], stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak, not the test run's
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0
+    rss_kib = usage.ru_maxrss
+    assert rss_kib < 80 << 10, "pack held %d KiB for a 100 MiB file" % rss_kib
+    got = {}
+    for shard in shards(tmp_path / "out"):
+        with tarfile.open(shard) as t:
+            for m in t:
+                crc, f = 0, t.extractfile(m)
+                while chunk := f.read(1 << 20):
+                    crc = zlib.crc32(chunk, crc)
+                got[m.name] = (m.size, crc)
+    with open(src / "big.bin", "rb") as f:
+        crc = 0
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    assert got == {"big.bin": (big, crc), "small.txt": (5, zlib.crc32(b"small"))}

@@ -16,14 +16,14 @@
 mod dest;
 pub mod header;
 pub mod plan;
+mod read;
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use object_store::ObjectStoreExt;
 
 use crate::manifest::{FileList, ManifestOptions};
 use crate::remote::{RemoteRuntime, StoreHandle};
@@ -31,8 +31,11 @@ use crate::source::{OpenedSource, SourceSpec, VersionTag};
 use crate::tar::index::SIDECAR_SUFFIX;
 use crate::tar::TarIndex;
 
+use dest::ShardWriter;
 pub use dest::{Dest, PARTS_IN_FLIGHT, PART_BYTES};
 pub use plan::{shard_name, PackPlan, PLAN_FILE};
+pub use read::STREAM_OBJECT_BYTES;
+use read::{Input, Pending};
 
 /// Default `--shard-size` (256 MiB).
 pub const DEFAULT_SHARD_BYTES: u64 = 256 << 20;
@@ -79,12 +82,6 @@ pub struct PackReport {
     pub files: u64,
     /// Bytes of the shards (all shards).
     pub shard_bytes: u64,
-}
-
-/// Where the objects are read from.
-enum Input {
-    Local(PathBuf),
-    Remote(StoreHandle),
 }
 
 /// Packs `cfg.source` into `cfg.dest` (see the module docs).
@@ -287,39 +284,6 @@ async fn verified(plan: &PackPlan, files: &FileList, dest: &Dest, s: usize) -> R
     Ok(TarIndex::parse(&bytes).is_ok_and(|index| index == plan.shard_index(files, s)))
 }
 
-/// A read of one object, running on the runtime.
-type Read = tokio::task::JoinHandle<Result<bytes::Bytes>>;
-
-fn start_read(input: &Input, key: &[u8]) -> Read {
-    match input {
-        Input::Local(root) => {
-            let path =
-                root.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(key));
-            tokio::task::spawn_blocking(move || {
-                std::fs::read(&path)
-                    .map(bytes::Bytes::from)
-                    .with_context(|| format!("cannot read {}", path.display()))
-            })
-        }
-        Input::Remote(store) => {
-            let store = store.clone();
-            let key = String::from_utf8_lossy(key).into_owned();
-            tokio::spawn(async move {
-                let path = store.path_of(&key);
-                let got = store.meta.get(&path).await.with_context(|| {
-                    format!("cannot GET {}/{key}", store.display.trim_end_matches('/'))
-                })?;
-                got.bytes().await.with_context(|| {
-                    format!(
-                        "reading {}/{key} failed",
-                        store.display.trim_end_matches('/')
-                    )
-                })
-            })
-        }
-    }
-}
-
 async fn write_shards(
     plan: &PackPlan,
     files: &FileList,
@@ -328,87 +292,36 @@ async fn write_shards(
     todo: &[usize],
     progress: &mut Progress,
 ) -> Result<()> {
-    let delay_ms: u64 = std::env::var(MEMBER_DELAY_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    // Every member of the shards to write, in order; reads run ahead of
-    // the writer up to READS_IN_FLIGHT_MAX objects or READ_AHEAD_BYTES_MAX.
-    let order: Vec<usize> = todo
-        .iter()
-        .flat_map(|&s| {
-            let shard = &plan.shards[s];
-            plan.members[shard.first_member..shard.first_member + shard.members]
-                .iter()
-                .copied()
-        })
-        .collect();
-    let mut next_read = 0;
-    let mut in_flight: VecDeque<(usize, Read)> = VecDeque::new();
-    let mut ahead_bytes = 0u64;
-    let zeros = [0u8; 1024];
+    let mut reads = Reads {
+        delay_ms: std::env::var(MEMBER_DELAY_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        // Every member of the shards to write, in order.
+        order: todo
+            .iter()
+            .flat_map(|&s| {
+                let shard = &plan.shards[s];
+                plan.members[shard.first_member..shard.first_member + shard.members]
+                    .iter()
+                    .copied()
+            })
+            .collect(),
+        next: 0,
+        in_flight: VecDeque::new(),
+        ahead_bytes: 0,
+    };
     for &s in todo {
         let name = shard_name(s);
         let mut writer = dest.start_shard(&name).await?;
-        let shard = &plan.shards[s];
-        let mut written = 0u64;
-        for _ in 0..shard.members {
-            while next_read < order.len()
-                && (in_flight.is_empty()
-                    || (in_flight.len() < READS_IN_FLIGHT_MAX
-                        && ahead_bytes < READ_AHEAD_BYTES_MAX))
-            {
-                let i = order[next_read];
-                in_flight.push_back((i, start_read(input, files.path_bytes(i))));
-                ahead_bytes += files.size_bytes(i);
-                next_read += 1;
-            }
-            let Some((i, read)) = in_flight.pop_front() else {
-                bail!("internal: no read for a member of {name}");
-            };
-            let data = match read.await {
-                Ok(Ok(data)) => data,
-                Ok(Err(e)) => {
-                    writer.abandon().await;
-                    return Err(e);
-                }
-                Err(e) => {
-                    writer.abandon().await;
-                    bail!("a read task of {name} failed: {e}");
-                }
-            };
-            let (key, size) = (files.path_bytes(i), files.size_bytes(i));
-            ahead_bytes -= size;
-            if data.len() as u64 != size {
+        let written = write_shard(plan, files, input, s, &mut writer, &mut reads, progress).await;
+        match written {
+            Ok(()) => writer.finish(dest).await?,
+            Err(e) => {
                 writer.abandon().await;
-                bail!(
-                    "{} changed while packing: listed with {size} bytes, read {} bytes; rerun pack once the input is settled (the plan will say the input changed: pack into a new DEST)",
-                    String::from_utf8_lossy(key),
-                    data.len()
-                );
-            }
-            let head = header::member_header(key, size);
-            writer.write(&head).await?;
-            writer.write(&data).await?;
-            writer
-                .write(&zeros[..header::padding(size) as usize])
-                .await?;
-            written += head.len() as u64 + size + header::padding(size);
-            progress.member(size);
-            if delay_ms > 0 {
-                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                return Err(e.context(format!("packing {} into {}", name, dest.display())));
             }
         }
-        writer.write(&zeros).await?;
-        written += zeros.len() as u64;
-        if written != shard.bytes {
-            writer.abandon().await;
-            bail!(
-                "internal: {name} came to {written} bytes, planned {}",
-                shard.bytes
-            );
-        }
-        writer.finish(dest).await?;
         let mut index = Vec::new();
         plan.shard_index(files, s)
             .write(&mut index)
@@ -416,6 +329,84 @@ async fn write_shards(
         dest.put_small(&format!("{name}{SIDECAR_SUFFIX}"), index)
             .await?;
         progress.shard_done();
+    }
+    Ok(())
+}
+
+/// Reads running ahead of the writer: up to READS_IN_FLIGHT_MAX objects or
+/// READ_AHEAD_BYTES_MAX bytes (at least one).
+struct Reads {
+    delay_ms: u64,
+    order: Vec<usize>,
+    next: usize,
+    in_flight: VecDeque<(usize, Pending)>,
+    ahead_bytes: u64,
+}
+
+/// Writes the members of shard `s` and the end-of-archive blocks.
+async fn write_shard(
+    plan: &PackPlan,
+    files: &FileList,
+    input: &Input,
+    s: usize,
+    writer: &mut ShardWriter,
+    reads: &mut Reads,
+    progress: &mut Progress,
+) -> Result<()> {
+    let zeros = [0u8; plan::END_OF_ARCHIVE_BYTES as usize];
+    let shard = &plan.shards[s];
+    let mut written = 0u64;
+    for _ in 0..shard.members {
+        while reads.next < reads.order.len()
+            && (reads.in_flight.is_empty()
+                || (reads.in_flight.len() < READS_IN_FLIGHT_MAX
+                    && reads.ahead_bytes < READ_AHEAD_BYTES_MAX))
+        {
+            let i = reads.order[reads.next];
+            let size = files.size_bytes(i);
+            let pending = input.start(files.path_bytes(i), size);
+            if matches!(pending, Pending::Whole(_)) {
+                reads.ahead_bytes += size;
+            }
+            reads.in_flight.push_back((i, pending));
+            reads.next += 1;
+        }
+        let Some((i, pending)) = reads.in_flight.pop_front() else {
+            bail!("internal: no read for a member of {}", shard_name(s));
+        };
+        let (key, size) = (files.path_bytes(i), files.size_bytes(i));
+        let head = header::member_header(key, size);
+        match pending {
+            Pending::Whole(read) => {
+                let data = read
+                    .await
+                    .map_err(|e| anyhow::anyhow!("a read task failed: {e}"))??;
+                reads.ahead_bytes -= size;
+                read::check_size(&String::from_utf8_lossy(key), size, data.len() as u64)?;
+                writer.write(&head).await?;
+                writer.write(&data).await?;
+            }
+            Pending::Stream => {
+                writer.write(&head).await?;
+                input.stream_into(key, size, writer).await?;
+            }
+        }
+        let pad = header::padding(size);
+        writer.write(&zeros[..pad as usize]).await?;
+        written += head.len() as u64 + size + pad;
+        progress.member(size);
+        if reads.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(reads.delay_ms)).await;
+        }
+    }
+    writer.write(&zeros).await?;
+    written += zeros.len() as u64;
+    if written != shard.bytes {
+        bail!(
+            "internal: {} came to {written} bytes, planned {}",
+            shard_name(s),
+            shard.bytes
+        );
     }
     Ok(())
 }

@@ -1,0 +1,141 @@
+//! Reading the objects `pack` writes into shards: small ones read whole,
+//! many at once, ahead of the writer; large ones streamed in chunks at
+//! their turn, so memory stays bounded whatever the input holds.
+
+use std::io::Read as _;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use futures::StreamExt;
+use object_store::ObjectStoreExt;
+
+use crate::remote::StoreHandle;
+
+use super::dest::ShardWriter;
+
+/// Objects larger than this are streamed at their turn, not read ahead.
+pub const STREAM_OBJECT_BYTES: u64 = 64 << 20;
+
+/// Chunk of a streamed local file.
+const STREAM_CHUNK_BYTES: usize = 8 << 20;
+
+/// Where the objects are read from.
+pub enum Input {
+    /// A local directory.
+    Local(PathBuf),
+    /// A remote prefix.
+    Remote(StoreHandle),
+}
+
+/// An object on its way: read whole on the runtime, or to be streamed.
+pub enum Pending {
+    /// A read of the whole object.
+    Whole(tokio::task::JoinHandle<Result<bytes::Bytes>>),
+    /// A large object, streamed by [`Input::stream_into`] at its turn.
+    Stream,
+}
+
+impl Input {
+    fn name(&self, key: &[u8]) -> String {
+        match self {
+            Input::Local(root) => root.join(os(key)).display().to_string(),
+            Input::Remote(store) => format!(
+                "{}/{}",
+                store.display.trim_end_matches('/'),
+                String::from_utf8_lossy(key)
+            ),
+        }
+    }
+
+    /// Starts reading `key` of `size` bytes.
+    pub fn start(&self, key: &[u8], size: u64) -> Pending {
+        if size > STREAM_OBJECT_BYTES {
+            return Pending::Stream;
+        }
+        let name = self.name(key);
+        match self {
+            Input::Local(root) => {
+                let path = root.join(os(key));
+                Pending::Whole(tokio::task::spawn_blocking(move || {
+                    std::fs::read(&path)
+                        .map(bytes::Bytes::from)
+                        .with_context(|| format!("cannot read {name}"))
+                }))
+            }
+            Input::Remote(store) => {
+                let store = store.clone();
+                let path = store.path_of(&String::from_utf8_lossy(key));
+                Pending::Whole(tokio::spawn(async move {
+                    let got = store
+                        .meta
+                        .get(&path)
+                        .await
+                        .with_context(|| format!("cannot GET {name}"))?;
+                    got.bytes()
+                        .await
+                        .with_context(|| format!("reading {name} failed"))
+                }))
+            }
+        }
+    }
+
+    /// Writes object `key` into `writer` chunk by chunk; fails if it does
+    /// not hold exactly `size` bytes.
+    pub async fn stream_into(&self, key: &[u8], size: u64, writer: &mut ShardWriter) -> Result<()> {
+        let name = self.name(key);
+        let mut copied = 0u64;
+        match self {
+            Input::Local(root) => {
+                let mut file = std::fs::File::open(root.join(os(key)))
+                    .with_context(|| format!("cannot open {name}"))?;
+                let mut chunk = vec![0u8; STREAM_CHUNK_BYTES];
+                loop {
+                    let n = file
+                        .read(&mut chunk)
+                        .with_context(|| format!("cannot read {name}"))?;
+                    if n == 0 {
+                        break;
+                    }
+                    copied += n as u64;
+                    if copied > size {
+                        break;
+                    }
+                    writer.write(&chunk[..n]).await?;
+                }
+            }
+            Input::Remote(store) => {
+                let path = store.path_of(&String::from_utf8_lossy(key));
+                let mut stream = store
+                    .meta
+                    .get(&path)
+                    .await
+                    .with_context(|| format!("cannot GET {name}"))?
+                    .into_stream();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.with_context(|| format!("reading {name} failed"))?;
+                    copied += chunk.len() as u64;
+                    if copied > size {
+                        break;
+                    }
+                    writer.write(&chunk).await?;
+                }
+            }
+        }
+        check_size(&name, size, copied)
+    }
+}
+
+/// The error for an object that changed size since it was listed.
+pub fn check_size(name: &str, listed: u64, read: u64) -> Result<()> {
+    if read != listed {
+        bail!(
+            "{name} changed while packing: listed with {listed} bytes, read {}{read} bytes; pack again once the input is settled (into a new DEST: this one's plan is of the old input)",
+            if read > listed { "at least " } else { "" }
+        );
+    }
+    Ok(())
+}
+
+fn os(key: &[u8]) -> &std::ffi::OsStr {
+    <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(key)
+}
