@@ -218,14 +218,15 @@ def test_a_changed_input_or_shard_size_is_refused_naming_what_changed(tmp_path):
     assert p.returncode == 1, p.stderr
 
 
-def start_s3(state):
-    started = subprocess.run([str(SERVERS / "servers.sh"), "start", "s3", str(state)], capture_output=True, text=True, timeout=180)
+def start_server(state, name="s3"):
+    started = subprocess.run([str(SERVERS / "servers.sh"), "start", name, str(state)], capture_output=True, text=True,
+                             timeout=180)
     if started.returncode != 0:
         if os.environ.get("RINGFEED_TEST_REQUIRE_REMOTE") == "1":
             pytest.fail(started.stderr[-600:])
-        pytest.skip("cannot start the s3 test server: %s" % (started.stderr or started.stdout)[-600:])
+        pytest.skip("cannot start the %s test server: %s" % (name, (started.stderr or started.stdout)[-600:]))
     env = {}
-    for line in (state / "s3.env").read_text().splitlines():
+    for line in (state / ("%s.env" % name)).read_text().splitlines():
         words = shlex.split(line)
         if words[:1] == ["export"]:
             for word in words[1:]:
@@ -245,7 +246,7 @@ def test_a_remote_source_packs_to_a_remote_dest_through_s3_as_a_local_tree_packs
             (root / rel).write_bytes(data)
     state = tmp_path / "servers"
     state.mkdir()
-    env = start_s3(state)
+    env = start_server(state)
     try:
         import boto3
         s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
@@ -269,6 +270,26 @@ def test_a_remote_source_packs_to_a_remote_dest_through_s3_as_a_local_tree_packs
         assert "0 written now, %d kept" % len(shards(local)) in p.stderr, p.stderr
     finally:
         subprocess.run([str(SERVERS / "servers.sh"), "stop", "s3", str(state)], capture_output=True, timeout=60)
+
+
+def test_a_webdav_dest_gets_the_shards_of_a_local_pack_put_whole(tree, tmp_path):
+    root, _ = tree
+    state = tmp_path / "servers"
+    state.mkdir()
+    env = start_server(state, "nginx")
+    try:
+        url = env["RINGFEED_TEST_NGINX_URL"].rstrip("/") + "/packed/"
+        pack(root, url, "--shard-size", str(SHARD), env=env)
+        local = tmp_path / "local"
+        pack(root, local, "--shard-size", str(SHARD))
+        served = Path(env["RINGFEED_TEST_NGINX_ROOT"]) / "packed"
+        assert sorted(p.name for p in served.iterdir()) == sorted(p.name for p in local.iterdir())
+        for f in local.iterdir():
+            assert (served / f.name).read_bytes() == f.read_bytes(), f.name
+        p = pack(root, url, "--shard-size", str(SHARD), env=env)
+        assert "0 written now, %d kept" % len(shards(local)) in p.stderr, p.stderr
+    finally:
+        subprocess.run([str(SERVERS / "servers.sh"), "stop", "nginx", str(state)], capture_output=True, timeout=60)
 
 
 def serves_tar_shards():
