@@ -214,8 +214,15 @@ def test_a_changed_input_or_shard_size_is_refused_naming_what_changed(tmp_path):
     p = pack(src, src / "inside", check=False)
     assert p.returncode == 1 and "is inside --source" in p.stderr, p.stderr
     assert not (src / "inside").exists()
-    p = pack(tmp_path / "empty-src-missing", dest, check=False)
-    assert p.returncode == 1, p.stderr
+    p = pack(tmp_path / "missing", dest, check=False)
+    assert p.returncode == 1 and "does not exist" in p.stderr, p.stderr
+    (tmp_path / "empty").mkdir()
+    p = pack(tmp_path / "empty", tmp_path / "out2", check=False)
+    assert p.returncode == 1 and "holds no files" in p.stderr, p.stderr
+    p = pack(src, tmp_path / "out3", "--shard-size", "0", check=False)
+    assert p.returncode == 1 and "--shard-size 0 is below 4096 bytes" in p.stderr, p.stderr
+    p = pack(src, tmp_path / "out3", "--shard-size", "12 parsecs", check=False)
+    assert p.returncode == 2 and "unknown unit" in p.stderr, p.stderr
 
 
 def start_server(state, name="s3"):

@@ -1,9 +1,9 @@
 //! `ringfeed pack --source SRC --dest DEST [--shard-size 256MiB]`.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 
-use crate::pack::{pack, PackConfig, DEFAULT_SHARD_BYTES};
+use crate::pack::{pack, PackConfig};
 
 /// Arguments of `ringfeed pack`.
 #[derive(Args, Debug, Clone)]
@@ -53,12 +53,6 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// Runs `ringfeed pack`.
 pub fn run(args: &PackArgs) -> Result<()> {
-    if args.shard_size == 0 {
-        bail!(
-            "--shard-size 0: pass a size such as {}",
-            DEFAULT_SHARD_BYTES
-        );
-    }
     let report = pack(&PackConfig {
         source: args.source.clone(),
         dest: args.dest.clone(),
