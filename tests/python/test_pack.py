@@ -378,3 +378,25 @@ def test_a_file_larger_than_the_read_ahead_is_streamed_in_bounded_memory(tmp_pat
         while chunk := f.read(1 << 20):
             crc = zlib.crc32(chunk, crc)
     assert got == {"big.bin": (big, crc), "small.txt": (5, zlib.crc32(b"small"))}
+
+
+def test_a_file_changed_in_place_while_packing_stops_the_run_naming_it(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(300):
+        (src / ("%03d.bin" % i)).write_bytes(b"%03d" % i)
+    dest = tmp_path / "out"
+    # Reads run up to 128 files ahead of the writer, which sleeps 20 ms a
+    # member here: the last file is read seconds after the run starts.
+    proc = subprocess.Popen([ringfeed_bin(), "pack", "--source", str(src), "--dest", str(dest), "--shard-size", "8KiB"],
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, RINGFEED_PACK_TEST_MEMBER_DELAY_MS="20"))
+    deadline = time.monotonic() + 30
+    while not (dest / ".ringfeed-pack.plan").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    os.utime(src / "299.bin", ns=(0, 123_456_789))  # same size, same bytes: only its mtime moves
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "299.bin changed while packing (its mtime moved" in err, err
+    assert not list(dest.glob(".*.tmp")), "the shard being written was abandoned"

@@ -35,7 +35,7 @@ use dest::ShardWriter;
 pub use dest::{Dest, PARTS_IN_FLIGHT, PART_BYTES};
 pub use plan::{shard_name, PackPlan, PLAN_FILE};
 pub use read::STREAM_OBJECT_BYTES;
-use read::{Input, Pending};
+use read::{Expected, Input, Pending};
 
 /// Default `--shard-size` (256 MiB).
 pub const DEFAULT_SHARD_BYTES: u64 = 256 << 20;
@@ -100,28 +100,43 @@ pub fn pack(cfg: &PackConfig) -> Result<PackReport> {
         progress: cfg.progress,
     })?;
     let files = listing.objects;
-    let (input, runtime, versions) = match &opened {
+    let (input, runtime, expected) = match &opened {
         OpenedSource::Local(local) => {
             let runtime = Arc::new(RemoteRuntime::new(RUNTIME_THREADS)?);
-            let versions = local_versions(local.root(), &files)?;
-            (Input::Local(local.root().to_path_buf()), runtime, versions)
+            let expected = Expected {
+                mtimes: local_mtimes(local.root(), &files)?,
+                etags: Vec::new(),
+            };
+            (Input::Local(local.root().to_path_buf()), runtime, expected)
         }
         OpenedSource::Remote(remote) => {
-            let versions = listing
+            let etags = listing
                 .versions
                 .as_deref()
-                .map(|v| v.iter().map(version_word).collect())
+                .map(|v| {
+                    v.iter()
+                        .map(|tag| match tag {
+                            VersionTag::ETag(etag) => Some(etag.to_string()),
+                            VersionTag::Local { .. } => None,
+                        })
+                        .collect()
+                })
                 .unwrap_or_default();
+            let expected = Expected {
+                mtimes: Vec::new(),
+                etags,
+            };
             (
                 Input::Remote(remote.store().clone()),
                 Arc::clone(remote.runtime()),
-                versions,
+                expected,
             )
         }
     };
+    let versions = version_words(&expected);
     let plan = PackPlan::new(&cfg.source, &files, &versions, cfg.shard_size)?;
     let dest = open_dest(&cfg.dest, &input)?;
-    runtime.block_on(run(cfg, &plan, &files, &input, &dest))
+    runtime.block_on(run(cfg, &plan, &files, &input, &expected, &dest))
 }
 
 /// A local DEST (created) or a remote one; refuses a DEST inside a local
@@ -157,10 +172,9 @@ fn open_dest(dest: &str, input: &Input) -> Result<Dest> {
     Ok(Dest::Remote(StoreHandle::open(dest)?))
 }
 
-/// Each local file's mtime, as one word: a file changed in place (same size)
-/// changes the input's digest.
-fn local_versions(root: &Path, files: &FileList) -> Result<Vec<u64>> {
-    use std::os::unix::fs::MetadataExt;
+/// Each local file's mtime word ([`read::mtime_word`]): a file changed in
+/// place (same size) changes the input's digest.
+fn local_mtimes(root: &Path, files: &FileList) -> Result<Vec<u64>> {
     files
         .iter()
         .map(|f| {
@@ -171,17 +185,26 @@ fn local_versions(root: &Path, files: &FileList) -> Result<Vec<u64>> {
                     path.display()
                 )
             })?;
-            Ok((meta.mtime() as u64).wrapping_mul(1_000_000_007) ^ meta.mtime_nsec() as u64)
+            Ok(read::mtime_word(&meta))
         })
         .collect()
 }
 
-/// A remote object's version (its ETag) as one word.
-fn version_word(tag: &VersionTag) -> u64 {
-    match tag {
-        VersionTag::ETag(etag) => crate::manifest::digest_words(0, etag.bytes().map(u64::from)),
-        VersionTag::Local { ino, mtime, .. } => ino ^ (mtime.0 as u64) ^ u64::from(mtime.1),
+/// One word per object for the input's digest: its mtime word, or a digest
+/// of its ETag (0 where the listing gave none).
+fn version_words(expected: &Expected) -> Vec<u64> {
+    if !expected.mtimes.is_empty() {
+        return expected.mtimes.clone();
     }
+    expected
+        .etags
+        .iter()
+        .map(|etag| {
+            etag.as_deref().map_or(0, |e| {
+                crate::manifest::digest_words(0, e.bytes().map(u64::from))
+            })
+        })
+        .collect()
 }
 
 async fn run(
@@ -189,6 +212,7 @@ async fn run(
     plan: &PackPlan,
     files: &FileList,
     input: &Input,
+    expected: &Expected,
     dest: &Dest,
 ) -> Result<PackReport> {
     let text = plan.to_text(&cfg.source);
@@ -229,7 +253,7 @@ async fn run(
         );
     }
     let mut progress = Progress::new(cfg.progress, plan, &todo);
-    write_shards(plan, files, input, dest, &todo, &mut progress).await?;
+    write_shards(plan, files, input, expected, dest, &todo, &mut progress).await?;
     report.written = todo.len();
     if !todo.is_empty() {
         progress.line(true);
@@ -288,6 +312,7 @@ async fn write_shards(
     plan: &PackPlan,
     files: &FileList,
     input: &Input,
+    expected: &Expected,
     dest: &Dest,
     todo: &[usize],
     progress: &mut Progress,
@@ -314,7 +339,17 @@ async fn write_shards(
     for &s in todo {
         let name = shard_name(s);
         let mut writer = dest.start_shard(&name).await?;
-        let written = write_shard(plan, files, input, s, &mut writer, &mut reads, progress).await;
+        let written = write_shard(
+            plan,
+            files,
+            input,
+            expected,
+            s,
+            &mut writer,
+            &mut reads,
+            progress,
+        )
+        .await;
         match written {
             Ok(()) => writer.finish(dest).await?,
             Err(e) => {
@@ -348,6 +383,7 @@ async fn write_shard(
     plan: &PackPlan,
     files: &FileList,
     input: &Input,
+    expected: &Expected,
     s: usize,
     writer: &mut ShardWriter,
     reads: &mut Reads,
@@ -364,7 +400,7 @@ async fn write_shard(
         {
             let i = reads.order[reads.next];
             let size = files.size_bytes(i);
-            let pending = input.start(files.path_bytes(i), size);
+            let pending = input.start(i, files.path_bytes(i), size, expected);
             if matches!(pending, Pending::Whole(_)) {
                 reads.ahead_bytes += size;
             }
@@ -388,7 +424,7 @@ async fn write_shard(
             }
             Pending::Stream => {
                 writer.write(&head).await?;
-                input.stream_into(key, size, writer).await?;
+                input.stream_into(i, key, size, expected, writer).await?;
             }
         }
         let pad = header::padding(size);
