@@ -318,6 +318,8 @@ async fn write_shards(
     progress: &mut Progress,
 ) -> Result<()> {
     let mut reads = Reads {
+        input,
+        expected,
         delay_ms: std::env::var(MEMBER_DELAY_ENV)
             .ok()
             .and_then(|v| v.parse().ok())
@@ -339,17 +341,7 @@ async fn write_shards(
     for &s in todo {
         let name = shard_name(s);
         let mut writer = dest.start_shard(&name).await?;
-        let written = write_shard(
-            plan,
-            files,
-            input,
-            expected,
-            s,
-            &mut writer,
-            &mut reads,
-            progress,
-        )
-        .await;
+        let written = write_shard(plan, files, s, &mut writer, &mut reads, progress).await;
         match written {
             Ok(()) => writer.finish(dest).await?,
             Err(e) => {
@@ -370,7 +362,9 @@ async fn write_shards(
 
 /// Reads running ahead of the writer: up to READS_IN_FLIGHT_MAX objects or
 /// READ_AHEAD_BYTES_MAX bytes (at least one).
-struct Reads {
+struct Reads<'a> {
+    input: &'a Input,
+    expected: &'a Expected,
     delay_ms: u64,
     order: Vec<usize>,
     next: usize,
@@ -382,11 +376,9 @@ struct Reads {
 async fn write_shard(
     plan: &PackPlan,
     files: &FileList,
-    input: &Input,
-    expected: &Expected,
     s: usize,
     writer: &mut ShardWriter,
-    reads: &mut Reads,
+    reads: &mut Reads<'_>,
     progress: &mut Progress,
 ) -> Result<()> {
     let zeros = [0u8; plan::END_OF_ARCHIVE_BYTES as usize];
@@ -400,7 +392,9 @@ async fn write_shard(
         {
             let i = reads.order[reads.next];
             let size = files.size_bytes(i);
-            let pending = input.start(i, files.path_bytes(i), size, expected);
+            let pending = reads
+                .input
+                .start(i, files.path_bytes(i), size, reads.expected);
             if matches!(pending, Pending::Whole(_)) {
                 reads.ahead_bytes += size;
             }
@@ -424,7 +418,10 @@ async fn write_shard(
             }
             Pending::Stream => {
                 writer.write(&head).await?;
-                input.stream_into(i, key, size, expected, writer).await?;
+                reads
+                    .input
+                    .stream_into(i, key, size, reads.expected, writer)
+                    .await?;
             }
         }
         let pad = header::padding(size);
