@@ -34,9 +34,9 @@ fn documented_vectors() -> (Vec<Row>, Vec<[u64; 7]>) {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/sampler.md"))
         .expect("docs/sampler.md is in the repository");
     let section = doc
-        .split("### 4.4 Test vectors")
+        .split("### 4.3 Test vectors")
         .nth(1)
-        .expect("docs/sampler.md has section 4.4, the block order's test vectors");
+        .expect("docs/sampler.md has section 4.3, the block order's test vectors");
     let section = section.split("\n## ").next().unwrap_or(section);
     let number = |s: &str| -> u64 { s.trim().replace(' ', "").parse().unwrap() };
     let mut rows = Vec::new();
@@ -107,13 +107,15 @@ fn the_block_orders_match_the_test_vectors_of_the_documentation() {
 #[test]
 fn print_the_block_orders_vectors() {
     // `cargo test --test sampler_block print -- --nocapture` prints the rows
-    // of docs/sampler.md, section 4.4 (the other test checks them).
+    // of docs/sampler.md, section 4.3 (the other test checks them).
     for (seed, epoch, n, block, window, count) in [
         (0u64, 0u64, 10u64, 3u32, 2u32, 10u64),
         (42, 0, 20, 4, 2, 20),
         (42, 1, 20, 4, 2, 20),
         (42, 0, 1000, 256, 8, 8),
         (7, 3, 1000, 10, 1, 12),
+        (9, 2, 30, 4, 3, 30),
+        (1, 1, 1001, 10, 4, 12),
         (12345, 7, 1_000_000_000, 256, 8, 6),
     ] {
         let order = block_order(seed, epoch, n, block, window);
@@ -126,6 +128,8 @@ fn print_the_block_orders_vectors() {
     let order = block_order(12345, 7, 1_000_000_000, 256, 8);
     println!("order(999999999) = {}", order.at(999_999_999));
     println!("order(500000000) = {}", order.at(500_000_000));
+    let order = block_order(1, 1, 1001, 10, 4);
+    println!("order(990) = {}", order.at(990));
 }
 
 #[test]
@@ -181,7 +185,7 @@ fn consecutive_positions_stay_within_a_few_blocks() {
 #[test]
 fn a_batch_of_the_block_order_reads_from_few_blocks_and_the_exact_order_from_many() {
     // 64-sample batches of 10,000 samples in blocks of 256: what the planner
-    // sees as separate reads (docs/sampler.md, section 4.5).
+    // sees as separate reads (docs/sampler.md, section 4.4).
     let (n, batch, block) = (10_000u64, 64u64, 256u64);
     let exact = EpochOrder::of(SampleOrder::Exact, 1, 0, n);
     let blocky = block_order(1, 0, n, block as u32, 8);
@@ -281,7 +285,7 @@ proptest! {
 #[test]
 fn print_what_each_order_costs() {
     // `cargo test --release --test sampler_block print_what -- --nocapture`:
-    // the figures of docs/sampler.md, section 4.5. On a tar-like layout
+    // the figures of docs/sampler.md, section 4.4. On a tar-like layout
     // (sample i+1 stored right after sample i), a batch costs one read per
     // run of consecutive indices once adjacent reads are merged.
     let (n, batch) = (1_000_000u64, 64u64);
@@ -322,4 +326,142 @@ fn print_what_each_order_costs() {
             spans as f64 / batches
         );
     }
+}
+
+/// Objects of the planner measurement, named only in errors.
+struct Shards;
+
+impl ringfeed::manifest::ObjectNames for Shards {
+    fn source_name(&self) -> std::path::PathBuf {
+        "/shards".into()
+    }
+
+    fn object_name(&self, key: &[u8]) -> std::path::PathBuf {
+        std::path::Path::new("/shards").join(String::from_utf8_lossy(key).into_owned())
+    }
+}
+
+#[test]
+fn print_the_planners_reads_per_batch_on_a_shard_layout() {
+    // `cargo test --release -p ringfeed --test sampler_block print_the_planners -- --nocapture`:
+    // docs/sampler.md, section 4.4. 1,000,000 samples of 4 KiB stored back
+    // to back in 256 MiB shards (record mode: the layout of a tar shard's
+    // samples, headers aside), batches of 64, planned by the loader's own
+    // planner with coalescing.
+    use ringfeed::manifest::{FileList, Manifest};
+    use ringfeed::planner::{plan_batch, BatchPlan, Coalesce, Tier};
+    let (sample, per_shard, n, batch) = (4096u64, 65_536u64, 1_000_000u64, 64u64);
+    let mut files = FileList::new();
+    for s in 0..n.div_ceil(per_shard) {
+        let records = per_shard.min(n - s * per_shard);
+        files.push(format!("shard-{s:06}.tar").as_bytes(), records * sample);
+    }
+    let manifest = Manifest::from_objects(files, Some(sample), &Shards).unwrap();
+    let orders = [
+        ("exact", SampleOrder::Exact),
+        (
+            "block 64x4",
+            SampleOrder::Block(BlockShape::new(64, 4).unwrap()),
+        ),
+        (
+            "block 32x8",
+            SampleOrder::Block(BlockShape::new(32, 8).unwrap()),
+        ),
+        (
+            "block 128x4",
+            SampleOrder::Block(BlockShape::new(128, 4).unwrap()),
+        ),
+        (
+            "block 64x8",
+            SampleOrder::Block(BlockShape::new(64, 8).unwrap()),
+        ),
+        (
+            "block 256x8",
+            SampleOrder::Block(BlockShape::new(256, 8).unwrap()),
+        ),
+        (
+            "block 64x1",
+            SampleOrder::Block(BlockShape::new(64, 1).unwrap()),
+        ),
+        ("none", SampleOrder::None),
+    ];
+    let mut plan = BatchPlan::default();
+    for (name, kind) in orders {
+        let order = EpochOrder::of(kind, 1, 0, n);
+        let mut cells = Vec::new();
+        for gap in [0u64, 64 << 10, 1 << 20] {
+            let rule = Coalesce {
+                gap_bytes_max: gap,
+                read_bytes_max: 16 << 20,
+            };
+            let (mut reads, mut bytes) = (0u64, 0u64);
+            let batches = 2000u64;
+            for b in 0..batches {
+                let indices: Vec<u64> = (b * batch..(b + 1) * batch).map(|p| order.at(p)).collect();
+                plan_batch(
+                    &indices,
+                    &manifest,
+                    batch * sample,
+                    Tier::Local,
+                    Some(rule),
+                    &mut plan,
+                )
+                .unwrap();
+                reads += plan.reads.len() as u64;
+                bytes += plan.reads.iter().map(|r| r.len_bytes).sum::<u64>();
+            }
+            cells.push(format!(
+                "{:.1} ({:.2}x)",
+                reads as f64 / batches as f64,
+                bytes as f64 / (batches * batch * sample) as f64
+            ));
+        }
+        println!("| {name} | {} |", cells.join(" | "));
+    }
+}
+
+#[test]
+fn the_planner_merges_a_batch_of_the_default_block_order_into_about_w_reads() {
+    use ringfeed::manifest::{FileList, Manifest};
+    use ringfeed::planner::{plan_batch, BatchPlan, Coalesce, Tier};
+    let (sample, n, batch) = (4096u64, 100_000u64, 64u64);
+    let mut files = FileList::new();
+    files.push(b"shard-000000.tar", n * sample);
+    let manifest = Manifest::from_objects(files, Some(sample), &Shards).unwrap();
+    let rule = Coalesce {
+        gap_bytes_max: 64 << 10,
+        read_bytes_max: 16 << 20,
+    };
+    let default_shape = BlockShape::new(
+        BlockShape::DEFAULT_BLOCK_SAMPLES,
+        BlockShape::DEFAULT_WINDOW_BLOCKS,
+    )
+    .unwrap();
+    let mut plan = BatchPlan::default();
+    let mut mean_reads = |kind| {
+        let order = EpochOrder::of(kind, 3, 1, n);
+        let batches = 300u64;
+        let mut reads = 0;
+        for b in 0..batches {
+            let indices: Vec<u64> = (b * batch..(b + 1) * batch).map(|p| order.at(p)).collect();
+            plan_batch(
+                &indices,
+                &manifest,
+                batch * sample,
+                Tier::Local,
+                Some(rule),
+                &mut plan,
+            )
+            .unwrap();
+            reads += plan.reads.len();
+        }
+        reads as f64 / batches as f64
+    };
+    let exact = mean_reads(SampleOrder::Exact);
+    let block = mean_reads(SampleOrder::Block(default_shape));
+    assert!(exact > 60.0, "exact order: {exact} reads per batch");
+    assert!(
+        block <= 6.0,
+        "block order: {block} reads per batch of 64, W = 4"
+    );
 }

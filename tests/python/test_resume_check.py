@@ -95,7 +95,7 @@ def test_a_state_with_less_than_a_step_left_is_the_start_of_the_next_epoch(serve
     ((), (N, 8, True), ["--seed 7, the checkpoint's run with --seed 8"]),
     (("--no-shuffle",), (N, 7, True), ["it runs with --no-shuffle, the checkpoint's run with a shuffle"]),
     (("--shuffle", "block"), (N, 7, True),
-     ["it runs --shuffle block --shuffle-block 256 --shuffle-window 8, the checkpoint's run the exact shuffle"]),
+     ["it runs --shuffle block --shuffle-block 64 --shuffle-window 4, the checkpoint's run the exact shuffle"]),
     (("--shuffle", "block", "--shuffle-block", "4", "--shuffle-window", "3"), (N, 7, True, 4, 2),
      ["--shuffle-block 4 --shuffle-window 3, the checkpoint's run --shuffle block --shuffle-block 4 --shuffle-window 2"]),
     ((), (N, 7, True, 256, 8), ["it runs the exact shuffle, the checkpoint's run --shuffle block"]),

@@ -1,10 +1,11 @@
 //! The block order (`serve --shuffle block`): a shard-aware shuffle.
 //!
-//! Samples are cut into blocks of `B` consecutive manifest indices (the last
-//! block is short when `B` does not divide `n`); the blocks are permuted;
-//! the permuted blocks are grouped into windows of `W` blocks (the last
-//! window may hold fewer); and the samples of each window are permuted among
-//! themselves. Any `W·B` consecutive positions of the order then read from
+//! Samples are cut into blocks of `B` consecutive manifest indices; the
+//! whole blocks are permuted, and a short last block (when `B` does not
+//! divide `n`) follows them; the blocks in that order are grouped into
+//! windows of `W` blocks (the last window may hold fewer); and the samples
+//! of each window are permuted among themselves. Every window but the last
+//! holds exactly `W·B` samples, so windows start at multiples of `W·B`. Any `W·B` consecutive positions of the order then read from
 //! at most `2·W` blocks, so a tar shard is read in a few long runs instead of
 //! one small read per sample, while every epoch still visits every sample
 //! exactly once in an order that depends on `(seed, epoch, n, B, W)` only.
@@ -42,18 +43,18 @@ pub struct BlockShape {
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum BlockShapeError {
     /// `--shuffle-block` out of range.
-    #[error("--shuffle-block {0} is outside 1..={MAX_BLOCK_SAMPLES} samples; pass a block of about the samples of a shard's stretch (default 256)")]
+    #[error("--shuffle-block {0} is outside 1..={MAX_BLOCK_SAMPLES} samples; pass a block of about the samples of a shard's stretch (default 64)")]
     Block(u32),
     /// `--shuffle-window` out of range.
-    #[error("--shuffle-window {0} is outside 1..={MAX_WINDOW_BLOCKS} blocks; pass a window of a few blocks (default 8)")]
+    #[error("--shuffle-window {0} is outside 1..={MAX_WINDOW_BLOCKS} blocks; pass a window of a few blocks (default 4)")]
     Window(u32),
 }
 
 impl BlockShape {
     /// Default `--shuffle-block`.
-    pub const DEFAULT_BLOCK_SAMPLES: u32 = 256;
+    pub const DEFAULT_BLOCK_SAMPLES: u32 = 64;
     /// Default `--shuffle-window`.
-    pub const DEFAULT_WINDOW_BLOCKS: u32 = 8;
+    pub const DEFAULT_WINDOW_BLOCKS: u32 = 4;
 
     /// Blocks of `block_samples` samples in windows of `window_blocks`.
     pub fn new(block_samples: u32, window_blocks: u32) -> Result<BlockShape, BlockShapeError> {
@@ -89,13 +90,11 @@ pub(super) struct BlockOrder {
     window: u64,
     /// `W·B`: samples in a window of whole blocks.
     window_samples: u64,
-    /// Samples in the last block, 1..=B.
-    short: u64,
-    /// Slot (position in the block order) of the last, maybe short, block.
-    short_slot: u64,
-    /// Blocks in the dataset.
-    blocks: u64,
-    /// The permutation of the blocks.
+    /// Samples in all.
+    n: u64,
+    /// Whole blocks (`floor(n / B)`); a short block, if any, follows them.
+    full_blocks: u64,
+    /// The permutation of the whole blocks.
     block_order: Feistel,
     /// Seed of the block permutation; each window's seed derives from it.
     block_seed: u64,
@@ -107,79 +106,38 @@ impl BlockOrder {
     pub(super) fn new(shape: BlockShape, seed: u64, epoch: u64, n: u64) -> BlockOrder {
         let block = u64::from(shape.block_samples);
         let window = u64::from(shape.window_blocks);
-        let blocks = n.div_ceil(block).max(1);
+        let full_blocks = n / block;
         let block_seed = mix64(seed ^ TAG_BLOCKS);
-        let block_order = Feistel::new(block_seed, epoch, blocks);
-        // n == 0 has no position to serve; keep the fields sane anyway.
-        let short = n.saturating_sub((blocks - 1) * block).max(1);
         BlockOrder {
             block,
             window,
             // Both bounded (2^24 · 2^16 = 2^40): no overflow.
             window_samples: block * window,
-            short,
-            short_slot: block_order.position_of(blocks - 1),
-            blocks,
-            block_order,
+            n,
+            full_blocks,
+            block_order: Feistel::new(block_seed, epoch, full_blocks.max(1)),
             block_seed,
             epoch,
         }
     }
 
-    /// Samples the blocks of window `w` hold.
-    fn window_len(&self, w: u64) -> u64 {
-        let first = w * self.window;
-        let slots = self.window.min(self.blocks - first);
-        let missing = if self.short_slot / self.window == w {
-            self.block - self.short
-        } else {
-            0
-        };
-        slots * self.block - missing
-    }
-
     /// The sample at `position` (< n).
     pub(super) fn at(&self, position: u64) -> u64 {
-        // 1. The window holding `position`: windows before the one with the
-        //    short block hold W·B samples each, that one B - short fewer.
-        let short_window = self.short_slot / self.window;
-        let short_start = short_window * self.window_samples;
-        let short_len = self.window_len(short_window);
-        let (w, offset) = if position < short_start {
-            (
-                position / self.window_samples,
-                position % self.window_samples,
-            )
-        } else if position < short_start + short_len {
-            (short_window, position - short_start)
-        } else {
-            let after = position - short_start - short_len;
-            (
-                short_window + 1 + after / self.window_samples,
-                after % self.window_samples,
-            )
-        };
-        // 2. The window's own permutation of its samples.
+        // Every window holds W·B samples but the last, which holds the rest
+        // (the short block, if any, is the last slot of the last window).
+        let w = position / self.window_samples;
+        let first = w * self.window_samples;
+        let len = self.window_samples.min(self.n - first);
         let window_seed = mix64(self.block_seed ^ TAG_WINDOW ^ mix64(w.wrapping_add(GAMMA)));
-        let shuffled = Feistel::new(window_seed, self.epoch, self.window_len(w)).at(offset);
-        // 3. Which slot of the window, and where in its block: every slot
-        //    holds B samples but the short block's.
-        let first_slot = w * self.window;
-        let (slot, within) = if w != short_window {
-            (first_slot + shuffled / self.block, shuffled % self.block)
+        let shuffled = Feistel::new(window_seed, self.epoch, len).at(position - first);
+        let slot = w * self.window + shuffled / self.block;
+        let within = shuffled % self.block;
+        let block = if slot < self.full_blocks {
+            self.block_order.at(slot)
         } else {
-            let short_at = (self.short_slot - first_slot) * self.block;
-            if shuffled < short_at {
-                (first_slot + shuffled / self.block, shuffled % self.block)
-            } else if shuffled < short_at + self.short {
-                (self.short_slot, shuffled - short_at)
-            } else {
-                let after = shuffled - short_at - self.short;
-                (self.short_slot + 1 + after / self.block, after % self.block)
-            }
+            slot // the short block keeps its place, after the whole ones
         };
-        // 4. The block in that slot, and the sample in it.
-        self.block_order.at(slot) * self.block + within
+        block * self.block + within
     }
 }
 
@@ -207,14 +165,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-
-    #[test]
-    fn the_block_permutations_inverse_finds_every_position() {
-        let feistel = Feistel::new(5, 1, 1000);
-        for p in 0..1000 {
-            assert_eq!(feistel.position_of(feistel.at(p)), p);
         }
     }
 

@@ -63,19 +63,6 @@ impl Feistel {
         }
     }
 
-    /// The position holding `value` (< n): the inverse of [`Feistel::at`],
-    /// by walking the cycle backwards.
-    pub(super) fn position_of(&self, value: u64) -> u64 {
-        debug_assert!(value < self.n);
-        let mut x = value;
-        loop {
-            x = self.decrypt(x);
-            if x < self.n {
-                return x;
-            }
-        }
-    }
-
     /// One pass of the Feistel network over `[0, 2^(hi_bits + lo_bits))`.
     #[inline]
     fn encrypt(&self, x: u64) -> u64 {
@@ -86,21 +73,6 @@ impl Feistel {
             // Each round XORs one half with a keyed hash of the other half,
             // which is invertible whatever the two widths are. Taking the top
             // bits of mix64 keeps the best-mixed bits.
-            if round % 2 == 0 {
-                hi ^= mix64(lo ^ key) >> (u64::BITS - self.hi_bits);
-            } else {
-                lo ^= mix64(hi ^ key) >> (u64::BITS - self.lo_bits);
-            }
-        }
-        (hi << self.lo_bits) | lo
-    }
-
-    /// The inverse of [`Feistel::encrypt`]: the rounds undone last first.
-    fn decrypt(&self, x: u64) -> u64 {
-        let lo_mask = (1u64 << self.lo_bits) - 1;
-        let mut hi = x >> self.lo_bits;
-        let mut lo = x & lo_mask;
-        for (round, key) in self.round_keys.iter().enumerate().rev() {
             if round % 2 == 0 {
                 hi ^= mix64(lo ^ key) >> (u64::BITS - self.hi_bits);
             } else {
