@@ -16,6 +16,12 @@
 //! not fill a whole step is dropped, so every rank sees the same number of
 //! batches and DDP never hangs on unequal counts.
 //!
+//! `SampleOrder::Block` (`serve --shuffle block`, `block.rs`) is a
+//! shard-aware order built from the same permutation: blocks of consecutive
+//! samples permuted, samples shuffled within windows of blocks; still a
+//! function of `(seed, epoch, n)` and its shape only (docs/sampler.md,
+//! section 4).
+//!
 //! The sampler never does I/O; it only maps (epoch, step, rank) to indices.
 
 use thiserror::Error;
