@@ -272,6 +272,8 @@ def test_a_remote_source_packs_to_a_remote_dest_through_s3_as_a_local_tree_packs
                 continue  # it names the source, and digests ETags instead of mtimes
             body = s3.get_object(Bucket="packed", Key="set/" + name)["Body"].read()
             assert body == (local / name).read_bytes(), name
+        p = pack("s3://packed/raw/", "s3://packed/raw/shards/", env=env, check=False)
+        assert p.returncode == 1 and "is inside --source" in p.stderr, p.stderr
         # A rerun keeps every shard.
         p = pack("s3://packed/raw/", "s3://packed/set/", "--shard-size", str(SHARD), env=env)
         assert "0 written now, %d kept" % len(shards(local)) in p.stderr, p.stderr

@@ -169,6 +169,12 @@ fn open_dest(dest: &str, input: &Input) -> Result<Dest> {
         dest::remove_stale_tmp(&dir);
         return Ok(Dest::Local(dir));
     }
+    if let Input::Remote(store) = input {
+        let prefix = format!("{}/", store.display.trim_end_matches('/'));
+        if format!("{}/", dest.trim_end_matches('/')).starts_with(&prefix) {
+            bail!("--dest {dest} is inside --source {}: the shards would become input of the next run; pick a DEST outside it", store.display);
+        }
+    }
     Ok(Dest::Remote(StoreHandle::open(dest)?))
 }
 
