@@ -308,7 +308,9 @@ pub fn remove_stale_tmp(dir: &Path) {
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with(".shard-") && name.ends_with(".tmp") {
+        // `.shard-NNNNNN.tar.tmp`, `.shard-NNNNNN.tar.idx.tmp`, `..ringfeed-pack.plan.tmp`.
+        let ours = name.starts_with(".shard-") || name.starts_with("..ringfeed-pack");
+        if ours && name.ends_with(".tmp") {
             let _ = fs::remove_file(entry.path());
         }
     }
