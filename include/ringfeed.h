@@ -414,6 +414,24 @@ int32_t rf_get_taken(const struct rf_feed *feed, uint64_t *taken);
 int32_t rf_get_order(const struct rf_feed *feed, uint64_t *seed, uint32_t *shuffled);
 
 /**
+ * Fills `*block_samples` and `*window_blocks` with the loader's
+ * `--shuffle-block` and `--shuffle-window` under `--shuffle block`, and
+ * both with 0 under the exact shuffle or none (`rf_get_order` says which):
+ * a block order is part of what decides the order of every epoch
+ * (docs/sampler.md, section 4), so save these with `rf_get_order`'s and
+ * compare them too. RF_E_VERSION if the loader does not record its order.
+ * A loader that predates the block order records 0 and 0, rightly: it
+ * serves only the others.
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `block_samples` and
+ * `window_blocks` are writable.
+ */
+int32_t rf_get_order_block(const struct rf_feed *feed,
+                           uint32_t *block_samples,
+                           uint32_t *window_blocks);
+
+/**
  * Fills `*epoch` and `*samples` with the resume state after `batch`: once
  * every rank of the job has trained on its batch of this step, a loader
  * restarted with `ringfeed serve ... --resume EPOCH:SAMPLES` (same dataset,

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod loader;
 pub mod manifest;
 pub mod metrics;
+pub mod pack;
 pub mod planner;
 pub mod reader;
 pub mod remote;

@@ -26,6 +26,9 @@ enum Command {
     /// ringfeed run [serve flags] -- torchrun [torchrun flags] train.py [args].
     /// Exits with torchrun's status (128 + signal when a signal stopped it).
     Run(cli::run::RunArgs),
+    /// Pack a tree of files or objects into WebDataset tar shards with
+    /// their index (resumable, deterministic): ringfeed pack --source SRC --dest DEST.
+    Pack(cli::pack::PackArgs),
     /// Run the whole path on a synthetic dataset and check every byte (no setup).
     Demo(cli::demo::DemoArgs),
     /// Show a live loader: per-rank queue depth, batches/s, MB/s, time waiting for data.
@@ -112,6 +115,7 @@ fn main() -> ExitCode {
             Ok(code) => return ExitCode::from(code),
             Err(e) => Err(e),
         },
+        Command::Pack(a) => cli::pack::run(&a),
         Command::Demo(a) => {
             let result = cli::demo::run(&a);
             // Stopped by a signal: exit as `serve` does, 128 + its number.

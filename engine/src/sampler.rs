@@ -16,9 +16,21 @@
 //! not fill a whole step is dropped, so every rank sees the same number of
 //! batches and DDP never hangs on unequal counts.
 //!
+//! `SampleOrder::Block` (`serve --shuffle block`, `block.rs`) is a
+//! shard-aware order built from the same permutation: blocks of consecutive
+//! samples permuted, samples shuffled within windows of blocks; still a
+//! function of `(seed, epoch, n)` and its shape only (docs/sampler.md,
+//! section 4).
+//!
 //! The sampler never does I/O; it only maps (epoch, step, rank) to indices.
 
 use thiserror::Error;
+
+mod block;
+mod feistel;
+pub use block::{BlockShape, BlockShapeError, MAX_BLOCK_SAMPLES, MAX_WINDOW_BLOCKS};
+use feistel::Feistel;
+pub use feistel::{mix64, FEISTEL_ROUNDS};
 
 /// Most ranks in a job, all machines together (one loader serves at most
 /// the ring's `MAX_RANKS` of them).
@@ -32,24 +44,6 @@ pub const MAX_BATCH_SIZE: u32 = 1 << 20;
 /// every `position + W·B` sum of this module well inside `u64`.
 pub const MAX_SAMPLES: u64 = 1 << 60;
 
-/// Feistel rounds of the epoch permutation. Part of the stable contract.
-pub const FEISTEL_ROUNDS: usize = 8;
-
-/// SplitMix64's increment (the golden ratio in 64-bit fixed point).
-const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
-
-/// Smallest Feistel domain, in bits: two halves of at least one bit each.
-const MIN_DOMAIN_BITS: u32 = 2;
-
-/// SplitMix64's output function (Steele, Lea, Flood 2014; the constants of
-/// Stafford's "Mix13" variant). A bijection on `u64`.
-#[inline]
-pub fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Where a run stands: `samples_consumed` positions of epoch `epoch`'s order
 /// were delivered to the ranks (all ranks together), earlier epochs are done.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -60,32 +54,88 @@ pub struct ResumeState {
     pub samples_consumed: u64,
 }
 
-/// The order of one epoch: a permutation of `[0, n)` for `(seed, epoch, n)`,
-/// or the identity when shuffling is off.
+/// Which order every epoch serves its samples in (`serve --shuffle`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SampleOrder {
+    /// Manifest order, every epoch (`--shuffle none`, `--no-shuffle`).
+    None,
+    /// A uniformly keyed permutation of all samples (the default).
+    #[default]
+    Exact,
+    /// Blocks of consecutive samples permuted, then samples shuffled within
+    /// windows of blocks (`--shuffle block`): reads stay within a few
+    /// blocks of a shard at a time (docs/sampler.md, section 4).
+    Block(BlockShape),
+}
+
+impl SampleOrder {
+    /// Whether the order is shuffled at all (false: the identity).
+    pub fn is_shuffled(self) -> bool {
+        self != SampleOrder::None
+    }
+
+    /// The block shape of a block order, None for the others.
+    pub fn block_shape(self) -> Option<BlockShape> {
+        match self {
+            SampleOrder::Block(shape) => Some(shape),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for SampleOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SampleOrder::None => f.write_str("no shuffle"),
+            SampleOrder::Exact => f.write_str("the exact shuffle"),
+            SampleOrder::Block(shape) => write!(
+                f,
+                "the block shuffle (blocks of {} samples, windows of {} blocks)",
+                shape.block_samples(),
+                shape.window_blocks()
+            ),
+        }
+    }
+}
+
+/// The order of one epoch: a permutation of `[0, n)` for `(seed, epoch, n)`
+/// (and the block shape of a block order), or the identity when shuffling
+/// is off.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EpochOrder {
     n: u64,
-    shuffle: bool,
-    round_keys: [u64; FEISTEL_ROUNDS],
-    lo_bits: u32,
-    hi_bits: u32,
+    kind: OrderKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum OrderKind {
+    Identity,
+    Exact(Feistel),
+    Block(block::BlockOrder),
 }
 
 impl EpochOrder {
     /// The order of epoch `epoch` of a dataset of `n` samples under `seed`.
     /// With `shuffle == false` it is the identity (manifest order).
     pub fn new(seed: u64, epoch: u64, n: u64, shuffle: bool) -> Self {
-        // Smallest k >= 2 with 2^k >= n; n - 1 < 2^k needs bitlen(n - 1) bits.
-        let bitlen = u64::BITS - n.saturating_sub(1).leading_zeros();
-        let domain_bits = bitlen.max(MIN_DOMAIN_BITS);
-        let lo_bits = domain_bits / 2;
-        EpochOrder {
-            n,
-            shuffle,
-            round_keys: round_keys(seed, epoch),
-            lo_bits,
-            hi_bits: domain_bits - lo_bits,
-        }
+        let order = if shuffle {
+            SampleOrder::Exact
+        } else {
+            SampleOrder::None
+        };
+        EpochOrder::of(order, seed, epoch, n)
+    }
+
+    /// The order of epoch `epoch` of `n` samples under `seed`, of kind `order`.
+    pub fn of(order: SampleOrder, seed: u64, epoch: u64, n: u64) -> Self {
+        let kind = match order {
+            SampleOrder::None => OrderKind::Identity,
+            SampleOrder::Exact => OrderKind::Exact(Feistel::new(seed, epoch, n)),
+            SampleOrder::Block(shape) => {
+                OrderKind::Block(block::BlockOrder::new(shape, seed, epoch, n))
+            }
+        };
+        EpochOrder { n, kind }
     }
 
     /// Number of samples `n`.
@@ -100,7 +150,7 @@ impl EpochOrder {
 
     /// Whether this order is shuffled (false: the identity).
     pub fn is_shuffled(&self) -> bool {
-        self.shuffle
+        self.kind != OrderKind::Identity
     }
 
     /// The sample index at `position` of the order.
@@ -115,54 +165,12 @@ impl EpochOrder {
             "position {position} is outside an epoch of {} samples",
             self.n
         );
-        if !self.shuffle {
-            return position;
-        }
-        // Cycle-walking: the Feistel network permutes [0, 2^k); following the
-        // cycle of `position` until it re-enters [0, n) restricts it to a
-        // permutation of [0, n). The walk ends because the cycle contains
-        // `position` itself; the domain is < 2n (or 4), so it takes < 2 steps
-        // on average.
-        let mut x = position;
-        loop {
-            x = self.encrypt(x);
-            if x < self.n {
-                return x;
-            }
+        match &self.kind {
+            OrderKind::Identity => position,
+            OrderKind::Exact(feistel) => feistel.at(position),
+            OrderKind::Block(order) => order.at(position),
         }
     }
-
-    /// One pass of the Feistel network over `[0, 2^(hi_bits + lo_bits))`.
-    #[inline]
-    fn encrypt(&self, x: u64) -> u64 {
-        let lo_mask = (1u64 << self.lo_bits) - 1;
-        let mut hi = x >> self.lo_bits;
-        let mut lo = x & lo_mask;
-        for (round, key) in self.round_keys.iter().enumerate() {
-            // Each round XORs one half with a keyed hash of the other half,
-            // which is invertible whatever the two widths are. Taking the top
-            // bits of mix64 keeps the best-mixed bits.
-            if round % 2 == 0 {
-                hi ^= mix64(lo ^ key) >> (u64::BITS - self.hi_bits);
-            } else {
-                lo ^= mix64(hi ^ key) >> (u64::BITS - self.lo_bits);
-            }
-        }
-        (hi << self.lo_bits) | lo
-    }
-}
-
-/// Round keys for `(seed, epoch)`: a SplitMix64 stream whose start state is
-/// `seed XOR mix64(epoch + GAMMA)`. Distinct epochs of one seed get distinct
-/// start states because both `+ GAMMA` and `mix64` are bijections.
-fn round_keys(seed: u64, epoch: u64) -> [u64; FEISTEL_ROUNDS] {
-    let mut state = seed ^ mix64(epoch.wrapping_add(GAMMA));
-    let mut keys = [0u64; FEISTEL_ROUNDS];
-    for key in &mut keys {
-        state = state.wrapping_add(GAMMA);
-        *key = mix64(state);
-    }
-    keys
 }
 
 /// Everything that decides which samples each rank gets.
@@ -176,8 +184,8 @@ pub struct SamplerConfig {
     pub world_size: u32,
     /// Seed of the epoch permutations.
     pub seed: u64,
-    /// False: every epoch is served in manifest order.
-    pub shuffle: bool,
+    /// The order of every epoch (exact shuffle, block shuffle or none).
+    pub order: SampleOrder,
     /// Total epochs of the run, counted from 0; the loader serves
     /// `start.epoch..epochs`.
     pub epochs: u64,
@@ -393,7 +401,7 @@ impl Sampler {
 
     /// The order of `epoch` (served or not).
     pub fn epoch_order(&self, epoch: u64) -> EpochOrder {
-        EpochOrder::new(self.cfg.seed, epoch, self.cfg.n_samples, self.cfg.shuffle)
+        EpochOrder::of(self.cfg.order, self.cfg.seed, epoch, self.cfg.n_samples)
     }
 
     /// Position of the order where `epoch`'s first step starts: the resume
@@ -490,7 +498,7 @@ mod tests {
             batch_size,
             world_size,
             seed: 7,
-            shuffle: true,
+            order: SampleOrder::Exact,
             epochs: 2,
             start: ResumeState::default(),
         }
@@ -513,18 +521,6 @@ mod tests {
     fn unshuffled_order_is_the_identity() {
         let order = EpochOrder::new(3, 1, 1000, false);
         assert!((0..1000).all(|p| order.at(p) == p));
-    }
-
-    #[test]
-    fn domain_is_the_smallest_power_of_two_and_an_odd_width_puts_the_extra_bit_high() {
-        let order = EpochOrder::new(0, 0, 1000, true); // 2^10 >= 1000 > 2^9
-        assert_eq!((order.hi_bits, order.lo_bits), (5, 5));
-        let order = EpochOrder::new(0, 0, 513, true); // 2^10 again
-        assert_eq!((order.hi_bits, order.lo_bits), (5, 5));
-        let order = EpochOrder::new(0, 0, 512, true); // 2^9
-        assert_eq!((order.hi_bits, order.lo_bits), (5, 4));
-        let order = EpochOrder::new(0, 0, 1, true); // the 4-element minimum
-        assert_eq!((order.hi_bits, order.lo_bits), (1, 1));
     }
 
     #[test]

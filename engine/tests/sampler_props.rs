@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use proptest::prelude::*;
-use ringfeed::sampler::{EpochOrder, ResumeState, Sampler, SamplerConfig};
+use ringfeed::sampler::{EpochOrder, ResumeState, SampleOrder, Sampler, SamplerConfig};
 
 /// Everything the ranks received in one epoch.
 struct Delivered {
@@ -43,7 +43,7 @@ fn sampler(
         batch_size,
         world_size,
         seed,
-        shuffle: true,
+        order: SampleOrder::Exact,
         epochs: 3,
         start,
     })
@@ -146,7 +146,7 @@ fn an_unshuffled_sampler_serves_the_manifest_order() {
         batch_size: 2,
         world_size: 2,
         seed: 1,
-        shuffle: false,
+        order: SampleOrder::None,
         epochs: 1,
         start: ResumeState::default(),
     };

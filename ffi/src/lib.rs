@@ -534,6 +534,48 @@ pub unsafe extern "C" fn rf_get_order(
     })
 }
 
+/// Fills `*block_samples` and `*window_blocks` with the loader's
+/// `--shuffle-block` and `--shuffle-window` under `--shuffle block`, and
+/// both with 0 under the exact shuffle or none (`rf_get_order` says which):
+/// a block order is part of what decides the order of every epoch
+/// (docs/sampler.md, section 4), so save these with `rf_get_order`'s and
+/// compare them too. RF_E_VERSION if the loader does not record its order.
+/// A loader that predates the block order records 0 and 0, rightly: it
+/// serves only the others.
+///
+/// # Safety
+/// `feed` comes from rf_attach and was not detached; `block_samples` and
+/// `window_blocks` are writable.
+#[no_mangle]
+pub unsafe extern "C" fn rf_get_order_block(
+    feed: *const rf_feed,
+    block_samples: *mut u32,
+    window_blocks: *mut u32,
+) -> i32 {
+    guard(|| {
+        if feed.is_null() || block_samples.is_null() || window_blocks.is_null() {
+            return fail(
+                RF_E_INVALID,
+                "rf_get_order_block: feed, block_samples and window_blocks must not be NULL",
+            );
+        }
+        // SAFETY: a live feed from rf_attach.
+        let consumer = unsafe { &(*feed).consumer };
+        let Some(order) = consumer.job().order else {
+            return fail(
+                RF_E_VERSION,
+                format!("the loader of {:?} does not record its --seed and shuffle (an older ringfeed serve); restart it with this version", consumer.name()),
+            );
+        };
+        // SAFETY: both non-NULL and writable by contract.
+        unsafe {
+            *block_samples = order.block_samples;
+            *window_blocks = order.window_blocks;
+        }
+        RF_OK
+    })
+}
+
 fn not_recorded(name: &str) -> String {
     format!("the loader of {name:?} does not record the state it started at (an older ringfeed serve); restart it with this version, or count samples yourself from its --resume")
 }

@@ -118,6 +118,11 @@ int main(int argc, char **argv) {
     rc = rf_get_order(feed, &seed, &shuffled);
     if (rc != RF_E_VERSION) return fail("rf_get_order of a test producer (expected RF_E_VERSION)", rc);
     if (strstr(rf_last_error(), "--seed") == NULL) return fail("rf_get_order's message names --seed", rc);
+    uint32_t block_samples = 0, window_blocks = 0;
+    rc = rf_get_order_block(feed, NULL, &window_blocks);
+    if (rc != RF_E_INVALID) return fail("rf_get_order_block with NULL (expected RF_E_INVALID)", rc);
+    rc = rf_get_order_block(feed, &block_samples, &window_blocks);
+    if (rc != RF_E_VERSION) return fail("rf_get_order_block of a test producer (expected RF_E_VERSION)", rc);
 
     uint64_t n = 0, taken = UINT64_MAX;
     rf_batch b;

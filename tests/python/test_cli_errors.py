@@ -41,6 +41,9 @@ CASES = [
     (["--slot-bytes", "3999"], {}, ["--slot-bytes 3999", "4 largest samples together (4000 bytes)", "raise --slot-bytes to 4000"]),
     ([], {"LOCAL_WORLD_SIZE": "0", "WORLD_SIZE": "2"}, ["LOCAL_WORLD_SIZE=0", "--world-size"]),
     ([], {"LOCAL_WORLD_SIZE": "-1"}, ["LOCAL_WORLD_SIZE=\"-1\"", "--world-size"]),
+    (["--shuffle-window", "3"], {}, ["--shuffle-window 3", "shape only the block order", "add --shuffle block"]),
+    (["--no-shuffle", "--shuffle", "block"], {}, ["--no-shuffle and --shuffle block contradict"]),
+    (["--shuffle", "block", "--shuffle-block", "0"], {}, ["--shuffle-block 0 is outside 1..=16777216"]),
 ]
 
 # clap's own errors (exit 2): the value reaches our parser even when it starts with '-'.

@@ -94,6 +94,11 @@ def test_a_state_with_less_than_a_step_left_is_the_start_of_the_next_epoch(serve
     ((), (N + 30, 7, True), ["it serves 100 samples, the checkpoint's run 130", "files added or removed"]),
     ((), (N, 8, True), ["--seed 7, the checkpoint's run with --seed 8"]),
     (("--no-shuffle",), (N, 7, True), ["it runs with --no-shuffle, the checkpoint's run with a shuffle"]),
+    (("--shuffle", "block"), (N, 7, True),
+     ["it runs --shuffle block --shuffle-block 64 --shuffle-window 4, the checkpoint's run the exact shuffle"]),
+    (("--shuffle", "block", "--shuffle-block", "4", "--shuffle-window", "3"), (N, 7, True, 4, 2),
+     ["--shuffle-block 4 --shuffle-window 3, the checkpoint's run --shuffle block --shuffle-block 4 --shuffle-window 2"]),
+    ((), (N, 7, True, 256, 8), ["it runs the exact shuffle, the checkpoint's run --shuffle block"]),
 ])
 def test_a_checkpoint_of_another_sample_order_is_refused_naming_what_differs(serve, flags, saved, words):
     feed = serve(*flags)
@@ -102,6 +107,15 @@ def test_a_checkpoint_of_another_sample_order_is_refused_naming_what_differs(ser
     for w in words:
         assert w in str(e.value), str(e.value)
     assert "another sample order" in str(e.value)
+
+
+def test_a_block_order_is_recorded_with_its_shape_and_resumes_under_the_same_one(serve):
+    feed = serve("--shuffle", "block", "--shuffle-block", "4", "--shuffle-window", "3")
+    assert feed.order == (N, 7, True, 4, 3)
+    assert feed.info.shuffle_block == (4, 3)
+    ringfeed.check_resume(feed, (0, 0), feed.order)
+    # As a checkpoint saved as JSON gives it back.
+    ringfeed.check_resume(feed, [0, 0], [N, 7, 1, 4, 3])
 
 
 def test_the_seed_of_an_unshuffled_order_is_not_compared(serve):
@@ -117,6 +131,8 @@ def test_bad_arguments_are_refused_naming_the_shape(serve):
             ringfeed.check_resume(feed, state)
     with pytest.raises(ringfeed.InvalidArgumentError, match="order must be"):
         ringfeed.check_resume(feed, (0, 0), (N, 7))
+    with pytest.raises(ringfeed.InvalidArgumentError, match="order must be"):
+        ringfeed.check_resume(feed, (0, 0), (N, 7, True, 4))
 
 
 def test_trainers_restarted_while_the_loader_runs_on_go_on_after_what_was_taken(serve, caplog):

@@ -85,6 +85,40 @@ def test_python_and_c_ranks_get_every_sample_with_the_files_bytes(dataset, c_con
     assert per_epoch[0] != per_epoch[1]
 
 
+def test_the_block_order_serves_every_sample_once_from_a_few_blocks_per_step(dataset, c_consumer):
+    root, hashes = dataset
+    name = "e2e-block-%s" % uuid.uuid4().hex[:8]
+    world, batch, epochs, block, window = 2, 8, 2, 16, 2
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(root), "--name", name, "--batch-size", str(batch),
+         "--world-size", str(world), "--epochs", str(epochs), "--seed", "7", "--shuffle", "block",
+         "--shuffle-block", str(block), "--shuffle-window", str(window)],
+        stderr=subprocess.PIPE,
+    )
+    procs = [
+        subprocess.Popen(python_consumer("hash_consumer.py", name, 0), stdout=subprocess.PIPE, stderr=subprocess.PIPE),
+        subprocess.Popen([c_consumer, name, "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE),
+    ]
+    results = wait_all(procs, timeout=120)
+    _, loader_err = loader.communicate(timeout=30)
+    assert loader.returncode == 0, loader_err.decode()
+    per_step = defaultdict(list)
+    for rank, (rc, out, err) in enumerate(results):
+        assert rc == 0, "rank %d: %s" % (rank, err.decode())
+        for epoch, step, index, length, h in parse(out):
+            assert (length, h) == hashes[index], "sample %d differs from its file (rank %d)" % (index, rank)
+            per_step[(epoch, step)].append(index)
+    steps = len(hashes) // (world * batch)
+    for epoch in range(epochs):
+        indices = [i for step in range(steps) for i in per_step[(epoch, step)]]
+        assert len(indices) == len(set(indices)) == steps * world * batch, "epoch %d" % epoch
+        # A step's 16 positions lie in at most two windows of 2 blocks of 16.
+        for step in range(steps):
+            blocks = {i // block for i in per_step[(epoch, step)]}
+            assert len(blocks) <= 2 * window, (epoch, step, sorted(per_step[(epoch, step)]))
+    assert [per_step[(0, s)] for s in range(steps)] != [per_step[(1, s)] for s in range(steps)]
+
+
 def test_auto_falls_back_to_pread_with_one_warning_naming_the_reason(dataset, c_consumer):
     root, hashes = dataset
     name = "e2e-fallback-%s" % uuid.uuid4().hex[:8]

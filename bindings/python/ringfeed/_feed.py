@@ -58,6 +58,7 @@ FeedInfo = collections.namedtuple(
         "dataset_samples",
         "seed",
         "shuffled",
+        "shuffle_block",
     ],
 )
 FeedInfo.__doc__ = """Shape of the ring a feed is attached to.
@@ -82,7 +83,8 @@ samples of one epoch (dropped tail included); both None if the loader did not
 say (see ``Batch.resume_state``). ``seed`` and ``shuffled`` are the loader's
 ``--seed`` and False under ``--no-shuffle``: with ``dataset_samples``, what
 decides the order of every epoch (``Feed.order``); None if the loader did not
-say.
+say. ``shuffle_block`` is ``(block_samples, window_blocks)`` under
+``--shuffle block`` (docs/sampler.md, section 4), else None.
 """
 
 
@@ -151,13 +153,16 @@ class Feed:
     def order(self):
         """``(dataset_samples, seed, shuffled)``: what decides the sample order
         of every epoch, whatever the world size and batch size (plain ints
-        and a bool). A resume state holds only under the order it was saved
+        and a bool); under ``--shuffle block`` ``(dataset_samples, seed,
+        True, block_samples, window_blocks)``. A resume state holds only under the order it was saved
         under: save this in the checkpoint with ``Batch.resume_state`` and
         give both to ``check_resume`` when training goes on from it. None if
         the loader does not say (an older ``ringfeed serve``)."""
         i = self._info
         if i.dataset_samples is None or i.seed is None:
             return None
+        if i.shuffle_block is not None:
+            return (i.dataset_samples, i.seed, i.shuffled) + tuple(i.shuffle_block)
         return (i.dataset_samples, i.seed, i.shuffled)
 
     def request_start(self, epoch, samples, order=None):
@@ -419,6 +424,7 @@ def attach(name=None, rank=None, timeout=30.0):
         dataset_samples=None,
         seed=None,
         shuffled=None,
+        shuffle_block=None,
     )
     if hasattr(_LIB, "rf_get_job"):
         job = _lib.rf_job()
@@ -445,6 +451,13 @@ def attach(name=None, rank=None, timeout=30.0):
             info = info._replace(seed=seed.value, shuffled=bool(shuffled.value))
         elif rc != _lib.RF_E_VERSION:
             raise errors.error_for(rc, _lib.last_error(_LIB))
+    if hasattr(_LIB, "rf_get_order_block") and info.seed is not None:
+        block, window = ctypes.c_uint32(), ctypes.c_uint32()
+        rc = _LIB.rf_get_order_block(handle.ptr, ctypes.byref(block), ctypes.byref(window))
+        if rc != _lib.RF_OK:
+            raise errors.error_for(rc, _lib.last_error(_LIB))
+        if block.value:
+            info = info._replace(shuffle_block=(block.value, window.value))
     if info.start is not None:
         job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
         handle.resume = (info.start, info.dataset_samples, job_world_size * info.max_samples_per_slot)

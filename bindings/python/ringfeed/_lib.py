@@ -154,6 +154,9 @@ def _declare(lib):
     if hasattr(lib, "rf_get_order"):
         lib.rf_get_order.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)]
         lib.rf_get_order.restype = ctypes.c_int
+    if hasattr(lib, "rf_get_order_block"):
+        lib.rf_get_order_block.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]
+        lib.rf_get_order_block.restype = ctypes.c_int
 
 
 def load():

@@ -95,11 +95,17 @@ def _check_order(feed, order):
     """Raises ResumeMismatchError when ``order`` (a saved Feed.order) is not
     the loader's."""
     try:
-        saved_n, saved_seed, saved_shuffled = order
+        # A block order adds (block_samples, window_blocks); the others, and
+        # checkpoints saved before the block order existed, have three.
+        saved_n, saved_seed, saved_shuffled, *saved_block = order
         saved_n, saved_seed = operator.index(saved_n), operator.index(saved_seed)
+        saved_block = tuple(operator.index(v) for v in saved_block) or None
+        if saved_block is not None and len(saved_block) != 2:
+            raise ValueError(saved_block)
     except (TypeError, ValueError):
         raise errors.InvalidArgumentError(
-            "order must be (dataset_samples, seed, shuffled), a Feed.order, not %r" % (order,)
+            "order must be (dataset_samples, seed, shuffled) or, under --shuffle block, (dataset_samples, seed, "
+            "shuffled, block_samples, window_blocks), a Feed.order, not %r" % (order,)
         ) from None
     saved_shuffled = bool(saved_shuffled)
     mine = feed.order
@@ -109,7 +115,8 @@ def _check_order(feed, order):
             "loader %r does not record its --seed and shuffle (an older ringfeed serve): restart it with this "
             "version to check the order, or pass order=None" % feed.name,
         )
-    n, seed, shuffled = mine
+    n, seed, shuffled, *block = mine
+    block = tuple(block) or None
     wrong = []
     if n != saved_n:
         wrong.append(
@@ -119,6 +126,10 @@ def _check_order(feed, order):
     if shuffled != saved_shuffled:
         wrong.append("it runs %s, the checkpoint's run %s" % (
             "with a shuffle" if shuffled else "with --no-shuffle", "with --no-shuffle" if not saved_shuffled else "with a shuffle"))
+    if shuffled and saved_shuffled and block != saved_block:
+        def name(b):
+            return "--shuffle block --shuffle-block %d --shuffle-window %d" % b if b else "the exact shuffle"
+        wrong.append("it runs %s, the checkpoint's run %s" % (name(block), name(saved_block)))
     if shuffled and saved_shuffled and seed != saved_seed:
         wrong.append("it runs with --seed %d, the checkpoint's run with --seed %d" % (seed, saved_seed))
     if not wrong:

@@ -505,10 +505,14 @@ def _check_state(state):
     order = state["order"]
     if order is not None:
         try:
-            n, seed, shuffled = order
-            order = (int(n), int(seed), bool(shuffled))
+            n, seed, shuffled, *block = order
+            if len(block) not in (0, 2):
+                raise ValueError(block)
+            order = (int(n), int(seed), bool(shuffled)) + tuple(int(v) for v in block)
         except (TypeError, ValueError):
-            raise errors.InvalidArgumentError("state['order'] must be (dataset_samples, seed, shuffled), not %r" % (order,)) from None
+            raise errors.InvalidArgumentError(
+                "state['order'] must be (dataset_samples, seed, shuffled), or with --shuffle block "
+                "(dataset_samples, seed, shuffled, block_samples, window_blocks), not %r" % (order,)) from None
     return resume_state, order
 
 

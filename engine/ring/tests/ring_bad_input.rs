@@ -340,10 +340,13 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
         samples_consumed: 40,
         dataset_samples: 1000,
     });
-    // Its order: --seed 2^64-1, --no-shuffle.
+    // Its order: --seed 2^64-1, --shuffle block --shuffle-block 4096
+    // --shuffle-window 65536 (both halves of the header's word in use).
     let order = Some(RunOrder {
         seed: u64::MAX,
-        shuffled: false,
+        shuffled: true,
+        block_samples: 4096,
+        window_blocks: 65536,
     });
     let job = Job {
         first_rank: 6,

@@ -223,7 +223,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         job: Job::single(a.world_size),
         epochs: a.epochs,
         seed: 42,
-        shuffle: true,
+        order: crate::sampler::SampleOrder::Exact,
         record_bytes: None,
         slots_per_rank: a.slots_per_rank,
         slot_bytes: None,

@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod demo;
 pub mod gc;
+pub mod pack;
 pub mod run;
 pub mod say;
 pub mod serve;

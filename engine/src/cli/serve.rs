@@ -18,7 +18,7 @@ use crate::reader::{IoChoice, ReadError, ReaderConfig};
 use crate::ring::layout::{Job, MAX_RANKS};
 use crate::ring::outcome::{Outcome, OutcomeKind};
 use crate::ring::segment::human_bytes;
-use crate::sampler::ResumeState;
+use crate::sampler::{BlockShape, ResumeState, SampleOrder};
 use crate::source::{OpenedSource, SourceSpec};
 
 /// Arguments of `ringfeed serve`.
@@ -64,9 +64,22 @@ pub struct ServeArgs {
     /// Seed of the shuffle.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Serve samples in manifest order.
+    /// Serve samples in manifest order (the same as --shuffle none).
     #[arg(long)]
     pub no_shuffle: bool,
+    /// The order of every epoch: exact (a uniform shuffle of all samples),
+    /// block (blocks of --shuffle-block consecutive samples shuffled, then
+    /// samples within windows of --shuffle-window blocks: fewer, longer
+    /// reads of tar shards), none (manifest order). See docs/sampler.md.
+    #[arg(long, value_enum, default_value_t = ShuffleFlag::Exact)]
+    pub shuffle: ShuffleFlag,
+    /// Samples in a block of --shuffle block (consecutive in the manifest).
+    #[arg(long, default_value_t = BlockShape::DEFAULT_BLOCK_SAMPLES)]
+    pub shuffle_block: u32,
+    /// Blocks in a window of --shuffle block: samples are shuffled among the
+    /// window's blocks.
+    #[arg(long, default_value_t = BlockShape::DEFAULT_WINDOW_BLOCKS)]
+    pub shuffle_window: u32,
     /// Files are concatenations of fixed-size records of N bytes.
     #[arg(long)]
     pub record_bytes: Option<u64>,
@@ -124,6 +137,18 @@ pub struct ServeArgs {
     /// 127.0.0.1:9464 (port 0 picks a free one, logged at start). See docs/metrics.md.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+}
+
+/// `--shuffle`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ShuffleFlag {
+    /// A uniform permutation of all samples (the default).
+    Exact,
+    /// Blocks of consecutive samples permuted, samples shuffled within
+    /// windows of blocks.
+    Block,
+    /// Manifest order.
+    None,
 }
 
 /// `--manifest-cache`.
@@ -203,7 +228,7 @@ fn warn_of_a_fixed_tail(plan: &Plan, cfg: &ServeConfig) {
     let tail = n % step;
     // Only a run with a whole epoch after its start: a resumed epoch drops
     // its own tail, which is this one anyway, and says nothing more.
-    if cfg.shuffle
+    if cfg.order.is_shuffled()
         || tail == 0
         || cfg
             .start
@@ -420,6 +445,30 @@ impl ServeArgs {
         Some(stats)
     }
 
+    /// The order `--shuffle`, `--shuffle-block`, `--shuffle-window` and
+    /// `--no-shuffle` ask for; refuses flags that contradict each other.
+    pub fn sample_order(&self) -> Result<SampleOrder> {
+        let block_flags_given = self.shuffle_block != BlockShape::DEFAULT_BLOCK_SAMPLES
+            || self.shuffle_window != BlockShape::DEFAULT_WINDOW_BLOCKS;
+        if self.no_shuffle && self.shuffle == ShuffleFlag::Block {
+            bail!("--no-shuffle and --shuffle block contradict each other; pass one of them (--no-shuffle is --shuffle none)");
+        }
+        if block_flags_given && (self.no_shuffle || self.shuffle != ShuffleFlag::Block) {
+            bail!(
+                "--shuffle-block {} and --shuffle-window {} shape only the block order; add --shuffle block, or drop them",
+                self.shuffle_block,
+                self.shuffle_window
+            );
+        }
+        Ok(match (self.no_shuffle, self.shuffle) {
+            (true, _) | (false, ShuffleFlag::None) => SampleOrder::None,
+            (false, ShuffleFlag::Exact) => SampleOrder::Exact,
+            (false, ShuffleFlag::Block) => {
+                SampleOrder::Block(BlockShape::new(self.shuffle_block, self.shuffle_window)?)
+            }
+        })
+    }
+
     /// The loader configuration these arguments describe.
     pub fn config(&self) -> Result<ServeConfig> {
         let (world_size, job) = ranks_from(self.world_size, self.nnodes, self.node_rank)?;
@@ -440,7 +489,7 @@ impl ServeArgs {
             job,
             epochs: self.epochs,
             seed: self.seed,
-            shuffle: !self.no_shuffle,
+            order: self.sample_order()?,
             record_bytes: self.record_bytes,
             slots_per_rank: self.slots_per_rank,
             slot_bytes: self.slot_bytes,

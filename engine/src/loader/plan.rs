@@ -10,7 +10,7 @@ use crate::remote::FetchConfig;
 use crate::ring::layout::{GeometryError, Job, RunOrder, RunStart};
 use crate::ring::segment::{self, human_bytes};
 use crate::ring::{CreateError, Layout, RingGeometry};
-use crate::sampler::{ResumeState, Sampler, SamplerConfig};
+use crate::sampler::{ResumeState, SampleOrder, Sampler, SamplerConfig};
 use crate::source::{LocalSource, OpenedSource, SourceSpec};
 
 use super::ServeError;
@@ -36,8 +36,8 @@ pub struct ServeConfig {
     pub epochs: u64,
     /// Seed of the shuffle.
     pub seed: u64,
-    /// Shuffle every epoch (false: manifest order, `--no-shuffle`).
-    pub shuffle: bool,
+    /// The order of every epoch (`--shuffle`; `--no-shuffle` is `None`).
+    pub order: SampleOrder,
     /// Fixed-size records instead of whole files.
     pub record_bytes: Option<u64>,
     /// Slots per rank (prefetch depth); None: [`auto_slots_per_rank`].
@@ -192,7 +192,7 @@ impl Plan {
             batch_size: cfg.batch_size,
             world_size: cfg.job.job_world_size,
             seed: cfg.seed,
-            shuffle: cfg.shuffle,
+            order: cfg.order,
             epochs: cfg.epochs,
             start: cfg.start,
         })?;
@@ -281,9 +281,12 @@ impl Plan {
             samples_consumed: cfg.start.samples_consumed,
             dataset_samples: sampler.config().n_samples,
         });
+        let block = cfg.order.block_shape();
         let order = Some(RunOrder {
             seed: cfg.seed,
-            shuffled: cfg.shuffle,
+            shuffled: cfg.order.is_shuffled(),
+            block_samples: block.map_or(0, |b| b.block_samples()),
+            window_blocks: block.map_or(0, |b| b.window_blocks()),
         });
         let job = Job {
             plan_digest: plan_digest(&cfg, &manifest),
@@ -419,8 +422,14 @@ impl Plan {
 fn plan_digest(cfg: &ServeConfig, manifest: &Manifest) -> u64 {
     let t = std::time::Instant::now();
     let c = cfg;
+    // A block order adds its shape; the exact and no shuffle keep the
+    // digest they always had.
+    let block = c
+        .order
+        .block_shape()
+        .map(|b| [u64::from(b.block_samples()), u64::from(b.window_blocks())]);
     let words = [
-        u64::from(c.shuffle),
+        u64::from(c.order.is_shuffled()),
         c.seed,
         c.batch_size.into(),
         c.job.job_world_size.into(),
@@ -428,6 +437,7 @@ fn plan_digest(cfg: &ServeConfig, manifest: &Manifest) -> u64 {
         c.start.epoch,
         c.start.samples_consumed,
     ];
+    let words = words.into_iter().chain(block.into_iter().flatten());
     let digest = crate::manifest::digest_words(manifest.digest(), words).max(1);
     tracing::debug!(
         "plan digest {digest:016x} in {:.1} ms",
@@ -508,7 +518,7 @@ mod tests {
             job: Job::single(1),
             epochs: 1,
             seed: 0,
-            shuffle: false,
+            order: SampleOrder::None,
             record_bytes: None,
             slots_per_rank: None,
             slot_bytes: None,
@@ -545,7 +555,7 @@ mod tests {
             job: Job::single(world_size),
             epochs,
             seed: 0,
-            shuffle: true,
+            order: SampleOrder::Exact,
             record_bytes: None,
             slots_per_rank,
             slot_bytes: None,

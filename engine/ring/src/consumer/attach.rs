@@ -107,6 +107,9 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
         (u32_at(84) & crate::layout::flags::ORDER_KNOWN != 0).then(|| crate::layout::RunOrder {
             seed: u64_at(184),
             shuffled: u64_at(192) != 0,
+            // High half: block samples, low half: window blocks.
+            block_samples: (u64_at(200) >> 32) as u32,
+            window_blocks: u64_at(200) as u32,
         });
     let job = Job::from_header(
         u32_at(100),

@@ -36,8 +36,13 @@ pub struct Job {
 pub struct RunOrder {
     /// `--seed`.
     pub seed: u64,
-    /// False with `--no-shuffle`.
+    /// False with `--no-shuffle` (`--shuffle none`).
     pub shuffled: bool,
+    /// `--shuffle-block` of a block order (`--shuffle block`), 0 for the
+    /// exact shuffle or none.
+    pub block_samples: u32,
+    /// `--shuffle-window` of a block order, 0 for the exact shuffle or none.
+    pub window_blocks: u32,
 }
 
 /// The state a loader started at, and what it needs to say the state after

@@ -143,7 +143,13 @@ pub struct Header {
     /// [`RunOrder::shuffled`], 1 or 0 (valid with [`flags::ORDER_KNOWN`]):
     /// written once before READY.
     pub order_shuffled: AtomicU64,
-    _reserved1: [AtomicU64; 7],
+    /// A block order's shape (valid with [`flags::ORDER_KNOWN`]):
+    /// [`RunOrder::block_samples`] in the high 32 bits,
+    /// [`RunOrder::window_blocks`] in the low 32; 0 for the exact shuffle or
+    /// none (and from a loader that predates the field). Written once
+    /// before READY.
+    pub order_block: AtomicU64,
+    _reserved1: [AtomicU64; 6],
     // --- offset 256: the loader's last word, written before ABORTED ---
     /// Bytes of `abort_message` in use (0: none; a loader that predates the
     /// field leaves it 0).
@@ -331,6 +337,7 @@ const _: () = {
     assert!(offset_of!(Header, dataset_samples) == 176);
     assert!(offset_of!(Header, order_seed) == 184);
     assert!(offset_of!(Header, order_shuffled) == 192);
+    assert!(offset_of!(Header, order_block) == 200);
     assert!(offset_of!(Header, abort_message_bytes) == 256);
     assert!(offset_of!(Header, abort_message) == 264);
     assert!(offset_of!(Header, counters) == 264 + ABORT_MESSAGE_MAX_BYTES);

@@ -236,6 +236,10 @@ impl Producer {
         if let Some(order) = job.order {
             h.order_seed.store(order.seed, r);
             h.order_shuffled.store(u64::from(order.shuffled), r);
+            h.order_block.store(
+                (u64::from(order.block_samples) << 32) | u64::from(order.window_blocks),
+                r,
+            );
             h.flags.fetch_or(crate::layout::flags::ORDER_KNOWN, r);
         }
         for rank in 0..g.world_size {
