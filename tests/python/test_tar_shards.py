@@ -198,12 +198,12 @@ def servers(tmp_path_factory):
             subprocess.run([str(SERVERS / "servers.sh"), "stop", name, str(state)], capture_output=True, timeout=60)
 
 
-@pytest.mark.parametrize("scheme", ["http", "s3"])
-def test_remote_shards_serve_every_sample_once_per_epoch_with_each_fields_bytes(shard_sets, c_reader, servers, scheme):
+@pytest.mark.parametrize("scheme,order", [("http", "exact"), ("s3", "exact"), ("http", "block")])
+def test_remote_shards_serve_every_sample_once_per_epoch_with_each_fields_bytes(shard_sets, c_reader, servers, scheme, order):
     d, expected = shard_sets["gnu"]
     if scheme == "http":
         env = start_server(servers, "nginx")
-        shutil.copytree(d, Path(env["RINGFEED_TEST_NGINX_ROOT"]) / "shards")
+        shutil.copytree(d, Path(env["RINGFEED_TEST_NGINX_ROOT"]) / "shards", dirs_exist_ok=True)
         source = env["RINGFEED_TEST_NGINX_URL"].rstrip("/") + "/shards/"
     else:
         env = start_server(servers, "s3")
@@ -213,7 +213,13 @@ def test_remote_shards_serve_every_sample_once_per_epoch_with_each_fields_bytes(
         )
         assert seeded.returncode == 0, seeded.stderr
         source = "s3://rfbucket/shards/"
-    rows, log = serve_and_read(source, env, c_reader)
+    if order == "block":
+        # Under the block order each block's samples come out of one ranged
+        # GET of its bytes (reader::chunked), fields intact.
+        rows, log = serve_and_read(source, env, c_reader, ("--shuffle", "block", "--shuffle-block", "4", "--shuffle-window", "2"))
+        assert "each block of 4 samples is one ranged GET (4 chunks" in log, log
+    else:
+        rows, log = serve_and_read(source, env, c_reader)
     check_fields(rows, expected)
     assert "every object is a .tar shard" in log and "reader remote" in log, log
     assert "tar shards: 2 indexed" in log and "2 from their headers" in log, log

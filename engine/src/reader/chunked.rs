@@ -30,11 +30,28 @@ use std::time::Duration;
 
 use super::{Completion, ReadEngine, ReadError, ReadOp};
 
+/// Where an object's chunks begin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChunkGeometry {
+    /// Chunk `i` of an object is its bytes `i * chunk_bytes .. (i + 1) *
+    /// chunk_bytes` (clipped to its size).
+    Aligned {
+        /// Size of a chunk (clamped to `CHUNK_BYTES_MIN..=CHUNK_BYTES_MAX`).
+        chunk_bytes: u64,
+    },
+    /// Chunks begin at these (object, offset) points, sorted, and run to the
+    /// next point of the same object or its end: the byte ranges of the
+    /// block order's blocks, so a window of blocks is one GET per block.
+    /// An object with no point is not chunked; neither is a chunk longer
+    /// than `CHUNK_BYTES_MAX`.
+    Starts(std::sync::Arc<[(u32, u64)]>),
+}
+
 /// How the chunk layer is set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkConfig {
-    /// Size of an aligned chunk (the last one of an object is shorter).
-    pub chunk_bytes: u64,
+    /// Where chunks begin and end.
+    pub geometry: ChunkGeometry,
     /// Reads longer than this go to the inner engine.
     pub small_read_max: u64,
     /// Most bytes of chunks kept (see the module's notes).
@@ -64,7 +81,7 @@ enum Chunk {
 enum Origin {
     /// The caller's read, passed through: its `user_data`.
     Pass(u64),
-    /// The chunk (object, index) of the map.
+    /// The chunk (object, first byte) of the map.
     Chunk(u32, u64),
 }
 
@@ -112,15 +129,16 @@ impl std::fmt::Debug for ChunkedEngine {
 impl ChunkedEngine {
     /// The chunk layer over `inner`, whose objects have `sizes`.
     pub fn new(inner: Box<dyn ReadEngine>, sizes: Vec<u64>, cfg: ChunkConfig) -> ChunkedEngine {
-        let cfg = ChunkConfig {
-            chunk_bytes: cfg.chunk_bytes.clamp(CHUNK_BYTES_MIN, CHUNK_BYTES_MAX),
-            small_read_max: cfg.small_read_max.min(cfg.chunk_bytes),
-            budget_bytes: cfg.budget_bytes,
+        let geometry = match cfg.geometry {
+            ChunkGeometry::Aligned { chunk_bytes } => ChunkGeometry::Aligned {
+                chunk_bytes: chunk_bytes.clamp(CHUNK_BYTES_MIN, CHUNK_BYTES_MAX),
+            },
+            starts => starts,
         };
         ChunkedEngine {
             inner,
             sizes,
-            cfg,
+            cfg: ChunkConfig { geometry, ..cfg },
             chunks: HashMap::new(),
             held_bytes: 0,
             origins: HashMap::new(),
@@ -134,17 +152,35 @@ impl ChunkedEngine {
         }
     }
 
-    /// The chunk holding `op` when `op` is small, else None.
-    fn chunk_of(&self, op: &ReadOp) -> Option<(u64, std::ops::Range<u64>)> {
+    /// The chunk holding `op` (its byte range in the object) when `op` is
+    /// small, else None.
+    fn chunk_of(&self, op: &ReadOp) -> Option<std::ops::Range<u64>> {
         if op.len_bytes == 0 || op.len_bytes > self.cfg.small_read_max {
             return None;
         }
         let size = *self.sizes.get(op.file as usize)?;
-        let c = self.cfg.chunk_bytes;
-        let index = op.offset_bytes / c;
-        let start = index * c;
-        let end = start.saturating_add(c).min(size);
-        (op.offset_bytes.checked_add(op.len_bytes)? <= end).then_some((index, start..end))
+        let range = match &self.cfg.geometry {
+            ChunkGeometry::Aligned { chunk_bytes } => {
+                let start = op.offset_bytes / chunk_bytes * chunk_bytes;
+                start..start.saturating_add(*chunk_bytes).min(size)
+            }
+            ChunkGeometry::Starts(starts) => {
+                let at = starts.partition_point(|&p| p <= (op.file, op.offset_bytes));
+                let &(object, start) = starts.get(at.checked_sub(1)?)?;
+                if object != op.file {
+                    return None;
+                }
+                let end = match starts.get(at) {
+                    Some(&(next_object, next)) if next_object == op.file => next,
+                    _ => size,
+                };
+                if end - start > CHUNK_BYTES_MAX {
+                    return None;
+                }
+                start..end.min(size)
+            }
+        };
+        (op.offset_bytes.checked_add(op.len_bytes)? <= range.end).then_some(range)
     }
 
     fn tag(&mut self, origin: Origin) -> u64 {
@@ -219,14 +255,13 @@ impl ChunkedEngine {
                         result: c.result,
                     });
                 }
-                Some(Origin::Chunk(object, index)) => {
+                Some(Origin::Chunk(object, start)) => {
                     let Some(Chunk::Fetching { buf, waiters }) =
-                        self.chunks.remove(&(object, index))
+                        self.chunks.remove(&(object, start))
                     else {
                         continue;
                     };
                     self.waiting -= waiters.len();
-                    let start = index * self.cfg.chunk_bytes;
                     match c.result {
                         Ok(()) => {
                             for op in &waiters {
@@ -235,7 +270,7 @@ impl ChunkedEngine {
                             self.clock += 1;
                             let used = self.clock;
                             self.chunks
-                                .insert((object, index), Chunk::Resident { buf, used });
+                                .insert((object, start), Chunk::Resident { buf, used });
                         }
                         Err(e) => {
                             self.held_bytes -= buf.len() as u64;
@@ -309,7 +344,7 @@ impl ReadEngine for ChunkedEngine {
             }
         }
         for op in ops {
-            let Some((index, range)) = self.chunk_of(op) else {
+            let Some(range) = self.chunk_of(op) else {
                 let tag = self.tag(Origin::Pass(op.user_data));
                 self.deferred.push_back(ReadOp {
                     user_data: tag,
@@ -320,7 +355,7 @@ impl ReadEngine for ChunkedEngine {
             };
             self.clock += 1;
             let clock = self.clock;
-            let key = (op.file, index);
+            let key = (op.file, range.start);
             match self.chunks.get_mut(&key) {
                 Some(Chunk::Resident { buf, used }) => {
                     *used = clock;
@@ -332,7 +367,7 @@ impl ReadEngine for ChunkedEngine {
                 }
                 None => {
                     let mut buf = vec![0u8; (range.end - range.start) as usize].into_boxed_slice();
-                    let tag = self.tag(Origin::Chunk(op.file, index));
+                    let tag = self.tag(Origin::Chunk(op.file, range.start));
                     self.deferred.push_back(ReadOp {
                         file: op.file,
                         offset_bytes: range.start,

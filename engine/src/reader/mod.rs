@@ -371,6 +371,7 @@ pub fn open_engine_for(
                 objects,
                 fetch,
                 cache,
+                chunk,
             } = remote.as_ref();
             if choice != IoChoice::Auto {
                 return Err(ReadError::InvalidConfig {
@@ -398,8 +399,13 @@ pub fn open_engine_for(
                     })
                     .ok()
             });
+            let mut engine = crate::cache::engine::with_cache(engine, cache, cfg)?;
+            if let Some(chunk) = chunk {
+                let sizes = objects.iter().map(|o| o.size).collect();
+                engine = Box::new(chunked::ChunkedEngine::new(engine, sizes, chunk.clone()));
+            }
             Ok(OpenedEngine {
-                engine: crate::cache::engine::with_cache(engine, cache, cfg)?,
+                engine,
                 fallback_warning: None,
             })
         }

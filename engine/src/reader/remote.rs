@@ -277,6 +277,9 @@ pub struct RemoteTarget {
     pub fetch: FetchConfig,
     /// The disk data cache in front of the store, if any.
     pub cache: Option<crate::cache::CacheConfig>,
+    /// Small reads served out of larger ranged reads (`reader::chunked`),
+    /// if the order clusters its reads (the block order over shards).
+    pub chunk: Option<super::chunked::ChunkConfig>,
 }
 
 impl std::fmt::Debug for ReadTarget {

@@ -94,7 +94,9 @@ impl EngineFactory for ChunkedMemory {
             .collect();
         let inner = RemoteMemory::open(files, cfg)?;
         let chunk = ringfeed::reader::chunked::ChunkConfig {
-            chunk_bytes: 64 << 10,
+            geometry: ringfeed::reader::chunked::ChunkGeometry::Aligned {
+                chunk_bytes: 64 << 10,
+            },
             small_read_max: 16 << 10,
             budget_bytes: 256 << 10,
         };
@@ -168,7 +170,9 @@ fn small_reads_of_neighbouring_ranges_cost_one_remote_read_per_chunk_and_land_by
         bytes: Arc::clone(&bytes),
     };
     let chunk = ringfeed::reader::chunked::ChunkConfig {
-        chunk_bytes: 64 << 10,
+        geometry: ringfeed::reader::chunked::ChunkGeometry::Aligned {
+            chunk_bytes: 64 << 10,
+        },
         small_read_max: 8 << 10,
         // Room for every chunk: each is fetched once.
         budget_bytes: 4 << 20,
@@ -218,7 +222,9 @@ fn a_chunk_layer_over_budget_drops_old_chunks_and_fetches_them_again_byte_exact(
         bytes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
     };
     let chunk = ringfeed::reader::chunked::ChunkConfig {
-        chunk_bytes: 64 << 10,
+        geometry: ringfeed::reader::chunked::ChunkGeometry::Aligned {
+            chunk_bytes: 64 << 10,
+        },
         small_read_max: 4096,
         budget_bytes: 128 << 10,
     };
