@@ -11,6 +11,7 @@
 //! `run` (the loop: claim, read, publish) and `watch` (stalls, trainers
 //! that do not come, progress).
 
+mod chunks;
 mod counters;
 mod pending;
 mod plan;

@@ -274,7 +274,7 @@ impl Plan {
                 objects: Arc::new(remote.objects_for(manifest.files())),
                 fetch: FetchConfig::default(),
                 cache: None,
-                chunk: block_chunks(&manifest, sampler.config().order),
+                chunk: super::chunks::block_chunks(&manifest, sampler.config().order),
             })),
         };
         let start = Some(RunStart {
@@ -602,60 +602,4 @@ mod tests {
         // Not even 2 fit: keep the default and let create say how much is needed.
         assert_eq!(fit_auto_slots(g, Some(size(2) - 1)), 8);
     }
-}
-
-/// Mean sample size past which the block order's reads are not chunked:
-/// such samples are worth a GET each, and a block of them is many MiB.
-const CHUNKED_SAMPLE_BYTES_MAX: u64 = 256 << 10;
-/// Fewest and most bytes the chunk layer keeps (4 windows of blocks).
-const CHUNK_BUDGET_BYTES_MIN: u64 = 16 << 20;
-const CHUNK_BUDGET_BYTES_MAX: u64 = 256 << 20;
-
-/// The chunk layer for a remote run under the block order whose samples
-/// are small ranges of larger objects (tar shards, records): one chunk per
-/// block (and per object a block runs into), so the samples of a window of
-/// blocks cost one ranged GET per block instead of one each. None for any
-/// other run.
-fn block_chunks(
-    manifest: &Manifest,
-    order: crate::sampler::SampleOrder,
-) -> Option<crate::reader::chunked::ChunkConfig> {
-    use crate::reader::chunked::{ChunkConfig, ChunkGeometry, CHUNK_BYTES_MAX};
-    let shape = order.block_shape()?;
-    if manifest.sample_ranges().is_none() && manifest.record_bytes().is_none() {
-        return None;
-    }
-    if manifest.is_empty() || manifest.total_bytes() / manifest.len() > CHUNKED_SAMPLE_BYTES_MAX {
-        return None;
-    }
-    let block = u64::from(shape.block_samples());
-    let mut starts: Vec<(u32, u64)> = Vec::new();
-    let mut longest = 0u64;
-    let mut previous: Option<(u32, u64)> = None;
-    for i in 0..manifest.len() {
-        let loc = manifest.sample(i);
-        let here = (loc.file, loc.offset_bytes);
-        if i % block == 0 || previous.is_none_or(|(file, _)| file != loc.file) {
-            starts.push(here);
-        }
-        if let Some(&(file, start)) = starts.last() {
-            if file == loc.file {
-                longest = longest.max(loc.offset_bytes + loc.len_bytes - start);
-            }
-        }
-        previous = Some(here);
-    }
-    let budget = (4 * u64::from(shape.window_blocks()) * longest.min(CHUNK_BYTES_MAX))
-        .clamp(CHUNK_BUDGET_BYTES_MIN, CHUNK_BUDGET_BYTES_MAX);
-    tracing::info!(
-        "block order over ranges of objects: each block of {block} samples is one ranged GET ({} chunks, the longest {}, up to {} kept)",
-        starts.len(),
-        human_bytes(longest),
-        human_bytes(budget)
-    );
-    Some(ChunkConfig {
-        geometry: ChunkGeometry::Starts(starts.into()),
-        small_read_max: CHUNK_BYTES_MAX,
-        budget_bytes: budget,
-    })
 }
