@@ -4,6 +4,41 @@
 use crate::manifest::Manifest;
 use crate::ring::segment::human_bytes;
 
+/// Windows of blocks the loader reads ahead under the block order with
+/// chunks: its slots are its lookahead, and one window's chunks are a few
+/// GETs, so a lookahead of the default 8 slots (2 windows of 64-sample
+/// batches) kept only a few GETs in flight. Measured on the 20 ms path,
+/// 4 KiB samples in shards, batch 64: 8 slots 18k samples/s, 64 slots 91k,
+/// 256 slots 85-95k (bench/RESULTS-shards.md).
+const LOOKAHEAD_WINDOWS: u64 = 16;
+
+/// The slots per rank a chunked block-order run wants for its lookahead
+/// (see `LOOKAHEAD_WINDOWS`), within `AUTO_RANK_BYTES_MAX` of slots per
+/// rank; None when the run is not chunked.
+pub(super) fn lookahead_slots(
+    manifest: &Manifest,
+    order: crate::sampler::SampleOrder,
+    batch_size: u32,
+    slot_bytes: u64,
+) -> Option<u32> {
+    let shape = order.block_shape()?;
+    if !chunkable(manifest) {
+        return None;
+    }
+    let window = u64::from(shape.block_samples()) * u64::from(shape.window_blocks());
+    let want = (LOOKAHEAD_WINDOWS * window).div_ceil(u64::from(batch_size.max(1)));
+    let fit = super::plan::AUTO_RANK_BYTES_MAX / slot_bytes.max(1);
+    let most = u64::from(crate::ring::layout::MAX_SLOTS_PER_RANK);
+    Some(want.min(fit).min(most) as u32)
+}
+
+/// Whether a manifest's samples are small ranges of larger objects.
+fn chunkable(manifest: &Manifest) -> bool {
+    (manifest.sample_ranges().is_some() || manifest.record_bytes().is_some())
+        && !manifest.is_empty()
+        && manifest.total_bytes() / manifest.len() <= CHUNKED_SAMPLE_BYTES_MAX
+}
+
 /// Mean sample size past which the block order's reads are not chunked:
 /// such samples are worth a GET each, and a block of them is many MiB.
 const CHUNKED_SAMPLE_BYTES_MAX: u64 = 256 << 10;
@@ -22,10 +57,7 @@ pub(super) fn block_chunks(
 ) -> Option<crate::reader::chunked::ChunkConfig> {
     use crate::reader::chunked::{ChunkConfig, ChunkGeometry, CHUNK_BYTES_MAX};
     let shape = order.block_shape()?;
-    if manifest.sample_ranges().is_none() && manifest.record_bytes().is_none() {
-        return None;
-    }
-    if manifest.is_empty() || manifest.total_bytes() / manifest.len() > CHUNKED_SAMPLE_BYTES_MAX {
+    if !chunkable(manifest) {
         return None;
     }
     let block = u64::from(shape.block_samples());

@@ -237,6 +237,16 @@ impl Plan {
         }
         let slots_per_rank = cfg.slots_per_rank.unwrap_or_else(|| {
             let k = auto_slots_per_rank(cfg.batch_size, cfg.reader.queue_depth, slot_bytes);
+            let k = match &source {
+                OpenedSource::Remote(_) => super::chunks::lookahead_slots(
+                    &manifest,
+                    sampler.config().order,
+                    cfg.batch_size,
+                    slot_bytes,
+                )
+                .map_or(k, |ahead| k.max(ahead)),
+                OpenedSource::Local(_) => k,
+            };
             // Slots past the batches a rank gets are never used; 2 keeps
             // `for batch in feed` (one batch held, one asked for) working.
             let k = u32::try_from(batches_per_rank.max(2)).map_or(k, |most| k.min(most));
