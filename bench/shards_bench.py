@@ -131,6 +131,7 @@ def main():
     ap.add_argument("--objects", type=int, default=100_000)
     ap.add_argument("--cells", default="raw,exact,block,raw:cache,exact:cache,block:cache")
     ap.add_argument("--shard-size", default="64MiB")
+    ap.add_argument("--extra", default="", help="more serve flags for every cell, e.g. '--slots-per-rank 64'")
     ap.add_argument("--target", default=os.path.join(REPO, "target", "release"))
     ap.add_argument("--state", default=None)
     ap.add_argument("--results", default=os.path.join(BENCH, "RESULTS-shards.md"))
@@ -158,7 +159,7 @@ def main():
         for cell in [c for c in args.cells.split(",") if c]:
             kind, _, cache = cell.partition(":")
             url = base + ("raw4k/" if kind == "raw" else "packed4k/")
-            extra = ["--shuffle", "block"] if kind == "block" else []
+            extra = (["--shuffle", "block"] if kind == "block" else []) + args.extra.split()
             cache_dir = None
             if cache:
                 cache_dir = tempfile.mkdtemp(prefix="cache-", dir=state)
