@@ -301,31 +301,14 @@ impl ReadEngine for CachedEngine {
     }
 
     unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
-        if self.ops.len() + ops.len() > self.max_in_flight {
-            return Err(ReadError::Busy {
-                in_flight: self.ops.len(),
-                requested: ops.len(),
-                max_in_flight: self.max_in_flight,
-            });
-        }
         let shared = Arc::clone(self.shared());
-        for op in ops {
-            let size = shared.objects.get(op.file as usize).map(|o| o.size);
-            let fits = size.is_some_and(|s| {
-                op.offset_bytes
-                    .checked_add(op.len_bytes)
-                    .is_some_and(|e| e <= s)
-            });
-            if !fits {
-                return Err(ReadError::InvalidOp {
-                    user_data: op.user_data,
-                    reason: format!(
-                        "{} bytes at offset {} of object #{} pass its size ({size:?} bytes)",
-                        op.len_bytes, op.offset_bytes, op.file
-                    ),
-                });
-            }
-        }
+        crate::reader::admit_sized(
+            self.ops.len(),
+            self.max_in_flight,
+            ops,
+            |i| shared.objects.get(i as usize).map(|o| o.size),
+            shared.objects.len(),
+        )?;
         let mut local = Vec::new();
         let mut remote = Vec::new();
         let mut keep = Vec::new();

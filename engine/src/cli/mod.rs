@@ -7,6 +7,7 @@ pub mod pack;
 pub mod run;
 pub mod say;
 pub mod serve;
+mod serve_args;
 mod serve_remote;
 pub mod stat;
 pub mod testing;

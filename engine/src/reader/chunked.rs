@@ -318,31 +318,15 @@ impl ReadEngine for ChunkedEngine {
     }
 
     unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
-        if self.in_flight() + ops.len() > self.max_in_flight() {
-            return Err(ReadError::Busy {
-                in_flight: self.in_flight(),
-                requested: ops.len(),
-                max_in_flight: self.max_in_flight(),
-            });
-        }
         // All or none: every read is checked before any is taken.
-        for op in ops {
-            let size = self.sizes.get(op.file as usize).copied();
-            let fits = size.is_some_and(|size| {
-                op.offset_bytes
-                    .checked_add(op.len_bytes)
-                    .is_some_and(|end| end <= size)
-            });
-            if !fits {
-                return Err(ReadError::InvalidOp {
-                    user_data: op.user_data,
-                    reason: format!(
-                        "{} bytes at offset {} of object #{} pass its size ({size:?} bytes)",
-                        op.len_bytes, op.offset_bytes, op.file
-                    ),
-                });
-            }
-        }
+        let sizes = &self.sizes;
+        super::admit_sized(
+            self.in_flight(),
+            self.max_in_flight(),
+            ops,
+            |i| sizes.get(i as usize).copied(),
+            sizes.len(),
+        )?;
         for op in ops {
             let Some(range) = self.chunk_of(op) else {
                 let tag = self.tag(Origin::Pass(op.user_data));

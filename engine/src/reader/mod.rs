@@ -293,6 +293,47 @@ pub(crate) fn admit(
     ops.iter().try_for_each(|op| files.check_op(op))
 }
 
+/// The all-or-none admission check of the engines over objects of known
+/// sizes (the remote engine, the disk cache in front of it, the chunk
+/// layer): room for every read, and every read inside its object, where
+/// `size_of(object)` is None for an object not in the table.
+pub(crate) fn admit_sized(
+    in_flight: usize,
+    max_in_flight: usize,
+    ops: &[ReadOp],
+    size_of: impl Fn(u32) -> Option<u64>,
+    objects: usize,
+) -> Result<(), ReadError> {
+    if in_flight + ops.len() > max_in_flight {
+        return Err(ReadError::Busy {
+            in_flight,
+            requested: ops.len(),
+            max_in_flight,
+        });
+    }
+    for op in ops {
+        let size = size_of(op.file);
+        let fits = size.is_some_and(|size| {
+            op.offset_bytes
+                .checked_add(op.len_bytes)
+                .is_some_and(|end| end <= size)
+        });
+        if !fits {
+            return Err(ReadError::InvalidOp {
+                user_data: op.user_data,
+                reason: match size {
+                    Some(size) => format!(
+                        "{} bytes at offset {} of object #{} pass its {size} bytes",
+                        op.len_bytes, op.offset_bytes, op.file
+                    ),
+                    None => format!("object #{} is not in the table of {objects}", op.file),
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
 /// An engine, and the warning to print once if `Auto` fell back to pread.
 pub struct OpenedEngine {
     /// The engine.

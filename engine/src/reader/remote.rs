@@ -148,39 +148,16 @@ impl ReadEngine for RemoteReadEngine {
     }
 
     unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
-        if self.outstanding.len() + ops.len() > self.max_in_flight {
-            return Err(ReadError::Busy {
-                in_flight: self.outstanding.len(),
-                requested: ops.len(),
-                max_in_flight: self.max_in_flight,
-            });
-        }
         // The fetch engine checks too, but names no read: the first bad
         // one's `user_data` goes back, as the local engines do.
-        for op in ops {
-            let size = self.objects.get(op.file as usize).map(|o| o.size);
-            let fits = size.is_some_and(|size| {
-                op.offset_bytes
-                    .checked_add(op.len_bytes)
-                    .is_some_and(|end| end <= size)
-            });
-            if !fits {
-                return Err(ReadError::InvalidOp {
-                    user_data: op.user_data,
-                    reason: match size {
-                        Some(size) => format!(
-                            "{} bytes at offset {} of object #{} pass its {size} bytes",
-                            op.len_bytes, op.offset_bytes, op.file
-                        ),
-                        None => format!(
-                            "object #{} is not in the table of {}",
-                            op.file,
-                            self.objects.len()
-                        ),
-                    },
-                });
-            }
-        }
+        let objects = &self.objects;
+        super::admit_sized(
+            self.outstanding.len(),
+            self.max_in_flight,
+            ops,
+            |i| objects.get(i as usize).map(|o| o.size),
+            objects.len(),
+        )?;
         let first_id = self.next_id;
         let mut reads = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
