@@ -16,6 +16,8 @@ s3s-fs's PUT writes (without it s3s-fs hashes the whole object on every GET). Co
                 (urllib3 keep-alive pool for http, boto3 for s3)
   tp16, tp64    the ConcurrentDataloader approach: 2 workers, each fetching
                 its batch with a pool of 16 / 64 threads (__getitems__)
+  s3tc2, s3tc8  s3torchconnector's S3MapDataset in a DataLoader, 2 / 8 workers
+                (s3:// only; pip install s3torchconnector; not in the default columns)
   raw256        object_store engine with 256 GETs in flight (examples/remote_fetch)
   ringfeed      `ringfeed serve --source URL` + one Python consumer (skipped
                 with a note when serve refuses the URL)
@@ -332,6 +334,43 @@ def run_dataloader(path, base, ds, workers, threads, cell_s):
     return {"bytes": nbytes, "objects": nobj, "secs": secs, "note": "batch %d" % batch}
 
 
+def run_s3tc(bucket, prefix, ds, workers, cell_s):
+    """AWS's s3torchconnector (CRT client): a DataLoader over S3MapDataset,
+    one GET per sample in each worker. Its listing returns no objects from
+    s3s-fs 0.14.1 (the CRT's ListObjectsV2 parse), so the dataset is made
+    from the keys (`from_objects`); GETs work. s3:// path only."""
+    import numpy as np
+    import torch.utils.data as tud
+    from s3torchconnector import S3ClientConfig, S3MapDataset
+
+    size, count = DATASETS[ds]
+    big = size >= MiB
+    batch = 1 if big else 16
+    uris = ["s3://%s/%s%06d.bin" % (bucket, prefix, i) for i in range(count)]
+    dataset = S3MapDataset.from_objects(
+        uris, region=os.environ.get("AWS_REGION", "us-east-1"), endpoint=os.environ["AWS_ENDPOINT_URL"],
+        transform=lambda obj: np.frombuffer(obj.read(), dtype=np.uint8),
+        s3client_config=S3ClientConfig(force_path_style=True),
+    )
+    loader = tud.DataLoader(dataset, batch_size=batch, sampler=range(count * 1000), num_workers=workers,
+                            prefetch_factor=1 if big else 2, persistent_workers=False)
+    t_first = None
+    nbytes = nobj = 0
+    it = iter(loader)
+    for b in it:
+        now = time.time()
+        if t_first is None:
+            t_first = now
+            continue
+        nbytes += b.numel()
+        nobj += b.shape[0]
+        if now - t_first >= cell_s:
+            break
+    secs = time.time() - t_first if t_first else float("nan")
+    del it
+    return {"bytes": nbytes, "objects": nobj, "secs": secs, "note": "batch %d, s3torchconnector S3MapDataset" % batch}
+
+
 # ---------------------------------------------------------------- rust clients
 
 
@@ -510,6 +549,11 @@ def main():
                                 r = run_dataloader(path, pybase, ds, int(col[2:]), 1, args.cell_s)
                             elif col.startswith("tp"):
                                 r = run_dataloader(path, pybase, ds, 2, int(col[2:]), args.cell_s)
+                            elif col.startswith("s3tc"):
+                                if path != "s3":
+                                    r = {"skip": "s3torchconnector reads s3:// only"}
+                                else:
+                                    r = run_s3tc(BUCKET, "ds%s/" % ds, ds, int(col[4:]), args.cell_s)
                             elif col == "raw256":
                                 r = run_raw(args.target, url, keys, ds, env, args.cell_s)
                             elif col == "ringfeed":

@@ -130,8 +130,21 @@ fn an_empty_prefix_is_an_error_that_names_it() {
 }
 
 #[test]
-fn a_remote_listing_is_never_taken_from_the_cache_and_says_why() {
-    let (_dir, remote) = both();
-    let why = remote.cache_identity().unwrap_err();
-    assert!(why.contains("not cached"), "{why}");
+fn a_prefix_listing_is_cached_under_its_url_and_a_keys_file_listing_never_is() {
+    let (dir, remote) = both();
+    // A prefix: its identity names the URL (and any endpoint variables set),
+    // so the same bucket name on another server is another cache entry.
+    let identity = remote.cache_identity().unwrap();
+    let text = String::from_utf8(identity).unwrap();
+    assert!(text.starts_with("memory:///set/"), "{text}");
+    // A --keys listing is read from its file at every start.
+    let keys = dir.path().join("keys.txt");
+    std::fs::write(&keys, "a\n").unwrap();
+    let store = StoreHandle::from_store(Arc::new(InMemory::new()), "set", "memory:///set/");
+    let from_keys = RemoteSource::over(store, Arc::clone(remote.runtime()), Some(&keys));
+    let why = from_keys.cache_identity().unwrap_err();
+    assert!(
+        why.contains("--keys") && why.contains("every start"),
+        "{why}"
+    );
 }
