@@ -68,7 +68,11 @@ def serve(source, env, cache_dir, epochs=1, extra=(), consumers=True, name=None)
     name = name or "cache-%s" % uuid.uuid4().hex[:8]
     args = [ringfeed_bin(), "serve", "--source", source, "--name", name, "--batch-size", str(BATCH),
             "--world-size", str(WORLD), "--epochs", str(epochs), "--seed", str(SEED),
-            "--cache-dir", str(cache_dir), *extra]
+            "--cache-dir", str(cache_dir),
+            # List at every start: an object changed between runs must reach
+            # the manifest (and its new ETag the data cache); the manifest
+            # cache's own rule is test_remote_manifest_cache.py's.
+            "--manifest-max-age", "0", *extra]
     loader = subprocess.Popen(args, stderr=subprocess.PIPE, env=dict(os.environ, **env))
     ranks = [subprocess.Popen(python_consumer("hash_consumer.py", name, r), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE) for r in range(WORLD)] if consumers else []
