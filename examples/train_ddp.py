@@ -30,6 +30,7 @@ STOP_AFTER_STEP=K has every rank, after the first step K and its checkpoint,
 say "stopped after step K" and wait to be killed, as a job is mid-run.
 """
 import os
+import sys
 import time
 
 import torch
@@ -125,6 +126,16 @@ def main():
         # exception", seen once in CI with two machines).
         dist.barrier()
         dist.destroy_process_group()
+        # Nothing is left to do, so leave without the interpreter's
+        # finalization: there, gloo's worker threads can still hold work
+        # objects whose release aborts the process ("terminate called
+        # without an active exception", SIGABRT; pytorch/pytorch#179291
+        # describes it), which CI saw once in about three runs even with the
+        # barrier above, and torchrun then reports a job that trained to
+        # the end as failed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -259,9 +259,7 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
     // is nothing to clean up yet.
     signals::install();
     let loader = Loader::start(plan)?;
-    if let Some(cached) = cached_remote {
-        cached.relist_in_background();
-    }
+    let relisting = cached_remote.and_then(CachedRemote::relist_in_background);
     if let Some(server) = &metrics {
         server.watch_ring(&cfg.name);
     }
@@ -283,6 +281,19 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
     );
     match loader.run(&signals::STOP) {
         Ok(report) => {
+            // A run served from a cached listing is done once that listing
+            // is confirmed: a small dataset can be served before the
+            // background re-list ends, from the data cache without a read
+            // that would have seen the change.
+            if let Some(relist) = relisting {
+                if !relist.is_finished() {
+                    say_err!("ringfeed: every batch served; waiting for the background re-list of {} to confirm the cached listing", cfg.source);
+                }
+                let _ = relist.join();
+                if let Some(why) = signals::stop_reason() {
+                    bail!("{why} (every batch had been served, from the cached listing: the trainers saw the dataset as it was when that listing was made)");
+                }
+            }
             let secs = report.elapsed.as_secs_f64();
             say_err!(
                 "ringfeed: done: {} batches, {} samples, {} in {:.2} s ({:.2} GB/s, reader {})",

@@ -81,8 +81,9 @@ impl CachedRemote {
 
     /// Lists the prefix again beside the run: a change stops the run
     /// (`signals::stop_with`), a failure is a warning (reads still insist
-    /// on the cached ETags).
-    pub(super) fn relist_in_background(self) {
+    /// on the cached ETags). The handle, to wait for it before a run that
+    /// served everything is called done.
+    pub(super) fn relist_in_background(self) -> Option<std::thread::JoinHandle<()>> {
         let name = self.remote.store().display.clone();
         let named = name.clone();
         let spawned =
@@ -99,10 +100,14 @@ impl CachedRemote {
                 ),
                 },
             );
-        if let Err(err) = spawned {
-            tracing::warn!(
-                "cannot start the background re-list of {name} ({err}); serving from the cached listing"
-            );
+        match spawned {
+            Ok(handle) => Some(handle),
+            Err(err) => {
+                tracing::warn!(
+                    "cannot start the background re-list of {name} ({err}); serving from the cached listing"
+                );
+                None
+            }
         }
     }
 }

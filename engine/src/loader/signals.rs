@@ -27,6 +27,19 @@ pub fn stop_with(reason: String) {
     let _ = STOP.compare_exchange(0, STOP_NOT_A_SIGNAL, Ordering::Release, Ordering::Relaxed);
 }
 
+/// The reason given to [`stop_with`], if [`STOP`] holds one (and no signal
+/// came first): for a check that ends after the loader has served its last
+/// batch.
+pub fn stop_reason() -> Option<String> {
+    if STOP.load(Ordering::Relaxed) != STOP_NOT_A_SIGNAL {
+        return None;
+    }
+    match stopped_error(&STOP) {
+        ServeError::SourceChanged(reason) => Some(reason),
+        _ => None,
+    }
+}
+
 /// The error for a `stop` found at STOP_NOT_A_SIGNAL: the reason given to
 /// [`stop_with`] when `stop` is [`STOP`], else a plain stop.
 pub(crate) fn stopped_error(stop: &AtomicU32) -> ServeError {
