@@ -296,6 +296,26 @@ def make_dataset(path, base, count, threads):
     return ThreadPoolBatch() if threads > 1 else OneGetPerSample()
 
 
+def time_loader(loader, cell_s, note):
+    """Bytes and samples a DataLoader delivers for `cell_s` seconds, counted
+    from its first batch on (as for ringfeed: worker start-up excluded)."""
+    t_first = None
+    nbytes = nobj = 0
+    it = iter(loader)
+    for b in it:
+        now = time.time()
+        if t_first is None:
+            t_first = now
+            continue
+        nbytes += b.numel()
+        nobj += b.shape[0]
+        if now - t_first >= cell_s:
+            break
+    secs = time.time() - t_first if t_first else float("nan")
+    del it
+    return {"bytes": nbytes, "objects": nobj, "secs": secs, "note": note}
+
+
 def run_dataloader(path, base, ds, workers, threads, cell_s):
     import warnings
 
@@ -317,21 +337,7 @@ def run_dataloader(path, base, ds, workers, threads, cell_s):
         prefetch_factor=1 if big else 2,
         persistent_workers=False,
     )
-    t_first = None
-    nbytes = nobj = 0
-    it = iter(loader)
-    for b in it:
-        now = time.time()
-        if t_first is None:  # from the first batch on, as for ringfeed: worker start-up excluded
-            t_first = now
-            continue
-        nbytes += b.numel()
-        nobj += b.shape[0]
-        if now - t_first >= cell_s:
-            break
-    secs = time.time() - t_first if t_first else float("nan")
-    del it
-    return {"bytes": nbytes, "objects": nobj, "secs": secs, "note": "batch %d" % batch}
+    return time_loader(loader, cell_s, "batch %d" % batch)
 
 
 def run_s3tc(bucket, prefix, ds, workers, cell_s):
@@ -354,21 +360,7 @@ def run_s3tc(bucket, prefix, ds, workers, cell_s):
     )
     loader = tud.DataLoader(dataset, batch_size=batch, sampler=range(count * 1000), num_workers=workers,
                             prefetch_factor=1 if big else 2, persistent_workers=False)
-    t_first = None
-    nbytes = nobj = 0
-    it = iter(loader)
-    for b in it:
-        now = time.time()
-        if t_first is None:
-            t_first = now
-            continue
-        nbytes += b.numel()
-        nobj += b.shape[0]
-        if now - t_first >= cell_s:
-            break
-    secs = time.time() - t_first if t_first else float("nan")
-    del it
-    return {"bytes": nbytes, "objects": nobj, "secs": secs, "note": "batch %d, s3torchconnector S3MapDataset" % batch}
+    return time_loader(loader, cell_s, "batch %d, s3torchconnector S3MapDataset" % batch)
 
 
 # ---------------------------------------------------------------- rust clients

@@ -11,7 +11,6 @@ module is skipped, saying so (RINGFEED_TEST_REQUIRE_REMOTE=1: a failure).
 import os
 import random
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from e2e_util import crc32, kill_survivors, python_consumer, ringfeed_bin, wait_all
+from test_remote_serve import start_server
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = REPO / "tests" / "servers"
@@ -29,12 +29,6 @@ WORLD, BATCH, SEED = 2, 4, 5
 N_OBJECTS, OBJECT_BYTES = 64, 16 << 10
 FOOTER_BYTES = 64
 ENTRY_BYTES = OBJECT_BYTES + FOOTER_BYTES
-
-
-def _skip_or_fail(why):
-    if os.environ.get("RINGFEED_TEST_REQUIRE_REMOTE") == "1":
-        pytest.fail(why)
-    pytest.skip(why)
 
 
 @pytest.fixture(scope="module")
@@ -198,22 +192,6 @@ def test_kill_9_during_the_fill_never_leaves_an_entry_that_reads_back_wrong(s3, 
     on_disk = sum(p.stat().st_size for p in entries(tmp_path))
     assert f["used"] == on_disk, (f, on_disk)
     assert not list((tmp_path / "data").glob("*/.tmp.*"))
-
-
-def start_server(state, name):
-    """Starts test server `name`; returns the environment it exported."""
-    started = subprocess.run([str(SERVERS / "servers.sh"), "start", name, str(state)],
-                             capture_output=True, text=True, timeout=180)
-    if started.returncode != 0:
-        _skip_or_fail("cannot start the %s test server: %s" % (name, (started.stderr or started.stdout)[-600:]))
-    env = {}
-    for line in (state / ("%s.env" % name)).read_text().splitlines():
-        words = shlex.split(line)
-        if words[:1] == ["export"]:
-            for word in words[1:]:
-                key, _, value = word.partition("=")
-                env[key] = value
-    return env
 
 
 @pytest.fixture(scope="module")
