@@ -23,6 +23,7 @@ pub mod outcome;
 pub mod producer;
 pub mod protocol;
 pub mod resume;
+pub mod safe_file;
 pub mod segment;
 pub mod start;
 pub mod sync;
