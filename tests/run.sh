@@ -30,6 +30,8 @@ command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked -q
 
 step "lint: cargo fmt --check, clippy -D warnings, docs with missing docs denied"
 cargo fmt --all --check
+# The engine's import map: fails on a circle between rooms not in its KNOWN list (issue 28).
+python3 .ci/import_map.py
 cargo clippy --workspace --release --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings -D missing_docs" cargo doc --no-deps --locked -p ringfeed -p ringfeed-ring
 # ffi's library is also named ringfeed: documented apart, so the two do not collide.
