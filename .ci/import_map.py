@@ -19,9 +19,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # must be removed from this list, so it cannot come back.
 KNOWN = {
     ("cache/engine.rs", "cache/mod.rs", "cache/writer.rs", "reader/mod.rs"),
-    ("loader/counters.rs", "loader/run.rs"),
     ("manifest/format.rs", "manifest/mod.rs", "source/cache.rs", "source/mod.rs"),
-    ("reader/uring/ring.rs", "reader/uring/shard.rs"),
     ("remote/error.rs", "remote/metrics.rs", "remote/store.rs"),
 }
 

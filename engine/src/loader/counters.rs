@@ -1,10 +1,9 @@
 //! The loader's counters block in the ring header (`ring::layout::Counter`),
-//! rewritten every [`COUNTERS_EVERY`] from the loop's thread, so that
+//! rewritten every `run::COUNTERS_EVERY` from the loop's thread, so that
 //! `ringfeed stat`, which reads only the header, shows the remote engine's
 //! figures and the disk cache's.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use super::run::Loader;
 use crate::cache::CacheStats;
@@ -12,9 +11,6 @@ use crate::remote::RemoteMetrics;
 use crate::ring::layout::Counter;
 use crate::ring::Producer;
 use crate::source::OpenedSource;
-
-/// How often the loader rewrites the counters block.
-pub(super) const COUNTERS_EVERY: Duration = Duration::from_millis(100);
 
 impl Loader {
     /// Writes the counters block from the sources' own figures.

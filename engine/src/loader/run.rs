@@ -10,11 +10,13 @@ use crate::reader::{open_engine_for, Completion, ReadEngine, ReadError, ReadOp};
 use crate::ring::segment::human_bytes;
 use crate::ring::{CreateError, Producer, RingGeometry};
 
-use super::counters::COUNTERS_EVERY;
 use super::pending::{Pending, RankCursor};
 use super::watch::PROGRESS_EVERY;
 use super::{check_stop, Plan, ServeError, ServeReport};
 
+/// How often the loader rewrites the counters block in the ring header
+/// (counters.rs).
+pub(super) const COUNTERS_EVERY: Duration = Duration::from_millis(100);
 /// How often the loader looks for ranks whose consumer died.
 const RECLAIM_EVERY: Duration = Duration::from_millis(100);
 /// Longest wait for a read completion before looking at the ring again.

@@ -50,7 +50,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use self::ring::Ring;
-use self::shard::{Batch, ShardMsg, Wake};
+use self::shard::{Batch, ShardMsg};
+use self::wake::Wake;
 use super::files::KeptFiles;
 use super::{Completion, FileTable, ReadEngine, ReadError, ReadOp, ReaderConfig};
 
@@ -58,6 +59,7 @@ mod ops;
 mod probe;
 mod ring;
 mod shard;
+mod wake;
 
 const BACKEND: &str = "io_uring";
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::probe::{open_ring, NOP_USER_DATA};
-use super::shard::Wake;
+use super::wake::Wake;
 use super::BACKEND;
 use crate::reader::files::KeptFiles;
 use crate::reader::{Completion, FileTable, ReadError, ReadOp, ReaderConfig};
