@@ -60,6 +60,10 @@ def put_dataset(s3, n=N_OBJECTS, size=OBJECT_BYTES, seed=1):
 def serve(source, env, cache_dir, epochs=1, extra=(), consumers=True, name=None):
     """Starts a loader (and its ranks); returns (loader, ranks)."""
     name = name or "cache-%s" % uuid.uuid4().hex[:8]
+    if "--cache-size" not in extra:
+        # Explicit: the default depends on the free space of the disk the
+        # tests run on (issue 32: 0 B on a big, nearly full one).
+        extra = ["--cache-size", "1G", *extra]
     args = [ringfeed_bin(), "serve", "--source", source, "--name", name, "--batch-size", str(BATCH),
             "--world-size", str(WORLD), "--epochs", str(epochs), "--seed", str(SEED),
             "--cache-dir", str(cache_dir),

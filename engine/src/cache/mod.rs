@@ -48,9 +48,12 @@ pub const STATE_WRITING: u8 = 2;
 /// Bytes of fetched objects waiting for the writer; past it, an object is
 /// not admitted now (it gets another chance next epoch).
 pub const WRITE_QUEUE_BYTES_MAX: u64 = 64 << 20;
-/// Room the default size leaves free on the cache's file system: this much
-/// or [`RESERVE_PERCENT`] of it, whichever is more.
+/// Room the default size leaves free on the cache's file system:
+/// [`RESERVE_PERCENT`] of it, at least this much...
 pub const RESERVE_BYTES_MIN: u64 = 1 << 30;
+/// ...and at most this much: 10% of a 252 GiB disk is 25 GiB, more than the
+/// 21 GiB a nearly full one had free, which left a default size of 0 B.
+pub const RESERVE_BYTES_MAX: u64 = 5 << 30;
 /// Share of the file system the default size leaves free, in percent.
 pub const RESERVE_PERCENT: u64 = 10;
 /// Longest wait at start for the check of existing entries; the rest is
@@ -376,9 +379,7 @@ fn auto_size(root: &Path, dataset_bytes: u64, used_bytes: u64) -> (u64, String) 
             "the free space of its file system cannot be read; pass --cache-size".to_owned(),
         );
     };
-    let reserve = (total / 100 * RESERVE_PERCENT).max(RESERVE_BYTES_MIN);
-    // Entries already there are ours to keep: they count as room.
-    let room = free.saturating_add(used_bytes).saturating_sub(reserve);
+    let (reserve, room) = room_of(total, free, used_bytes);
     if dataset_bytes <= room {
         (
             dataset_bytes,
@@ -395,6 +396,16 @@ fn auto_size(root: &Path, dataset_bytes: u64, used_bytes: u64) -> (u64, String) 
             ),
         )
     }
+}
+
+/// (reserve, room) on a file system of `total` bytes with `free` bytes free
+/// and `used_bytes` of entries: the reserve is [`RESERVE_PERCENT`] of it,
+/// between [`RESERVE_BYTES_MIN`] and [`RESERVE_BYTES_MAX`].
+fn room_of(total: u64, free: u64, used_bytes: u64) -> (u64, u64) {
+    let reserve = (total / 100 * RESERVE_PERCENT).clamp(RESERVE_BYTES_MIN, RESERVE_BYTES_MAX);
+    // Entries already there are ours to keep: they count as room.
+    let room = free.saturating_add(used_bytes).saturating_sub(reserve);
+    (reserve, room)
 }
 
 /// (size, bytes free to unprivileged users) of the file system of `path`.
@@ -429,5 +440,15 @@ mod tests {
             .unwrap_err()
             .contains("unknown unit"));
         assert!(parse_size("G").is_err());
+    }
+
+    #[test]
+    fn the_default_leaves_at_most_5_gib_free_on_a_big_nearly_full_disk() {
+        const GIB: u64 = 1 << 30;
+        // Issue 32: 21 GiB free on a 252 GiB disk gave 0 B.
+        assert_eq!(room_of(252 * GIB, 21 * GIB, 0), (5 * GIB, 16 * GIB));
+        assert_eq!(room_of(20 * GIB, 10 * GIB, 0), (2 * GIB, 8 * GIB));
+        assert_eq!(room_of(4 * GIB, 3 * GIB, GIB), (GIB, 3 * GIB));
+        assert_eq!(room_of(4 * GIB, 0, 0).1, 0);
     }
 }
