@@ -32,6 +32,7 @@ use crate::cli::say::say_err;
 use crate::manifest::FileList;
 use crate::reader::{FileTable, ReadError};
 use crate::remote::RemoteObject;
+use crate::ring;
 use crate::ring::segment::human_bytes;
 
 pub use engine::CachedEngine;
@@ -253,11 +254,37 @@ impl DataCache {
         };
         let usage = Usage::open(&cfg.root).map_err(err(&cfg.root))?;
         let dir = dataset_dir(&cfg.root, source_display);
-        std::fs::create_dir_all(&dir).map_err(err(&dir))?;
+        let dataset = match dir.file_name() {
+            Some(name) => usage.dir().make_dir(name, usage::DIR_MODE),
+            None => Err(ring::safe_file::TrustError::Io {
+                path: dir.clone(),
+                source: std::io::ErrorKind::InvalidInput.into(),
+            }),
+        }
+        .map_err(|e| OpenError {
+            path: dir.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()),
+        })?;
         let source_file = dir.join("source");
-        if !source_file.exists() {
-            std::fs::write(&source_file, format!("{source_display}\n"))
-                .map_err(err(&source_file))?;
+        match dataset.open_trusted(std::ffi::OsStr::new("source")) {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => dataset
+                .write_atomic(
+                    std::ffi::OsStr::new("source"),
+                    format!("{source_display}\n").as_bytes(),
+                    usage::FILE_MODE,
+                    false,
+                )
+                .map_err(err(&source_file))?,
+            Err(e) => {
+                return Err(OpenError {
+                    path: source_file,
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        e.to_string(),
+                    ),
+                })
+            }
         }
         let scan = usage.rescan().map_err(err(&cfg.root))?;
         let dataset_bytes: u64 = objects
@@ -447,7 +474,8 @@ mod tests {
         const GIB: u64 = 1 << 30;
         // Issue 32: 21 GiB free on a 252 GiB disk gave 0 B.
         assert_eq!(room_of(252 * GIB, 21 * GIB, 0), (5 * GIB, 16 * GIB));
-        assert_eq!(room_of(20 * GIB, 10 * GIB, 0), (2 * GIB, 8 * GIB));
+        let (reserve, room) = room_of(20 * GIB, 10 * GIB, 0);
+        assert_eq!((reserve, room), (20 * GIB / 100 * 10, 10 * GIB - reserve));
         assert_eq!(room_of(4 * GIB, 3 * GIB, GIB), (GIB, 3 * GIB));
         assert_eq!(room_of(4 * GIB, 0, 0).1, 0);
     }
