@@ -12,7 +12,7 @@ use std::time::Duration;
 use ringfeed::manifest::{
     Manifest, ManifestCache, ManifestError, ManifestOptions, ManifestOrigin, ObjectNames,
 };
-use ringfeed::source::LocalSource;
+use ringfeed::source::{LocalSource, OpenedSource};
 
 /// Longer than a file-system clock tick (at most 10 ms with HZ=100, or a
 /// whole second on a file system without sub-second times): a change made
@@ -70,6 +70,14 @@ fn tree() -> tempfile::TempDir {
 
 fn build(root: &Path, cache: &ManifestCache) -> (Manifest, ManifestOrigin) {
     Manifest::build_cached(root, &opts(None), cache, false).unwrap()
+}
+
+/// As `build`, following links to files outside the tree
+/// (`--follow-links-outside`).
+fn build_following(root: &Path, cache: &ManifestCache) -> (Manifest, ManifestOrigin) {
+    OpenedSource::Local(LocalSource::open(root).unwrap().follow_links_outside(true))
+        .build_manifest_cached(&opts(None), cache, false)
+        .unwrap()
 }
 
 fn rel_paths(m: &Manifest) -> Vec<String> {
@@ -393,21 +401,26 @@ fn a_link_whose_target_outside_the_tree_changes_is_seen() {
         stat_files_max: 0,
         ..cache_in(cache_dir.path())
     };
-    let m = listed_then_cached(data.path(), &cache);
+    let (listed, _) = build_following(data.path(), &cache);
+    let (m, origin) = build_following(data.path(), &cache);
+    assert_cached(&origin);
+    assert_eq!(m.files(), listed.files());
     assert!(!rel_paths(&m).contains(&"to_dir".to_owned()));
+    assert!(rel_paths(&m).contains(&"to_file".to_owned()));
 
     // The directory a link pointed to becomes a file: the link is a sample now.
     fs::remove_dir(outside.path().join("d")).unwrap();
     fs::write(outside.path().join("d"), b"now a file").unwrap();
-    let (m, origin) = build(data.path(), &cache);
+    let (m, origin) = build_following(data.path(), &cache);
     assert_listed(&origin, "the target of link");
     assert!(rel_paths(&m).contains(&"to_dir".to_owned()));
-    cached_again(data.path(), &cache);
+    sleep(tick());
+    assert_cached(&build_following(data.path(), &cache).1);
 
     // The file a link points to is replaced by a larger one.
     fs::write(outside.path().join("f2"), b"123456789").unwrap();
     fs::rename(outside.path().join("f2"), outside.path().join("f")).unwrap();
-    let (m, origin) = build(data.path(), &cache);
+    let (m, origin) = build_following(data.path(), &cache);
     assert_listed(&origin, "to_file");
     let to_file = m
         .files()
@@ -415,6 +428,44 @@ fn a_link_whose_target_outside_the_tree_changes_is_seen() {
         .find(|f| f.rel_path == Path::new("to_file"))
         .unwrap();
     assert_eq!(to_file.size_bytes, 9);
+}
+
+#[test]
+fn a_link_to_a_file_outside_the_tree_is_left_out_and_the_cache_knows_it() {
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("secret"), b"not yours").unwrap();
+    let data = tree();
+    symlink(outside.path().join("secret"), data.path().join("leak")).unwrap();
+    symlink(data.path().join("top"), data.path().join("inside")).unwrap();
+    sleep(tick());
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = ManifestCache {
+        stat_files_max: 0,
+        ..cache_in(cache_dir.path())
+    };
+    let m = listed_then_cached(data.path(), &cache);
+    assert!(!rel_paths(&m).contains(&"leak".to_owned()));
+    assert!(rel_paths(&m).contains(&"inside".to_owned()));
+    // Asked for: listed, and a cache of the other kind is not taken as is.
+    let (m, origin) = build_following(data.path(), &cache);
+    assert_listed(&origin, "leak");
+    assert!(rel_paths(&m).contains(&"leak".to_owned()));
+    sleep(tick());
+    // Back to the default: the followed link is out again.
+    let (m, origin) = build(data.path(), &cache);
+    assert_listed(&origin, "leak");
+    assert!(!rel_paths(&m).contains(&"leak".to_owned()));
+    cached_again(data.path(), &cache);
+    // The link's target moves into the tree (same size): now listed.
+    fs::write(data.path().join("a/secret"), b"not yours").unwrap();
+    sleep(tick());
+    fs::remove_file(outside.path().join("secret")).unwrap();
+    symlink(outside.path().join("gone"), outside.path().join("secret")).unwrap();
+    fs::remove_file(outside.path().join("secret")).unwrap();
+    symlink(data.path().join("a/secret"), outside.path().join("secret")).unwrap();
+    let (m, origin) = build(data.path(), &cache);
+    assert_listed(&origin, "");
+    assert!(rel_paths(&m).contains(&"leak".to_owned()));
 }
 
 #[test]

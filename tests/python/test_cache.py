@@ -60,6 +60,10 @@ def put_dataset(s3, n=N_OBJECTS, size=OBJECT_BYTES, seed=1):
 def serve(source, env, cache_dir, epochs=1, extra=(), consumers=True, name=None):
     """Starts a loader (and its ranks); returns (loader, ranks)."""
     name = name or "cache-%s" % uuid.uuid4().hex[:8]
+    if "--cache-size" not in extra:
+        # Explicit: the default depends on the free space of the disk the
+        # tests run on (issue 32: 0 B on a big, nearly full one).
+        extra = ["--cache-size", "1G", *extra]
     args = [ringfeed_bin(), "serve", "--source", source, "--name", name, "--batch-size", str(BATCH),
             "--world-size", str(WORLD), "--epochs", str(epochs), "--seed", str(SEED),
             "--cache-dir", str(cache_dir),
@@ -326,3 +330,64 @@ def test_a_cache_directory_that_cannot_be_made_is_a_warning_and_the_run_reads_re
     assert "cannot use the data cache" in log and "reading everything from remote" in log, log
     assert "data cache: " not in log.split("ringfeed: done:")[1], log
     assert rows == reference
+
+
+# Issue 32: a cache beside other users.
+
+def _as_nobody(script):
+    import shutil
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to act as another user")
+    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-ec", script],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.fixture
+def shared_tmp():
+    """A sticky, world-writable directory under /tmp (as /tmp itself is)."""
+    import shutil
+    import tempfile
+    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="rf-cache-shared-"))
+    os.chmod(d, 0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_entries_are_private_to_the_user_who_cached_them(s3, dataset, reference, tmp_path):
+    source, objects = dataset
+    cache = tmp_path / "c"
+    rows, log = run(source, s3[0], cache, epochs=1)
+    found = entries(cache)
+    assert found, log
+    data = cache / "data"
+    dirs = [cache, data] + [p for p in data.rglob("*") if p.is_dir()]
+    files = [p for p in data.rglob("*") if p.is_file()]
+    assert all(os.stat(d).st_mode & 0o777 == 0o700 for d in dirs), [(d, oct(os.stat(d).st_mode)) for d in dirs]
+    assert all(os.stat(f).st_mode & 0o777 == 0o600 for f in files), [(f, oct(os.stat(f).st_mode)) for f in files]
+
+
+def test_links_and_a_fifo_planted_in_a_shared_cache_dir_neither_write_through_nor_hang(s3, dataset, reference, tmp_path, shared_tmp):
+    source, objects = dataset
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's file, not a counter")
+    os.chmod(victim, 0o600)
+    # Another user got there first: the cache directory itself is theirs,
+    # with usage and lock linked to root's file and a FIFO named like an
+    # unfinished write.
+    cache = shared_tmp / "cache"
+    _as_nobody("mkdir -p {c}/data/{ds}; ln -s {v} {c}/data/usage; ln -s {v} {c}/data/lock; mkfifo {c}/data/{ds}/.tmp.100.1.1;"
+               " chmod -R a+rwx {c}".format(c=cache, v=victim, ds="0123456789abcdef"))
+    started = time.monotonic()
+    rows, log = run(source, s3[0], cache, epochs=2)
+    assert time.monotonic() - started < 50, "start-up waited"
+    assert victim.read_bytes() == b"root's file, not a counter"
+    assert "cannot use the data cache" in log and "belongs to uid 65534" in log, log
+    assert rows == reference
+    # In the sticky shared directory itself: data/ is made ours, 0700; what
+    # another user plants inside it is never opened.
+    cache2 = shared_tmp / "cache2"
+    cache2.mkdir()
+    os.chmod(cache2, 0o1777)
+    rows, log = run(source, s3[0], cache2, epochs=1)
+    assert os.stat(cache2 / "data").st_mode & 0o777 == 0o700, log

@@ -411,3 +411,140 @@ def test_a_file_changed_in_place_while_packing_stops_the_run_naming_it(tmp_path)
     assert proc.returncode == 1, err
     assert "299.bin changed while packing (its mtime moved" in err, err
     assert not list(dest.glob(".*.tmp")), "the shard being written was abandoned"
+
+
+# Issue 32: pack as root beside other users.
+
+def _need_root_and_setpriv():
+    import shutil
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to act as another user")
+
+
+def _as_nobody(script):
+    """Runs the shell `script` as uid 65534 (nobody), no groups."""
+    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-ec", script],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.fixture
+def shared_dir():
+    """A sticky, world-writable directory under /tmp (as /tmp itself is)."""
+    import shutil
+    import tempfile
+    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="rf-shared-"))
+    os.chmod(d, 0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _victim(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's secret, not for shards")
+    os.chmod(victim, 0o600)
+    os.chmod(tmp_path, 0o755)  # nobody may name it in a link (links need no access anyway)
+    return victim
+
+
+def _small_tree(root, n=60):
+    root.mkdir(mode=0o755)
+    for i in range(n):
+        (root / ("%03d.bin" % i)).write_bytes(b"%03d" % i * 100)
+        os.chmod(root / ("%03d.bin" % i), 0o644)
+
+
+def test_pack_into_a_shared_sticky_dest_never_writes_through_links_another_user_planted(tmp_path, shared_dir):
+    _need_root_and_setpriv()
+    victim = _victim(tmp_path)
+    src = tmp_path / "src"
+    _small_tree(src)
+    dest = shared_dir / "out"
+    dest.mkdir()
+    os.chmod(dest, 0o1777)
+    # Every name the old pack used for its temporaries, planted for each shard.
+    _as_nobody("cd %s; for i in $(seq 0 40); do n=$(printf %%06d $i);"
+               " ln -s %s .shard-$n.tar.tmp; ln -s %s .shard-$n.tar.idx.tmp; done;"
+               " ln -s %s ..ringfeed-pack.plan.tmp" % (shlex.quote(str(dest)), victim, victim, victim))
+    p = pack(src, dest, "--shard-size", "8KiB")
+    assert victim.read_bytes() == b"root's secret, not for shards"
+    published = sorted(dest.glob("shard-*"))
+    assert len(published) >= 6, published
+    for f in published:
+        st = os.lstat(f)
+        assert not os.path.islink(f) and st.st_uid == 0, (f, st)
+    members = sum(len(tarfile.open(s).getnames()) for s in shards(dest))
+    assert members == 60
+    # The planted links are left as they were, and nothing was read through them.
+    assert os.path.islink(dest / ".shard-000001.tar.tmp")
+
+
+def test_a_world_writable_dest_without_the_sticky_bit_is_refused(tmp_path, shared_dir):
+    src = tmp_path / "src"
+    _small_tree(src, n=4)
+    dest = shared_dir / "open"
+    dest.mkdir()
+    os.chmod(dest, 0o777)
+    p = pack(src, dest, check=False)
+    assert p.returncode == 1, p.stderr
+    assert "writable by every user and not sticky (mode 0777)" in p.stderr, p.stderr
+    assert "chmod +t" in p.stderr
+    assert not list(dest.iterdir())
+
+
+def test_a_plan_or_shard_planted_by_another_user_in_dest_is_not_trusted(tmp_path, shared_dir):
+    _need_root_and_setpriv()
+    victim = _victim(tmp_path)
+    src = tmp_path / "src"
+    _small_tree(src, n=8)
+    dest = shared_dir / "out"
+    dest.mkdir()
+    os.chmod(dest, 0o1777)
+    _as_nobody("printf 'forged plan' > %s/.ringfeed-pack.plan" % shlex.quote(str(dest)))
+    p = pack(src, dest, check=False)
+    assert p.returncode == 1, p.stderr
+    assert ".ringfeed-pack.plan belongs to uid 65534" in p.stderr and "not trusted" in p.stderr, p.stderr
+    os.unlink(dest / ".ringfeed-pack.plan")
+    _as_nobody("ln -s /dev/zero %s/shard-000000.tar" % shlex.quote(str(dest)))
+    p = pack(src, dest, check=False)
+    assert p.returncode == 1, p.stderr
+    assert "shard-000000.tar is not a regular file (a symlink)" in p.stderr, p.stderr
+    assert victim.read_bytes() == b"root's secret, not for shards"
+
+
+def test_a_link_out_of_the_source_is_skipped_naming_it_unless_asked_for(tmp_path, shared_dir):
+    _need_root_and_setpriv()
+    victim = _victim(tmp_path)
+    src = shared_dir / "src"
+    _small_tree(src, n=4)
+    os.chmod(src, 0o777)
+    (src / "inside.txt").write_bytes(b"inside")
+    os.symlink("inside.txt", src / "ok-link.txt")  # inside the source: packed
+    _as_nobody("ln -s %s %s/leak.txt; ln -s %s %s/leak2.txt" % (victim, src, victim, src))
+    out = tmp_path / "out"
+    p = pack(src, out)
+    assert "skipped 2 link(s) to files outside it (%s/leak.txt, %s/leak2.txt)" % (src, src) in p.stderr, p.stderr
+    assert "--follow-links-outside" in p.stderr
+    names = [n for s in shards(out) for n in tarfile.open(s).getnames()]
+    assert "ok-link.txt" in names and "leak.txt" not in names, names
+    assert all(b"root's secret" not in s.read_bytes() for s in shards(out))
+    # Asked for: followed (root packs what root may read).
+    out2 = tmp_path / "out2"
+    p = pack(src, out2, "--follow-links-outside")
+    names = [n for s in shards(out2) for n in tarfile.open(s).getnames()]
+    assert "leak.txt" in names and "skipped" not in p.stderr, (names, p.stderr)
+    # A source file only its owner may read: the shards are 0600 too.
+    for s in shards(out2):
+        assert os.stat(s).st_mode & 0o777 == 0o600, oct(os.stat(s).st_mode)
+    for s in shards(out):
+        assert os.stat(s).st_mode & 0o777 == 0o644, oct(os.stat(s).st_mode)
+
+
+def test_a_dest_inside_the_source_through_dotdot_is_refused_before_it_is_made(tmp_path):
+    src = tmp_path / "src"
+    _small_tree(src, n=2)
+    (tmp_path / "other").mkdir()
+    p = pack(src, "%s/other/../src/x" % tmp_path, check=False)
+    assert p.returncode == 1, p.stderr
+    assert "is inside --source" in p.stderr, p.stderr
+    assert not (src / "x").exists(), "x was created inside SRC"

@@ -1147,6 +1147,29 @@ def test_what_the_listing_leaves_out_is_said_once(tmp_path):
     assert err.count("skipped") == 1, err
 
 
+def test_a_link_to_a_file_outside_the_source_is_not_served_unless_asked_for(tmp_path):
+    # Issue 32: `ln -s /root-only-file SRC/leak.txt` put root-only bytes in
+    # front of every trainer of a root loader.
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "x").write_bytes(b"1")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root only")
+    os.chmod(secret, 0o600)
+    os.symlink(secret, src / "leak.txt")
+    time.sleep(2.1)  # older than the cache's racy window, so the listing is stored
+    cache = tmp_path / "cache"
+    said = "skipped 1 link(s) to files outside it (%s)" % (src / "leak.txt")
+    for how in ("listed (cached in ", "from the cache "):
+        rc, err = serve_until_serving(["--source", str(src), "--name", "e2e-out-" + uuid.uuid4().hex[:8], "--batch-size", "1",
+                                       "--cache-dir", str(cache)])
+        assert how in err and said in err and "--follow-links-outside" in err, err
+        assert "manifest: 1 samples in 1 files" in err, err
+    rc, err = serve_until_serving(["--source", str(src), "--name", "e2e-out-" + uuid.uuid4().hex[:8], "--batch-size", "1",
+                                   "--cache-dir", str(cache), "--follow-links-outside"])
+    assert "manifest: 2 samples in 2 files" in err and "outside it" not in err, err
+
+
 def test_a_link_the_listing_did_not_follow_is_said_again_when_the_manifest_comes_from_the_cache(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -163,6 +163,16 @@ impl Dir {
         Ok((st.st_uid, st.st_mode & 0o7777))
     }
 
+    /// Sets the directory's mode bits (`fchmod` on its descriptor: the
+    /// directory opened, whatever its path names now).
+    pub fn set_mode(&self, mode: u32) -> io::Result<()> {
+        // SAFETY: valid descriptor; fchmod has no memory arguments.
+        if unsafe { libc::fchmod(self.fd.as_raw_fd(), mode as libc::mode_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     fn join(&self, name: &OsStr) -> PathBuf {
         self.path.join(name)
     }

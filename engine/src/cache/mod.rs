@@ -32,6 +32,7 @@ use crate::cli::say::say_err;
 use crate::manifest::FileList;
 use crate::reader::{FileTable, ReadError};
 use crate::remote::RemoteObject;
+use crate::ring;
 use crate::ring::segment::human_bytes;
 
 pub use engine::CachedEngine;
@@ -48,9 +49,12 @@ pub const STATE_WRITING: u8 = 2;
 /// Bytes of fetched objects waiting for the writer; past it, an object is
 /// not admitted now (it gets another chance next epoch).
 pub const WRITE_QUEUE_BYTES_MAX: u64 = 64 << 20;
-/// Room the default size leaves free on the cache's file system: this much
-/// or [`RESERVE_PERCENT`] of it, whichever is more.
+/// Room the default size leaves free on the cache's file system:
+/// [`RESERVE_PERCENT`] of it, at least this much...
 pub const RESERVE_BYTES_MIN: u64 = 1 << 30;
+/// ...and at most this much: 10% of a 252 GiB disk is 25 GiB, more than the
+/// 21 GiB a nearly full one had free, which left a default size of 0 B.
+pub const RESERVE_BYTES_MAX: u64 = 5 << 30;
 /// Share of the file system the default size leaves free, in percent.
 pub const RESERVE_PERCENT: u64 = 10;
 /// Longest wait at start for the check of existing entries; the rest is
@@ -250,11 +254,37 @@ impl DataCache {
         };
         let usage = Usage::open(&cfg.root).map_err(err(&cfg.root))?;
         let dir = dataset_dir(&cfg.root, source_display);
-        std::fs::create_dir_all(&dir).map_err(err(&dir))?;
+        let dataset = match dir.file_name() {
+            Some(name) => usage.dir().make_dir(name, usage::DIR_MODE),
+            None => Err(ring::safe_file::TrustError::Io {
+                path: dir.clone(),
+                source: std::io::ErrorKind::InvalidInput.into(),
+            }),
+        }
+        .map_err(|e| OpenError {
+            path: dir.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()),
+        })?;
         let source_file = dir.join("source");
-        if !source_file.exists() {
-            std::fs::write(&source_file, format!("{source_display}\n"))
-                .map_err(err(&source_file))?;
+        match dataset.open_trusted(std::ffi::OsStr::new("source")) {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => dataset
+                .write_atomic(
+                    std::ffi::OsStr::new("source"),
+                    format!("{source_display}\n").as_bytes(),
+                    usage::FILE_MODE,
+                    false,
+                )
+                .map_err(err(&source_file))?,
+            Err(e) => {
+                return Err(OpenError {
+                    path: source_file,
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        e.to_string(),
+                    ),
+                })
+            }
         }
         let scan = usage.rescan().map_err(err(&cfg.root))?;
         let dataset_bytes: u64 = objects
@@ -376,9 +406,7 @@ fn auto_size(root: &Path, dataset_bytes: u64, used_bytes: u64) -> (u64, String) 
             "the free space of its file system cannot be read; pass --cache-size".to_owned(),
         );
     };
-    let reserve = (total / 100 * RESERVE_PERCENT).max(RESERVE_BYTES_MIN);
-    // Entries already there are ours to keep: they count as room.
-    let room = free.saturating_add(used_bytes).saturating_sub(reserve);
+    let (reserve, room) = room_of(total, free, used_bytes);
     if dataset_bytes <= room {
         (
             dataset_bytes,
@@ -395,6 +423,16 @@ fn auto_size(root: &Path, dataset_bytes: u64, used_bytes: u64) -> (u64, String) 
             ),
         )
     }
+}
+
+/// (reserve, room) on a file system of `total` bytes with `free` bytes free
+/// and `used_bytes` of entries: the reserve is [`RESERVE_PERCENT`] of it,
+/// between [`RESERVE_BYTES_MIN`] and [`RESERVE_BYTES_MAX`].
+fn room_of(total: u64, free: u64, used_bytes: u64) -> (u64, u64) {
+    let reserve = (total / 100 * RESERVE_PERCENT).clamp(RESERVE_BYTES_MIN, RESERVE_BYTES_MAX);
+    // Entries already there are ours to keep: they count as room.
+    let room = free.saturating_add(used_bytes).saturating_sub(reserve);
+    (reserve, room)
 }
 
 /// (size, bytes free to unprivileged users) of the file system of `path`.
@@ -429,5 +467,16 @@ mod tests {
             .unwrap_err()
             .contains("unknown unit"));
         assert!(parse_size("G").is_err());
+    }
+
+    #[test]
+    fn the_default_leaves_at_most_5_gib_free_on_a_big_nearly_full_disk() {
+        const GIB: u64 = 1 << 30;
+        // Issue 32: 21 GiB free on a 252 GiB disk gave 0 B.
+        assert_eq!(room_of(252 * GIB, 21 * GIB, 0), (5 * GIB, 16 * GIB));
+        let (reserve, room) = room_of(20 * GIB, 10 * GIB, 0);
+        assert_eq!((reserve, room), (20 * GIB / 100 * 10, 10 * GIB - reserve));
+        assert_eq!(room_of(4 * GIB, 3 * GIB, GIB), (GIB, 3 * GIB));
+        assert_eq!(room_of(4 * GIB, 0, 0).1, 0);
     }
 }

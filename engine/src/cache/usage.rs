@@ -15,14 +15,29 @@
 //! of temporary files whose writer still holds their `flock` (the kernel
 //! drops it when the writer dies); a temporary file whose lock can be taken
 //! was left by a dead writer and is removed.
+//!
+//! The cache may sit where other users can write (`--cache-dir` on a shared
+//! disk): its directory must belong to this user (or root) and be writable
+//! by nobody else unless sticky; `data/` and everything below it is this
+//! user's, directories 0700 and files 0600 (a looser `data/` left by an
+//! older version is tightened). `lock`, `usage` and temporary files are
+//! opened through a directory descriptor, never through a link, never
+//! blocking on a FIFO, and only if they are regular files of this user.
 
-use std::fs::{self, File, OpenOptions};
+use std::ffi::OsStr;
+use std::fs::{self, File};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::entry::file_bytes_of_name;
+use crate::ring::safe_file::{self, Dir, TrustError};
+
+/// Mode of the cache's directories.
+pub const DIR_MODE: u32 = 0o700;
+/// Mode of the cache's files.
+pub const FILE_MODE: u32 = 0o600;
 
 /// Bytes of the usage file: a right-aligned decimal u64 and a newline.
 const USAGE_FILE_BYTES: usize = 21;
@@ -34,6 +49,8 @@ pub const TMP_PREFIX: &str = ".tmp.";
 #[derive(Debug)]
 pub struct Usage {
     root: PathBuf,
+    /// `root`, opened.
+    dir: Dir,
     lock: File,
     usage: File,
 }
@@ -76,23 +93,101 @@ impl Drop for Held<'_> {
     }
 }
 
+/// A file or directory of the cache that is not ours, as an I/O error.
+fn untrusted(e: TrustError) -> io::Error {
+    match e {
+        TrustError::Io { source, .. } => source,
+        other => io::Error::new(io::ErrorKind::PermissionDenied, other.to_string()),
+    }
+}
+
+/// Opens the data directory `root` (`<cache dir>/data`), making it (0700)
+/// and its parent if missing; refuses a cache directory another user owns
+/// or may write to (unless it is sticky), and a `data/` that is a link or
+/// another user's.
+pub fn open_data_dir(root: &Path) -> io::Result<Dir> {
+    let base = match root.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(base)?;
+    // The cache directory may be a link the user made (to a bigger disk):
+    // followed, and then judged.
+    let base = fs::canonicalize(base)?;
+    let meta = fs::metadata(&base)?;
+    let mode = meta.mode() & 0o7777;
+    if !safe_file::trusted_owner(meta.uid()) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the cache directory {} belongs to uid {}, not to this user (uid {}): its files are not trusted; pass a --cache-dir of your own",
+                base.display(),
+                meta.uid(),
+                safe_file::euid()
+            ),
+        ));
+    }
+    if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the cache directory {} is writable by every user and not sticky (mode {mode:04o}): anyone could replace its entries; pass a --cache-dir of your own",
+                base.display()
+            ),
+        ));
+    }
+    let name = root.file_name().unwrap_or(OsStr::new("data"));
+    let data = Dir::open(&base)?
+        .make_dir(name, DIR_MODE)
+        .map_err(untrusted)?;
+    let (owner, mode) = data.owner_and_mode()?;
+    if owner == safe_file::euid() && mode & 0o077 != 0 {
+        // Made by an older version (0755): its entries were readable by
+        // every user.
+        data.set_mode(DIR_MODE)?;
+    }
+    Ok(data)
+}
+
+/// Opens `name` in `dir` for reading and writing if it is a regular file of
+/// ours, creating it (0600) if it does not exist.
+pub fn open_or_create(dir: &Dir, name: &str) -> io::Result<File> {
+    let name = OsStr::new(name);
+    for _ in 0..2 {
+        match dir.open_trusted_rw(name) {
+            Ok(f) => return Ok(f),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(untrusted(e)),
+        }
+        match dir.create_new(name, FILE_MODE) {
+            Ok(_) => {}
+            // Another loader made it meanwhile: open theirs.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    dir.open_trusted_rw(name).map_err(untrusted)
+}
+
 impl Usage {
-    /// Opens (creating) the counter of the data directory `root`.
+    /// Opens (creating) the counter of the data directory `root` (see the
+    /// module docs for what is refused).
     pub fn open(root: &Path) -> io::Result<Usage> {
-        fs::create_dir_all(root)?;
-        let open = |name: &str| {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(root.join(name))
-        };
+        let dir = open_data_dir(root)?;
         Ok(Usage {
             root: root.to_path_buf(),
-            lock: open("lock")?,
-            usage: open("usage")?,
+            lock: open_or_create(&dir, "lock")?,
+            usage: open_or_create(&dir, "usage")?,
+            dir,
         })
+    }
+
+    /// The data directory, opened.
+    pub fn dir(&self) -> &Dir {
+        &self.dir
     }
 
     /// The data directory.
@@ -148,7 +243,7 @@ impl Usage {
             for dataset in read_dir_or_empty(&self.root)? {
                 let dataset = dataset?;
                 if dataset.file_type()?.is_dir() {
-                    scan_dataset(&dataset.path(), &mut scan)?;
+                    scan_dataset(&self.dir, &dataset.file_name(), &mut scan)?;
                 }
             }
             *used = scan.used_bytes;
@@ -174,19 +269,34 @@ pub fn tmp_reserved_bytes(name: &str) -> Option<u64> {
         .ok()
 }
 
-fn scan_dataset(dir: &Path, scan: &mut Scan) -> io::Result<()> {
-    for item in read_dir_or_empty(dir)? {
+fn scan_dataset(data: &Dir, name: &OsStr, scan: &mut Scan) -> io::Result<()> {
+    let dir = match data.make_dir(name, DIR_MODE) {
+        Ok(dir) => dir,
+        Err(e) => {
+            tracing::warn!(
+                "data cache: skipping {}: {e}",
+                data.path().join(name).display()
+            );
+            return Ok(());
+        }
+    };
+    for item in read_dir_or_empty(dir.path())? {
         let item = item?;
-        let name = item.file_name();
-        let name = name.to_string_lossy();
+        let file_name = item.file_name();
+        let name = file_name.to_string_lossy();
         if let Some(reserved) = tmp_reserved_bytes(&name) {
-            let path = item.path();
-            let Ok(file) = File::open(&path) else {
-                continue; // published or removed meanwhile
+            // Never blocks (a FIFO), never follows a link.
+            let file = match dir.open_trusted(&file_name) {
+                Ok(file) => file,
+                Err(e) if e.is_not_found() => continue, // published or removed meanwhile
+                Err(e) => {
+                    tracing::warn!("data cache: ignoring {e}");
+                    continue;
+                }
             };
             if flock(&file, libc::LOCK_EX | libc::LOCK_NB)? {
                 // Its writer died: nobody holds the lock it held while writing.
-                fs::remove_file(&path)?;
+                dir.remove(&file_name)?;
                 scan.stale_tmps_removed += 1;
             } else {
                 scan.used_bytes = scan.used_bytes.saturating_add(reserved);
@@ -252,5 +362,91 @@ mod tests {
         })
         .unwrap();
         assert_eq!(a.used_bytes().unwrap(), 15);
+    }
+
+    fn mkfifo(path: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    }
+
+    #[test]
+    fn planted_usage_and_lock_links_are_refused_and_their_targets_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"root's file").unwrap();
+        for name in ["usage", "lock"] {
+            let data = dir.path().join(format!("data-{name}"));
+            fs::create_dir(&data).unwrap();
+            std::os::unix::fs::symlink(&victim, data.join(name)).unwrap();
+            let e = Usage::open(&data).unwrap_err();
+            assert!(e.to_string().contains("symlink"), "{e}");
+            assert_eq!(fs::read(&victim).unwrap(), b"root's file");
+        }
+    }
+
+    #[test]
+    fn a_fifo_named_like_a_temporary_file_is_passed_over_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let usage = Usage::open(dir.path()).unwrap();
+        let ds = dir.path().join("0123456789abcdef");
+        fs::create_dir(&ds).unwrap();
+        mkfifo(&ds.join(".tmp.1000.1.1"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(usage.rescan().map(|s| s.used_bytes));
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the rescan hung on a FIFO");
+        assert_eq!(got.unwrap(), 0);
+    }
+
+    #[test]
+    fn the_data_dir_is_made_private_and_an_old_open_one_is_closed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("new-base");
+        let data = base.join("data");
+        let _usage = Usage::open(&data).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&base), 0o700);
+        assert_eq!(mode(&data), 0o700);
+        assert_eq!(mode(&data.join("usage")), 0o600);
+        assert_eq!(mode(&data.join("lock")), 0o600);
+        fs::set_permissions(&data, fs::Permissions::from_mode(0o755)).unwrap();
+        let _usage = Usage::open(&data).unwrap();
+        assert_eq!(mode(&data), 0o700);
+    }
+
+    #[test]
+    fn a_cache_dir_others_may_write_or_own_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = Usage::open(&open.join("data")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("writable by every user and not sticky"),
+            "{e}"
+        );
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o1777)).unwrap();
+        Usage::open(&open.join("data")).unwrap();
+        if safe_file::euid() == 0 {
+            let theirs = dir.path().join("theirs");
+            fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let e = Usage::open(&theirs.join("data")).unwrap_err();
+            assert!(e.to_string().contains("belongs to uid 65534"), "{e}");
+            // In a sticky shared directory, a data/ made by another user.
+            let planted = open.join("planted");
+            fs::create_dir(&planted).unwrap();
+            fs::create_dir(planted.join("data")).unwrap();
+            std::os::unix::fs::chown(planted.join("data"), Some(65534), Some(65534)).unwrap();
+            assert!(Usage::open(&planted.join("data")).is_err());
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! the entries already there.
 
 use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 
 use bytes::Bytes;
 use std::io::{self, Write};
@@ -15,9 +16,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::entry::{encode_footer, read_footer};
-use super::usage::{flock, TMP_PREFIX};
+use super::usage::{flock, DIR_MODE, FILE_MODE, TMP_PREFIX};
 use super::{Shared, STATE_ABSENT, STATE_CACHED};
 use crate::cli::say::say_err;
+use crate::ring::safe_file;
 use crate::ring::segment::human_bytes;
 
 /// Work for the writer thread.
@@ -125,11 +127,14 @@ fn write_entry(shared: &Shared, index: usize, chunks: &[Bytes]) -> bool {
         if used.saturating_add(file_bytes) > shared.limit_bytes {
             return Ok((None, *used));
         }
+        // O_EXCL (never through a planted name), 0600 whatever the umask.
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(FILE_MODE)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)?;
+        file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
         flock(&file, libc::LOCK_EX)?;
         *used += file_bytes;
         Ok((Some(file), *used))
@@ -189,7 +194,10 @@ fn write_all(mut file: &File, chunks: &[Bytes], footer: &[u8]) -> io::Result<()>
 fn publish(shared: &Shared, tmp: &Path, dest: &Path, file_bytes: u64) -> io::Result<u64> {
     shared.usage.locked(|used| {
         if let Some(parent) = dest.parent() {
-            fs::create_dir_all(parent)?;
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(DIR_MODE)
+                .create(parent)?;
         }
         match fs::hard_link(tmp, dest) {
             Ok(()) => {}
@@ -290,8 +298,14 @@ fn check_one(shared: &Shared, index: usize) -> bool {
     let (Some(path), Some(id)) = (shared.entry_path(index), shared.identity(index)) else {
         return false;
     };
-    let Ok(file) = File::open(&path) else {
-        return false;
+    // Never blocks on a FIFO, never follows a link; a regular file of ours.
+    let file = match safe_file::open_trusted(&path) {
+        Ok(file) => file,
+        Err(e) if e.is_not_found() => return false,
+        Err(e) => {
+            tracing::warn!("data cache: ignoring {e}");
+            return false;
+        }
     };
     match read_footer(&file, &id) {
         Ok(Ok(crc)) => {

@@ -41,6 +41,9 @@ pub enum CacheAction {
     },
 }
 
+/// Most bytes of a dataset's `source` file read.
+const SOURCE_BYTES_MAX: u64 = 64 << 10;
+
 /// One dataset directory.
 struct Dataset {
     id: String,
@@ -75,8 +78,9 @@ fn datasets(root: &Path) -> Result<Vec<Dataset>> {
             continue;
         }
         let path = item.path();
-        let source = fs::read_to_string(path.join("source"))
-            .map(|s| s.trim().to_owned())
+        // Trusted only if ours; never a FIFO's endless wait.
+        let source = crate::ring::safe_file::read_trusted(&path.join("source"), SOURCE_BYTES_MAX)
+            .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
             .unwrap_or_else(|_| "(unknown source)".to_owned());
         let mut d = Dataset {
             id,

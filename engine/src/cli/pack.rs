@@ -20,6 +20,12 @@ pub struct PackArgs {
     /// past this (e.g. 256MiB, 1GiB, 500MB; a sample is never split).
     #[arg(long, value_parser = parse_size, default_value = "256MiB")]
     pub shard_size: u64,
+    /// A local source: also pack the files that links in it point to
+    /// outside it. By default such a link is skipped with one warning: a
+    /// link another user planted must not put a file only you may read
+    /// into a shard.
+    #[arg(long)]
+    pub follow_links_outside: bool,
 }
 
 /// A size such as `4096`, `64KiB`, `256MiB`, `1GiB`, `500MB`, `2G`.
@@ -58,6 +64,7 @@ pub fn run(args: &PackArgs) -> Result<()> {
         dest: args.dest.clone(),
         shard_size: args.shard_size,
         progress: true,
+        follow_links_outside: args.follow_links_outside,
     })?;
     crate::cli::say::say_err!(
         "ringfeed pack: {} shards in {} ({} written now, {} kept from an earlier run), {} files, {} bytes",

@@ -141,7 +141,10 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
         progress: cfg.progress,
     };
     let relist = args.manifest_cache == CacheUse::Refresh;
-    let source = cfg.source.open()?;
+    let source = cfg
+        .source
+        .open()?
+        .follow_links_outside(args.follow_links_outside);
     if let OpenedSource::Remote(remote) = &source {
         crate::metrics::watch_remote(std::sync::Arc::clone(&remote.store().metrics));
     }

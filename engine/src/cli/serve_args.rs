@@ -31,6 +31,11 @@ pub struct ServeArgs {
     /// bytes (else a HEAD asks); `#` lines are comments.
     #[arg(long, value_name = "FILE")]
     pub keys: Option<PathBuf>,
+    /// A local source: also read the files that links in it point to
+    /// outside it. By default such a link is skipped with one warning: a
+    /// link another user planted must not show a file only you may read.
+    #[arg(long)]
+    pub follow_links_outside: bool,
     /// Loader name; trainers attach with it (RINGFEED_NAME). 1–64 of A-Za-z0-9._-
     #[arg(long)]
     pub name: String,

@@ -2,15 +2,26 @@
 //! temporary name, synced, then renamed: a name that exists is whole) or a
 //! remote prefix (each shard a multipart upload with parts in flight, which
 //! the store makes visible only once complete).
+//!
+//! A local DEST may be shared with other users (a sticky scratch directory):
+//! every file in it is opened through the directory's descriptor, never
+//! through a link; temporaries are created `O_EXCL` under names nobody can
+//! guess, and published with `renameat` (which replaces a planted name
+//! itself, never what it points to); what is read back (the plan, indexes,
+//! the size of a shard found there) is trusted only if it is a regular file
+//! of this user (or root). A DEST every user may write to without the
+//! sticky bit is refused: anyone could swap a published shard.
 
+use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
 use crate::remote::{Scheme, StoreHandle};
+use crate::ring::safe_file::{Dir, TrustError};
 
 /// Bytes of one multipart part (S3 needs at least 5 MiB but for the last).
 pub const PART_BYTES: usize = 16 << 20;
@@ -21,24 +32,39 @@ pub const PARTS_IN_FLIGHT: usize = 8;
 /// Bytes a local shard is written through.
 const LOCAL_BUFFER_BYTES: usize = 1 << 20;
 
+/// Most bytes of a small file (the plan, an index) read back from a local
+/// DEST.
+const SMALL_FILE_BYTES_MAX: u64 = 1 << 30;
+
+/// Mode of the plan file (pack's own, removed at the end).
+const PLAN_MODE: u32 = 0o600;
+
+/// A local DEST, opened.
+pub struct LocalDest {
+    /// The directory, through which every file is opened.
+    dir: Dir,
+    /// Mode of the shards and their indexes.
+    mode: u32,
+}
+
 /// DEST.
 pub enum Dest {
     /// A local directory.
-    Local(PathBuf),
+    Local(LocalDest),
     /// A remote prefix.
     Remote(StoreHandle),
 }
 
 /// A shard being written.
 pub enum ShardWriter {
-    /// To `tmp`, renamed to `path` when done.
+    /// To the temporary `tmp`, renamed to `name` when done.
     Local {
         /// The open temporary file.
         file: BufWriter<File>,
-        /// Its name.
-        tmp: PathBuf,
+        /// Its name in DEST.
+        tmp: String,
         /// The shard's name.
-        path: PathBuf,
+        name: String,
     },
     /// A multipart upload.
     Multipart(Box<WriteMultipart>, String),
@@ -47,11 +73,68 @@ pub enum ShardWriter {
     Buffered(Vec<u8>, String),
 }
 
+impl LocalDest {
+    /// Opens the existing directory `path` (canonical) for shards of mode
+    /// `mode`; refuses one every user may write to without the sticky bit.
+    pub fn open(path: &Path, mode: u32) -> Result<LocalDest> {
+        let dir =
+            Dir::open(path).with_context(|| format!("cannot open --dest {}", path.display()))?;
+        let (_, dir_mode) = dir
+            .owner_and_mode()
+            .with_context(|| format!("cannot stat --dest {}", path.display()))?;
+        if dir_mode & 0o002 != 0 && dir_mode & 0o1000 == 0 {
+            bail!(
+                "--dest {} is writable by every user and not sticky (mode {dir_mode:04o}): anyone could replace the shards pack writes there; pick a DEST only you can write to, or make it sticky (chmod +t) or not world-writable (chmod o-w)",
+                path.display()
+            );
+        }
+        Ok(LocalDest { dir, mode })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.path().join(name)
+    }
+
+    /// `name` opened if it is a trusted file, None if there is none.
+    fn open_trusted(&self, name: &str) -> Result<Option<File>> {
+        match self.dir.open_trusted(OsStr::new(name)) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(trust_error(e)),
+        }
+    }
+
+    fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        match self
+            .dir
+            .read_trusted(OsStr::new(name), SMALL_FILE_BYTES_MAX)
+        {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(trust_error(e)),
+        }
+    }
+}
+
+/// A file of DEST that is not pack's: the error, naming it and the fix.
+fn trust_error(e: TrustError) -> anyhow::Error {
+    match e {
+        TrustError::Io { path, source } => {
+            anyhow::Error::new(source).context(format!("cannot read {}", path.display()))
+        }
+        other => anyhow::anyhow!("--dest: {other}"),
+    }
+}
+
 impl Dest {
     /// DEST as the user wrote it, for messages.
     pub fn display(&self) -> String {
         match self {
-            Dest::Local(dir) => dir.display().to_string(),
+            Dest::Local(local) => local.path().display().to_string(),
             Dest::Remote(store) => store.display.trim_end_matches('/').to_string(),
         }
     }
@@ -59,13 +142,7 @@ impl Dest {
     /// The bytes of `name` in DEST, None if there is no such file or object.
     pub async fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
         match self {
-            Dest::Local(dir) => match fs::read(dir.join(name)) {
-                Ok(bytes) => Ok(Some(bytes)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => {
-                    Err(e).with_context(|| format!("cannot read {}", dir.join(name).display()))
-                }
-            },
+            Dest::Local(local) => local.read(name),
             Dest::Remote(store) => match store.meta.get(&store.path_of(name)).await {
                 Ok(got) => Ok(Some(
                     got.bytes()
@@ -82,12 +159,13 @@ impl Dest {
     /// The size of `name` in DEST, None if there is none.
     pub async fn size_of(&self, name: &str) -> Result<Option<u64>> {
         match self {
-            Dest::Local(dir) => match fs::metadata(dir.join(name)) {
-                Ok(meta) => Ok(Some(meta.len())),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => {
-                    Err(e).with_context(|| format!("cannot stat {}", dir.join(name).display()))
-                }
+            Dest::Local(local) => match local.open_trusted(name)? {
+                Some(file) => Ok(Some(
+                    file.metadata()
+                        .with_context(|| format!("cannot stat {}", local.join(name).display()))?
+                        .len(),
+                )),
+                None => Ok(None),
             },
             Dest::Remote(store) => match store.meta.head(&store.path_of(name)).await {
                 Ok(meta) => Ok(Some(meta.size)),
@@ -101,7 +179,8 @@ impl Dest {
     pub async fn shard_names(&self) -> Result<Vec<String>> {
         let is_shard = |n: &str| n.starts_with("shard-") && n.ends_with(".tar");
         match self {
-            Dest::Local(dir) => {
+            Dest::Local(local) => {
+                let dir = local.path();
                 let entries =
                     fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
                 Ok(entries
@@ -131,9 +210,9 @@ impl Dest {
     /// Removes `name` from DEST (gone already is fine).
     pub async fn remove(&self, name: &str) -> Result<()> {
         match self {
-            Dest::Local(dir) => match fs::remove_file(dir.join(name)) {
+            Dest::Local(local) => match local.dir.remove(OsStr::new(name)) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    Err(e).with_context(|| format!("cannot remove {}", dir.join(name).display()))
+                    Err(e).with_context(|| format!("cannot remove {}", local.join(name).display()))
                 }
                 _ => Ok(()),
             },
@@ -149,20 +228,21 @@ impl Dest {
     /// Writes a small file whole (the plan, an index).
     pub async fn put_small(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
         match self {
-            Dest::Local(dir) => {
-                let tmp = dir.join(format!(".{name}.tmp"));
-                let write = || -> std::io::Result<()> {
-                    let mut f = File::create(&tmp)?;
-                    f.write_all(&bytes)?;
-                    f.sync_all()?;
-                    fs::rename(&tmp, dir.join(name))
+            Dest::Local(local) => {
+                let mode = if name == super::PLAN_FILE {
+                    PLAN_MODE
+                } else {
+                    local.mode
                 };
-                write().with_context(|| {
-                    format!(
-                        "cannot write {} (check that DEST is writable and has room)",
-                        dir.join(name).display()
-                    )
-                })
+                local
+                    .dir
+                    .write_atomic(OsStr::new(name), &bytes, mode, true)
+                    .with_context(|| {
+                        format!(
+                            "cannot write {} (check that DEST is writable and has room)",
+                            local.join(name).display()
+                        )
+                    })
             }
             Dest::Remote(store) => {
                 store
@@ -184,18 +264,20 @@ impl Dest {
     /// Starts shard `name`.
     pub async fn start_shard(&self, name: &str) -> Result<ShardWriter> {
         match self {
-            Dest::Local(dir) => {
-                let tmp = dir.join(format!(".{name}.tmp"));
-                let file = File::create(&tmp).with_context(|| {
-                    format!(
-                        "cannot create {} (check that DEST is writable)",
-                        tmp.display()
-                    )
-                })?;
+            Dest::Local(local) => {
+                let (file, tmp) = local
+                    .dir
+                    .create_temp(&format!(".{name}"), local.mode)
+                    .with_context(|| {
+                        format!(
+                            "cannot create a temporary file for {} (check that DEST is writable)",
+                            local.join(name).display()
+                        )
+                    })?;
                 Ok(ShardWriter::Local {
                     file: BufWriter::with_capacity(LOCAL_BUFFER_BYTES, file),
                     tmp,
-                    path: dir.join(name),
+                    name: name.to_string(),
                 })
             }
             Dest::Remote(store) if store.scheme == Scheme::Http => {
@@ -228,7 +310,7 @@ impl ShardWriter {
         match self {
             ShardWriter::Local { file, tmp, .. } => file
                 .write_all(bytes)
-                .with_context(|| format!("cannot write {} (is DEST full?)", tmp.display())),
+                .with_context(|| format!("cannot write {tmp} (is DEST full?)")),
             ShardWriter::Multipart(upload, name) => {
                 upload
                     .wait_for_capacity(PARTS_IN_FLIGHT)
@@ -247,15 +329,23 @@ impl ShardWriter {
     /// Completes the shard: synced and renamed, or its upload completed.
     pub async fn finish(self, dest: &Dest) -> Result<()> {
         match self {
-            ShardWriter::Local { file, tmp, path } => {
+            ShardWriter::Local { file, tmp, name } => {
+                let Dest::Local(local) = dest else {
+                    bail!("internal: a local shard for a remote DEST");
+                };
                 let file = file
                     .into_inner()
                     .map_err(|e| e.into_error())
-                    .with_context(|| format!("cannot write {} (is DEST full?)", tmp.display()))?;
+                    .with_context(|| format!("cannot write {tmp} (is DEST full?)"))?;
                 file.sync_all()
-                    .with_context(|| format!("cannot sync {}", tmp.display()))?;
-                fs::rename(&tmp, &path).with_context(|| {
-                    format!("cannot rename {} to {}", tmp.display(), path.display())
+                    .with_context(|| format!("cannot sync {tmp}"))?;
+                drop(file);
+                let renamed = local.dir.rename(OsStr::new(&tmp), OsStr::new(&name));
+                if renamed.is_err() {
+                    let _ = local.dir.remove(OsStr::new(&tmp));
+                }
+                renamed.with_context(|| {
+                    format!("cannot rename {tmp} to {}", local.join(&name).display())
                 })?;
                 Ok(())
             }
@@ -287,10 +377,13 @@ impl ShardWriter {
 
     /// Gives the shard up (an error elsewhere): removes the temporary file,
     /// aborts the upload.
-    pub async fn abandon(self) {
+    pub async fn abandon(self, dest: &Dest) {
         match self {
-            ShardWriter::Local { tmp, .. } => {
-                let _ = fs::remove_file(tmp);
+            ShardWriter::Local { tmp, file, .. } => {
+                drop(file);
+                if let Dest::Local(local) = dest {
+                    let _ = local.dir.remove(OsStr::new(&tmp));
+                }
             }
             ShardWriter::Multipart(upload, _) => {
                 let _ = upload.abort().await;
@@ -300,18 +393,20 @@ impl ShardWriter {
     }
 }
 
-/// Removes temporary files an interrupted run left in a local DEST.
-pub fn remove_stale_tmp(dir: &Path) {
-    let Ok(entries) = fs::read_dir(dir) else {
+/// Removes temporary files an interrupted run left in a local DEST: only
+/// regular files of this user (another user's name, or a link, is left).
+pub fn remove_stale_tmp(local: &LocalDest) {
+    let Ok(entries) = fs::read_dir(local.path()) else {
         return;
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let name = name.to_string_lossy();
-        // `.shard-NNNNNN.tar.tmp`, `.shard-NNNNNN.tar.idx.tmp`, `..ringfeed-pack.plan.tmp`.
-        let ours = name.starts_with(".shard-") || name.starts_with("..ringfeed-pack");
-        if ours && name.ends_with(".tmp") {
-            let _ = fs::remove_file(entry.path());
+        let text = name.to_string_lossy();
+        // `.shard-NNNNNN.tar.<random>.tmp`, `.shard-NNNNNN.tar.idx.<random>.tmp`,
+        // `..ringfeed-pack.plan.<random>.tmp` (and the fixed names of older versions).
+        let ours = text.starts_with(".shard-") || text.starts_with("..ringfeed-pack");
+        if ours && text.ends_with(".tmp") && local.dir.open_trusted(&name).is_ok() {
+            let _ = local.dir.remove(&name);
         }
     }
 }

@@ -49,6 +49,13 @@ pub const READ_AHEAD_BYTES_MAX: u64 = 256 << 20;
 /// Seconds between progress lines.
 pub const PROGRESS_INTERVAL_S: u64 = 3;
 
+/// Mode of local shards and indexes when every input file is readable by
+/// every user.
+const PUBLIC_SHARD_MODE: u32 = 0o644;
+
+/// Mode of local shards and indexes when some input file is not.
+const PRIVATE_SHARD_MODE: u32 = 0o600;
+
 /// Threads of the runtime that reads and uploads.
 const RUNTIME_THREADS: usize = 8;
 
@@ -67,6 +74,8 @@ pub struct PackConfig {
     pub shard_size: u64,
     /// Log progress lines.
     pub progress: bool,
+    /// A local source: list links to files outside it too.
+    pub follow_links_outside: bool,
 }
 
 /// What a run did.
@@ -93,18 +102,24 @@ pub fn pack(cfg: &PackConfig) -> Result<PackReport> {
         );
     }
     let spec = SourceSpec::parse(&cfg.source, None).map_err(anyhow::Error::msg)?;
-    let opened = spec.open()?;
+    let opened = spec.open()?.follow_links_outside(cfg.follow_links_outside);
     let listing = opened.source().list(&ManifestOptions {
         record_bytes: None,
         threads: 0,
         progress: cfg.progress,
     })?;
     let files = listing.objects;
+    let mut shard_mode = PUBLIC_SHARD_MODE;
     let (input, runtime, expected) = match &opened {
         OpenedSource::Local(local) => {
             let runtime = Arc::new(RemoteRuntime::new(RUNTIME_THREADS)?);
+            let (mtimes, mode) = local_mtimes(local.root(), &files)?;
+            shard_mode = mode;
+            if mode == PRIVATE_SHARD_MODE {
+                tracing::info!("pack: some input files are not readable by every user: shards are written {mode:04o}");
+            }
             let expected = Expected {
-                mtimes: local_mtimes(local.root(), &files)?,
+                mtimes,
                 etags: Vec::new(),
             };
             (Input::Local(local.root().to_path_buf()), runtime, expected)
@@ -135,21 +150,30 @@ pub fn pack(cfg: &PackConfig) -> Result<PackReport> {
     };
     let versions = version_words(&expected);
     let plan = PackPlan::new(&cfg.source, &files, &versions, cfg.shard_size)?;
-    let dest = open_dest(&cfg.dest, &input)?;
+    let dest = open_dest(&cfg.dest, &input, shard_mode)?;
     runtime.block_on(run(cfg, &plan, &files, &input, &expected, &dest))
 }
 
 /// A local DEST (created) or a remote one; refuses a DEST inside a local
-/// source (its shards would be packed by the next run).
-fn open_dest(dest: &str, input: &Input) -> Result<Dest> {
+/// source (its shards would be packed by the next run), before it creates
+/// anything. `shard_mode`: the mode of local shards.
+fn open_dest(dest: &str, input: &Input, shard_mode: u32) -> Result<Dest> {
     let spec =
         SourceSpec::parse(dest, None).map_err(|e| anyhow::anyhow!("--dest {dest:?}: {e}"))?;
     if let Some(dir) = spec.local_path() {
-        if let (Input::Local(root), Ok(abs)) = (input, std::path::absolute(dir)) {
-            let root = root.canonicalize().unwrap_or_else(|_| root.clone());
-            if abs.starts_with(&root) {
-                bail!("--dest {} is inside --source {}: the shards would become input of the next run; pick a DEST outside it", abs.display(), root.display());
+        let inside = |dir: &Path| -> Result<()> {
+            if let Input::Local(root) = input {
+                let root = root.canonicalize().unwrap_or_else(|_| root.clone());
+                if dir.starts_with(&root) {
+                    bail!("--dest {} is inside --source {}: the shards would become input of the next run; pick a DEST outside it", dir.display(), root.display());
+                }
             }
+            Ok(())
+        };
+        // Checked on the path as it will resolve, before anything is made:
+        // `SRC/../SRC/x` must not create `x` inside SRC to refuse it.
+        if let Ok(resolved) = resolve_to_be(dir) {
+            inside(&resolved)?;
         }
         std::fs::create_dir_all(dir).with_context(|| {
             format!(
@@ -160,14 +184,10 @@ fn open_dest(dest: &str, input: &Input) -> Result<Dest> {
         let dir = dir
             .canonicalize()
             .with_context(|| format!("cannot resolve --dest {}", dir.display()))?;
-        if let Input::Local(root) = input {
-            let root = root.canonicalize().unwrap_or_else(|_| root.clone());
-            if dir.starts_with(&root) {
-                bail!("--dest {} is inside --source {}: the shards would become input of the next run; pick a DEST outside it", dir.display(), root.display());
-            }
-        }
-        dest::remove_stale_tmp(&dir);
-        return Ok(Dest::Local(dir));
+        inside(&dir)?;
+        let local = dest::LocalDest::open(&dir, shard_mode)?;
+        dest::remove_stale_tmp(&local);
+        return Ok(Dest::Local(local));
     }
     if let Input::Remote(store) = input {
         let prefix = format!("{}/", store.display.trim_end_matches('/'));
@@ -178,10 +198,47 @@ fn open_dest(dest: &str, input: &Input) -> Result<Dest> {
     Ok(Dest::Remote(StoreHandle::open(dest)?))
 }
 
+/// The canonical path `path` will have once its missing part is created:
+/// its longest existing ancestor resolved (links and all), then the rest,
+/// whose `..` and `.` are taken lexically (nothing there is a link yet).
+fn resolve_to_be(path: &Path) -> std::io::Result<std::path::PathBuf> {
+    let abs = std::path::absolute(path)?;
+    let mut existing = abs.as_path();
+    let mut rest = Vec::new();
+    let mut resolved = loop {
+        match existing.canonicalize() {
+            Ok(p) => break p,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+                    return Err(e);
+                };
+                rest.push(name.to_os_string());
+                existing = parent;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    for name in rest.into_iter().rev() {
+        match name.to_str() {
+            Some("..") => {
+                resolved.pop();
+            }
+            Some(".") => {}
+            _ => resolved.push(name),
+        }
+    }
+    Ok(resolved)
+}
+
 /// Each local file's mtime word ([`read::mtime_word`]): a file changed in
-/// place (same size) changes the input's digest.
-fn local_mtimes(root: &Path, files: &FileList) -> Result<Vec<u64>> {
-    files
+/// place (same size) changes the input's digest. And the mode of the
+/// shards: 0644 when every file (and the root) may be read by every user,
+/// else 0600, so that no shard shows bytes their owner kept to themselves.
+fn local_mtimes(root: &Path, files: &FileList) -> Result<(Vec<u64>, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let readable = |meta: &std::fs::Metadata| meta.permissions().mode() & 0o004 != 0;
+    let mut public = std::fs::metadata(root).is_ok_and(|m| m.permissions().mode() & 0o005 == 0o005);
+    let mtimes = files
         .iter()
         .map(|f| {
             let path = root.join(f.rel_path);
@@ -191,9 +248,18 @@ fn local_mtimes(root: &Path, files: &FileList) -> Result<Vec<u64>> {
                     path.display()
                 )
             })?;
+            public &= readable(&meta);
             Ok(read::mtime_word(&meta))
         })
-        .collect()
+        .collect::<Result<Vec<u64>>>()?;
+    Ok((
+        mtimes,
+        if public {
+            PUBLIC_SHARD_MODE
+        } else {
+            PRIVATE_SHARD_MODE
+        },
+    ))
 }
 
 /// One word per object for the input's digest: its mtime word, or a digest
@@ -351,7 +417,7 @@ async fn write_shards(
         match written {
             Ok(()) => writer.finish(dest).await?,
             Err(e) => {
-                writer.abandon().await;
+                writer.abandon(dest).await;
                 return Err(e.context(format!("packing {} into {}", name, dest.display())));
             }
         }

@@ -276,7 +276,8 @@ pub(crate) fn forget_entry(path: &Path) -> io::Result<bool> {
 }
 
 /// Opens a cache file without following a link, without blocking on a FIFO
-/// and only if it is a regular file; returns it and its metadata.
+/// and only if it is a regular file of this user (or root); returns it and
+/// its metadata.
 fn open_cache_file(path: &Path) -> io::Result<(fs::File, fs::Metadata)> {
     let file = fs::OpenOptions::new()
         .read(true)
@@ -287,6 +288,16 @@ fn open_cache_file(path: &Path) -> io::Result<(fs::File, fs::Metadata)> {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "not a regular file",
+        ));
+    }
+    // Another user's file in a shared cache directory is not believed.
+    if !crate::ring::safe_file::trusted_owner(meta.uid()) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "it belongs to uid {}, not to this user: not trusted; remove it",
+                meta.uid()
+            ),
         ));
     }
     Ok((file, meta))

@@ -59,7 +59,8 @@ pub struct LinkStamp {
     /// Path relative to the source's root.
     pub rel_path: PathBuf,
     /// `Some(size)`: a regular file of that size (listed); None: anything
-    /// else (a directory, a socket...: not listed).
+    /// else (a directory, a socket...), or a file outside the root while
+    /// such links are not followed: not listed.
     pub file_size: Option<u64>,
 }
 

@@ -118,6 +118,15 @@ impl OpenedSource {
         }
     }
 
+    /// This source, listing links to files outside a local root too when
+    /// `follow` (`--follow-links-outside`; a remote source has no links).
+    pub fn follow_links_outside(self, follow: bool) -> OpenedSource {
+        match self {
+            OpenedSource::Local(local) => OpenedSource::Local(local.follow_links_outside(follow)),
+            remote => remote,
+        }
+    }
+
     /// Lists it and builds its manifest.
     pub fn build_manifest(&self, opts: &ManifestOptions) -> Result<Manifest, ManifestError> {
         build_manifest(self.source(), opts)

@@ -4,14 +4,24 @@
 //! of the shard's identity (source, key, size, and mtime+inode or ETag);
 //! its content is the sidecar format itself (`index.rs`), whose
 //! `shard_bytes` and CRC are checked again on read. Written to a temporary
-//! file and renamed; a file that does not parse is a miss.
+//! file (`O_EXCL`, 0600, a random name) and renamed, in a directory made
+//! 0700; a file that does not parse is a miss. Read only if it is a regular
+//! file of this user (or root), never through a link, never blocking on a
+//! FIFO, and at most [`INDEX_FILE_BYTES_MAX`] bytes: a link to `/dev/zero`
+//! there once took the loader's memory.
 
 use std::fs;
-use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::index::TarIndex;
 use crate::manifest::digest_bytes;
+use crate::ring::safe_file;
+
+/// Most bytes of an index file read (from the cache, or a sidecar): far
+/// past a real index (about 80 bytes a member); a longer file is a miss and
+/// the shard is indexed from its headers.
+pub const INDEX_FILE_BYTES_MAX: u64 = 1 << 30;
 
 /// The directory's name under ringfeed's cache directory.
 pub const INDEX_CACHE_DIR: &str = "tar-index";
@@ -45,7 +55,14 @@ impl IndexCache {
     /// The cached index of a shard of `shard_bytes` bytes, if a valid one is kept.
     pub fn get(&self, identity: &[u8], shard_bytes: u64) -> Option<TarIndex> {
         let path = self.path_of(identity);
-        let bytes = fs::read(&path).ok()?;
+        let bytes = match safe_file::read_trusted(&path, INDEX_FILE_BYTES_MAX) {
+            Ok(bytes) => bytes,
+            Err(e) if e.is_not_found() => return None,
+            Err(e) => {
+                tracing::warn!("tar index cache: ignoring {e}; the shard is indexed again");
+                return None;
+            }
+        };
         match TarIndex::parse(&bytes) {
             Ok(index) if index.shard_bytes == shard_bytes => Some(index),
             Ok(_) => None,
@@ -61,18 +78,47 @@ impl IndexCache {
 
     /// Keeps `index` for the shard `identity` (temporary file, then rename).
     pub fn put(&self, identity: &[u8], index: &TarIndex) -> std::io::Result<()> {
-        fs::create_dir_all(&self.dir)?;
-        let path = self.path_of(identity);
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-        let mut out = std::io::BufWriter::new(fs::File::create(&tmp)?);
-        let written = index.write(&mut out).and_then(|()| out.flush());
-        drop(out);
-        match written.and_then(|()| fs::rename(&tmp, &path)) {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                let _ = fs::remove_file(&tmp);
-                Err(err)
-            }
-        }
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)?;
+        let mut bytes = Vec::new();
+        index.write(&mut bytes)?;
+        safe_file::write_private_atomic(&self.path_of(identity), &bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_index_linked_to_dev_zero_or_too_long_is_a_miss_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = IndexCache {
+            dir: dir.path().join("tar-index"),
+        };
+        fs::create_dir(cache.dir()).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", cache.path_of(b"a")).unwrap();
+        assert!(cache.get(b"a", 1024).is_none());
+        let long = fs::File::create(cache.path_of(b"b")).unwrap();
+        long.set_len(INDEX_FILE_BYTES_MAX + 1).unwrap();
+        assert!(cache.get(b"b", 1024).is_none());
+    }
+
+    #[test]
+    fn an_index_is_kept_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let cache = IndexCache::beside(&dir.path().join("manifests"));
+        let shard = TarIndex {
+            shard_bytes: 1024,
+            members: Vec::new(),
+        };
+        cache.put(b"x", &shard).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(cache.dir()), 0o700);
+        assert_eq!(mode(&cache.path_of(b"x")), 0o600);
+        assert_eq!(cache.get(b"x", 1024), Some(shard));
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use super::cache::IndexCache;
+use super::cache::{IndexCache, INDEX_FILE_BYTES_MAX};
 use super::group::{group, SampleRange};
 use super::index::{TarIndex, SIDECAR_SUFFIX};
 use super::local::{scan_file, LocalScanError};
@@ -353,7 +353,7 @@ fn index_local_shard(
     }
     let from_sidecar = job.sidecar.then(|| {
         let sidecar = format!("{name}{SIDECAR_SUFFIX}");
-        let bytes = std::fs::read(&sidecar).map_err(|e| e.to_string());
+        let bytes = read_sidecar(std::path::Path::new(&sidecar));
         sidecar_index(&sidecar, bytes, job.size_bytes)
     });
     let (index, how) = match from_sidecar.flatten() {
@@ -492,4 +492,32 @@ impl ObjectNames for NamesOf<'_> {
     fn object_name(&self, key: &[u8]) -> std::path::PathBuf {
         self.0.object_name(key)
     }
+}
+
+/// A local sidecar's bytes: a file of the source (so followed if a link, as
+/// the listing did), but never a FIFO's endless wait or a device's endless
+/// bytes, and at most [`INDEX_FILE_BYTES_MAX`].
+fn read_sidecar(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("it is not a regular file".to_owned());
+    }
+    if meta.len() > INDEX_FILE_BYTES_MAX {
+        return Err(format!(
+            "it is {} bytes, more than an index can be",
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(INDEX_FILE_BYTES_MAX)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    Ok(bytes)
 }

@@ -6,6 +6,9 @@
 //!   size, or still to no file. Adding, removing or renaming a name anywhere
 //!   in the tree changes its directory's times; ctime cannot be set back
 //!   from user space (`rsync -a` and `touch -d` set mtime only).
+//! - A link whose target lies outside the root was left out of the listing
+//!   (unless links out of the root are followed): it must still lie outside,
+//!   and a listed link must still lie inside.
 //! - With at most `stat_files_max` files, each file's size is checked too
 //!   (a few milliseconds). Above that, a file changed in place (same path,
 //!   new size) is found when it is read (`ReadError::ChangedSize` / `Grew`),
@@ -42,13 +45,21 @@ pub(crate) fn stamp_of(rel_path: PathBuf, meta: &Metadata) -> DirStamp {
     }
 }
 
+/// True when the link (or file) at `path` resolves to a place outside the
+/// tree at `canonical_root` (or cannot be resolved).
+pub(crate) fn is_outside(canonical_root: &Path, path: &Path) -> bool {
+    fs::canonicalize(path).map_or(true, |target| !target.starts_with(canonical_root))
+}
+
 /// Checks a cached listing of the tree at `canonical_root`: every directory
 /// and link, and every file's size when there are at most `stat_files_max`.
+/// `follow_outside`: links out of the tree were listed.
 pub(crate) fn check_tree(
     canonical_root: &Path,
     files: &FileList,
     dirs: &[DirStamp],
     links: &[LinkStamp],
+    follow_outside: bool,
     stat_files_max: usize,
     threads: usize,
 ) -> Result<Checked, String> {
@@ -60,7 +71,7 @@ pub(crate) fn check_tree(
     if check_files {
         checks.extend(files.iter().map(Check::File));
     }
-    if let Some(why) = first_failure(canonical_root, &checks, threads) {
+    if let Some(why) = first_failure(canonical_root, follow_outside, &checks, threads) {
         return Err(why);
     }
     Ok(Checked {
@@ -119,7 +130,7 @@ enum Check<'a> {
 
 impl Check<'_> {
     /// None when unchanged; else what changed.
-    fn failure(&self, root: &Path) -> Option<String> {
+    fn failure(&self, root: &Path, follow_outside: bool) -> Option<String> {
         match self {
             Check::Dir(stamp) => {
                 let abs = root.join(&stamp.rel_path);
@@ -150,9 +161,11 @@ impl Check<'_> {
             Check::Link(link) => {
                 let abs = root.join(&link.rel_path);
                 let now = fs::metadata(&abs);
+                // Resolved only where it decides: a link to a file.
+                let outside = || !follow_outside && is_outside(root, &abs);
                 let same = match (&now, link.file_size) {
-                    (Ok(meta), Some(size)) => meta.is_file() && meta.len() == size,
-                    (Ok(meta), None) => !meta.is_file(),
+                    (Ok(meta), Some(size)) => meta.is_file() && meta.len() == size && !outside(),
+                    (Ok(meta), None) => !meta.is_file() || outside(),
                     (Err(_), _) => false,
                 };
                 (!same).then(|| {
@@ -182,17 +195,24 @@ impl Check<'_> {
 
 /// The first failed check in order, or None; the checks are split among
 /// up to `threads` threads when there are enough of them to pay.
-fn first_failure(root: &Path, checks: &[Check<'_>], threads: usize) -> Option<String> {
+fn first_failure(
+    root: &Path,
+    follow_outside: bool,
+    checks: &[Check<'_>],
+    threads: usize,
+) -> Option<String> {
     const PER_THREAD_MIN: usize = 256;
     let threads = threads.clamp(1, checks.len().div_ceil(PER_THREAD_MIN).max(1));
     if threads == 1 {
-        return checks.iter().find_map(|c| c.failure(root));
+        return checks.iter().find_map(|c| c.failure(root, follow_outside));
     }
     let chunk = checks.len().div_ceil(threads);
     std::thread::scope(|scope| {
         let handles: Vec<_> = checks
             .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().find_map(|c| c.failure(root))))
+            .map(|part| {
+                scope.spawn(move || part.iter().find_map(|c| c.failure(root, follow_outside)))
+            })
             .collect();
         // A thread that cannot be joined panicked: a bug, carried on.
         handles.into_iter().find_map(|h| {

@@ -6,6 +6,9 @@
 //! - Symbolic links: a link to a regular file is that file (listed under the
 //!   link's own path, with the target's size); a link to a directory is not
 //!   followed (no cycles, no file listed twice); a dangling link is an error.
+//!   A link to a file *outside* the root (once every link is resolved) is
+//!   left out with one warning, unless [`LocalSource::follow_links_outside`]:
+//!   a link planted by another user must not show their victim's files.
 //!   Sockets, FIFOs and devices are skipped. The root itself may be a link.
 //! - Listing is a parallel, work-stealing directory walk (`walk`), then one
 //!   sort; the result does not depend on the thread count.
@@ -21,7 +24,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::{Checked, Listing, ObjectMeta, Source, Validity, VersionTag};
+use super::{Checked, LinkStamp, Listing, ObjectMeta, Source, Validity, VersionTag};
 use crate::manifest::{
     FileList, Manifest, ManifestCache, ManifestError, ManifestOptions, ManifestOrigin, ObjectNames,
     AUTO_LIST_THREADS_MAX, MAX_LIST_THREADS,
@@ -32,6 +35,8 @@ use crate::manifest::{
 pub struct LocalSource {
     /// The directory, as given.
     root: PathBuf,
+    /// List links to files outside the root too.
+    follow_outside: bool,
 }
 
 impl LocalSource {
@@ -45,6 +50,16 @@ impl LocalSource {
     pub fn at(root: &Path) -> LocalSource {
         LocalSource {
             root: root.to_path_buf(),
+            follow_outside: false,
+        }
+    }
+
+    /// This source, listing links to files outside its root too (when
+    /// `follow`: `--follow-links-outside`).
+    pub fn follow_links_outside(self, follow: bool) -> LocalSource {
+        LocalSource {
+            follow_outside: follow,
+            ..self
         }
     }
 
@@ -77,7 +92,12 @@ impl ObjectNames for LocalSource {
 
 impl Source for LocalSource {
     fn list(&self, opts: &ManifestOptions) -> Result<Listing, ManifestError> {
-        let listing = walk::list_files(&self.root, list_threads(opts.threads), opts.progress)?;
+        let listing = walk::list_files(
+            &self.root,
+            list_threads(opts.threads),
+            opts.progress,
+            self.follow_outside,
+        )?;
         Ok(Listing {
             objects: listing.files,
             versions: None,
@@ -140,6 +160,7 @@ impl Source for LocalSource {
             objects,
             dirs,
             links,
+            self.follow_outside,
             cache.stat_files_max,
             threads,
         )
@@ -151,9 +172,22 @@ impl Source for LocalSource {
         let Validity::LocalTree { links, .. } = validity else {
             return;
         };
+        // A link left out is to a non-file, or (the check found it still
+        // so) to a file outside the root.
+        let (outside, not_files): (Vec<LinkStamp>, Vec<LinkStamp>) = links
+            .iter()
+            .filter(|l| l.file_size.is_none())
+            .cloned()
+            .partition(|l| {
+                std::fs::metadata(self.root.join(&l.rel_path)).is_ok_and(|m| m.is_file())
+            });
+        walk::warn_outside(
+            &self.root,
+            outside.into_iter().map(|l| l.rel_path).collect(),
+        );
         walk::warn_left_out(
             &self.root,
-            walk::links_not_followed(&self.root, links)
+            walk::links_not_followed(&self.root, &not_files)
                 .into_iter()
                 .collect(),
         );

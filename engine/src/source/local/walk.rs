@@ -62,6 +62,13 @@ enum Job {
 /// What every listing thread shares.
 struct Walk<'a> {
     root: &'a Path,
+    /// The root with every link resolved: a link whose target is not under
+    /// it points out of the tree.
+    canonical_root: PathBuf,
+    /// List links to files outside the tree (`--follow-links-outside`).
+    follow_outside: bool,
+    /// Links to files outside the tree, left out.
+    outside_links: Mutex<Vec<PathBuf>>,
     injector: Injector<Job>,
     stealers: Vec<Stealer<Job>>,
     /// Jobs queued anywhere or under way.
@@ -89,16 +96,24 @@ pub(super) struct Listing {
     pub links: Vec<LinkStamp>,
 }
 
-/// Lists every regular file under `root` with `threads` threads.
+/// Lists every regular file under `root` with `threads` threads; a link to
+/// a file outside `root` only when `follow_outside`.
 pub(super) fn list_files(
     root: &Path,
     threads: usize,
     progress: bool,
+    follow_outside: bool,
 ) -> Result<Listing, ManifestError> {
     debug_assert!(threads >= 1);
     let workers: Vec<Worker<Job>> = (0..threads).map(|_| Worker::new_lifo()).collect();
     let walk = Walk {
         root,
+        canonical_root: fs::canonicalize(root).map_err(|source| ManifestError::ReadDir {
+            path: root.to_path_buf(),
+            source,
+        })?,
+        follow_outside,
+        outside_links: Mutex::new(Vec::new()),
         injector: Injector::new(),
         stealers: workers.iter().map(Worker::stealer).collect(),
         pending_jobs: AtomicUsize::new(1),
@@ -156,7 +171,9 @@ pub(super) fn list_files(
         return Err(err);
     }
     let files = FileList::sorted_union(parts);
-    warn_skipped(&walk, &links);
+    let outside =
+        std::mem::take(&mut *walk.outside_links.lock().unwrap_or_else(|p| p.into_inner()));
+    warn_skipped(&walk, &links, &outside);
     tracing::debug!(
         root = %root.display(),
         files = files.len(),
@@ -170,8 +187,18 @@ pub(super) fn list_files(
 /// One warning for what the manifest leaves out of the tree (links to
 /// directories, sockets, FIFOs, devices), so that data behind a link such as
 /// `train -> /mnt/disk2/train` is not lost in silence; debug logs name each.
-fn warn_skipped(walk: &Walk<'_>, links: &[LinkStamp]) {
-    let mut what: Vec<String> = links_not_followed(walk.root, links).into_iter().collect();
+fn warn_skipped(walk: &Walk<'_>, links: &[LinkStamp], outside: &[PathBuf]) {
+    warn_outside(walk.root, outside.to_vec());
+    let outside_count = outside.len();
+    let not_files: Vec<LinkStamp> = links
+        .iter()
+        .filter(|l| l.file_size.is_none() && !outside.contains(&l.rel_path))
+        .cloned()
+        .collect();
+    debug_assert!(links.iter().filter(|l| l.file_size.is_none()).count() >= outside_count);
+    let mut what: Vec<String> = links_not_followed(walk.root, &not_files)
+        .into_iter()
+        .collect();
     let special = walk.skipped_special.load(Ordering::Relaxed);
     if special > 0 {
         let first = walk
@@ -186,6 +213,31 @@ fn warn_skipped(walk: &Walk<'_>, links: &[LinkStamp]) {
         ));
     }
     warn_left_out(walk.root, what);
+}
+
+/// Links out of the tree shown in the warning.
+const OUTSIDE_NAMED: usize = 3;
+
+/// The one warning for links to files outside the tree, left out
+/// (`rel_paths`, relative to `root`), if there are any.
+pub(super) fn warn_outside(root: &Path, mut rel_paths: Vec<PathBuf>) {
+    if rel_paths.is_empty() {
+        return;
+    }
+    rel_paths.sort();
+    let named: Vec<String> = rel_paths
+        .iter()
+        .take(OUTSIDE_NAMED)
+        .map(|p| root.join(p).display().to_string())
+        .collect();
+    tracing::warn!(
+        "{}: skipped {} link(s) to files outside it ({}{}): a link out of the source could show another user's files; \
+         pass --follow-links-outside to read them",
+        root.display(),
+        rel_paths.len(),
+        named.join(", "),
+        if rel_paths.len() > OUTSIDE_NAMED { ", ..." } else { "" }
+    );
 }
 
 /// "N link(s) to a directory or other non-file, not followed (first: P)",
@@ -398,7 +450,20 @@ impl Walk<'_> {
             };
             let size_bytes = if is_link {
                 let target = fs::metadata(&path).map_err(metadata_error)?;
-                let file_size = target.is_file().then_some(target.len());
+                let mut file_size = target.is_file().then_some(target.len());
+                if file_size.is_some()
+                    && !self.follow_outside
+                    && super::check::is_outside(&self.canonical_root, &path)
+                {
+                    // Left out, as a link to a non-file is (the cache's
+                    // check knows it by its target being outside).
+                    tracing::debug!(path = %path.display(), "skipping a link to a file outside the source");
+                    self.outside_links
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(rel_dir.join(&name));
+                    file_size = None;
+                }
                 found.links.push(LinkStamp {
                     rel_path: rel_dir.join(&name),
                     file_size,
