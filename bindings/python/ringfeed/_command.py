@@ -2,9 +2,9 @@
 
 The wheel installs the executable as its script: pip puts it in the
 environment's ``bin/`` (the scheme's scripts directory), beside ``python``,
-and lists it in the package's RECORD. That list says where it went under every
-scheme (a venv, ``--user``, ``--prefix``, ``--target``), and that it belongs
-to this very package (not to another ringfeed of another version).
+and lists it in the package's RECORD. That list says where it went under the
+scheme it was installed with (tests/wheel/check.sh checks a venv), and that it
+belongs to this very package (not to another ringfeed of another version).
 """
 
 import os
