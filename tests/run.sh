@@ -71,6 +71,12 @@ step "test servers: stop"
 trap - EXIT INT TERM
 ringfeed_servers_down
 
+# The wheel as a user gets it (docs/install.md): built by `pip wheel
+# ./bindings/python`, installed in a fresh venv outside the checkout with no
+# Rust on PATH, then --version, demo, run -- torchrun and a clean uninstall.
+step "wheel: build, install in a fresh venv without Rust, demo, torchrun, uninstall"
+bash tests/wheel/check.sh
+
 step "fuzz: attach+next on arbitrary segments for ${FUZZ_SECONDS}s"
 bash fuzz/run.sh "$FUZZ_SECONDS"
 

@@ -1,8 +1,9 @@
 """`pip install ./bindings/python` in a fresh virtual environment gives a working
-`import ringfeed` with libringfeed.so inside the installed package.
+`import ringfeed` with libringfeed.so inside the installed package, and the
+`ringfeed` command (also `python -m ringfeed`) of the same version.
 
 Needs the network (numpy, setuptools) and cargo (the build hook runs
-`cargo build --release -p ringfeed-ffi`). RINGFEED_SKIP_INSTALL_TEST=1 skips it.
+`cargo build --release -p ringfeed-ffi -p ringfeed`). RINGFEED_SKIP_INSTALL_TEST=1 skips it.
 """
 
 import os
@@ -36,6 +37,13 @@ CHECK = textwrap.dedent(
     assert "Root-Is-Purelib: false" in wheel, wheel
     tags = [l.split(": ")[1] for l in wheel.splitlines() if l.startswith("Tag: ")]
     assert tags and all(t.startswith("py3-none-") and not t.endswith("-any") for t in tags), tags
+    # The wheel's script: the ringfeed command beside python, of the same version.
+    import subprocess
+    assert ringfeed.__version__ == importlib.metadata.version("ringfeed"), ringfeed.__version__
+    command = os.path.join(os.path.dirname(sys.executable), "ringfeed")
+    for argv in ([command, "--version"], [sys.executable, "-m", "ringfeed", "--version"]):
+        out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
+        assert out == "ringfeed " + ringfeed.__version__, (argv, out)
     name = sys.argv[1] if len(sys.argv) > 1 else None
     if name:
         with ringfeed.attach(name, 0, timeout=10) as feed:

@@ -97,7 +97,7 @@ from .errors import (
     VersionMismatchError,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 #: Path the C library was loaded from.
 library_path = _lib.library_path()

@@ -215,7 +215,12 @@ fn another_abi_version_is_named_with_both_versions() {
         "{err:?}"
     );
     assert!(
-        msg.contains("version 7") && msg.contains("version 1") && msg.contains(&path_of(&name)),
+        msg.contains("version 7")
+            && msg.contains("version 1")
+            && msg.contains(&path_of(&name))
+            && msg.contains(&format!("ringfeed {}", env!("CARGO_PKG_VERSION")))
+            && msg.contains("a newer ringfeed")
+            && msg.contains("pip install ringfeed=="),
         "{msg}"
     );
 }

@@ -4,6 +4,10 @@ use std::io;
 
 use crate::segment::NameError;
 
+/// The ringfeed release this library is (the workspace's one version: the
+/// `ringfeed` command, the Python package and this crate agree).
+const PACKAGE_VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// A feed used in a child forked from the process that attached it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("this feed of {name:?} rank {rank} was attached by process {attached_by}; a forked child cannot take or give back its batches: take them in that process (a torch DataLoader over a feed needs num_workers=0), or attach in the child")]
@@ -41,7 +45,7 @@ pub enum AttachError {
         what: String,
     },
     /// The segment was made by another version of ringfeed.
-    #[error("{path} uses ring ABI version {found}, this library speaks version {expected}; use the same ringfeed version for the loader and the trainers")]
+    #[error("{path} uses ring ABI version {found} (its loader is {age} ringfeed than this one), but this library is ringfeed {PACKAGE_VERSION} and speaks ring ABI version {expected}; the loader and the trainers must run the same ringfeed release: run `ringfeed --version` where the loader runs and install that release for the trainers (pip install ringfeed==VERSION), or restart the loader with the `ringfeed` {PACKAGE_VERSION} installed beside this binding", age = if .found > .expected { "a newer" } else { "an older" })]
     AbiMismatch {
         /// The segment path.
         path: String,
