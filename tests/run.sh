@@ -12,6 +12,14 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 step() { printf '\n=== %s (%ds)\n' "$*" "$SECONDS"; }
+# Every temporary file of the run (pytest's tmp_path, the test servers'
+# state, the loaders' sources) is under RUN_TMP, so that the run can end by
+# failing on any process still running there that a test started and did
+# not stop (tests/leftovers.sh). Removed when the run passes. 0711 as /tmp
+# is searchable: tests that run a step as another user keep working.
+RUN_TMP=$(mktemp -d "${TMPDIR:-/tmp}/ringfeed-run.XXXXXX")
+chmod 711 "$RUN_TMP"
+export TMPDIR=$RUN_TMP
 
 step "tools"
 need_apt=()
@@ -79,5 +87,9 @@ bash tests/wheel/check.sh
 
 step "fuzz: attach+next on arbitrary segments for ${FUZZ_SECONDS}s"
 bash fuzz/run.sh "$FUZZ_SECONDS"
+
+step "no process started by the tests is left (tests/leftovers.sh)"
+bash tests/leftovers.sh "$RUN_TMP"
+rm -rf "$RUN_TMP"
 
 step "all tests passed"

@@ -23,7 +23,9 @@ pub struct rf_tar_field {
     /// The extension, inside `name`: what follows the first '.' of its last
     /// path component that is not that component's first character
     /// (`000123.seg.png` -> `seg.png`); length 0 when there is none. The
-    /// sample's key is the full name up to that '.'.
+    /// sample's key is the full name up to that '.'. As stored: WebDataset
+    /// and the Python binding name the field by the extension lowercased
+    /// (`s1.JPG` is field `jpg`), so compare with strncasecmp to match them.
     pub ext: *const u8,
     /// Bytes of `ext`.
     pub ext_len: u64,

@@ -68,3 +68,34 @@ def test_keys_split_the_webdataset_way():
     assert ringfeed._tar.split_key(b"a/b/000123.seg.png") == (b"a/b/000123", b"seg.png")
     assert ringfeed._tar.split_key(b"a/.hidden.txt") == (b"a/.hidden", b"txt")
     assert ringfeed._tar.split_key(b"README") == (b"README", b"")
+
+
+def test_field_names_are_lowercased_as_webdataset_names_them_and_the_stored_name_stays_reachable():
+    buf = sample_bytes(tarfile.USTAR_FORMAT, [("k/s1.JPG", b"jpeg"), ("k/s1.Seg.PNG", b"png"), ("k/s1.cls", b"7")])
+    fields = ringfeed.tar_fields(buf)
+    assert {f: bytes(v) for f, v in fields.items()} == {"jpg": b"jpeg", "seg.png": b"png", "cls": b"7"}
+    assert set(ringfeed.tar_fields(buf, lowercase=False)) == {"JPG", "Seg.PNG", "cls"}
+    assert [name for name, _ in ringfeed.tar_members(buf)] == [b"k/s1.JPG", b"k/s1.Seg.PNG", b"k/s1.cls"]
+    assert ringfeed.tar_key(buf) == "k/s1"
+
+
+def test_extensions_differing_only_in_case_are_one_field_as_in_webdataset():
+    buf = sample_bytes(tarfile.USTAR_FORMAT, [("a.jpg", b"x"), ("a.JPG", b"y")])
+    with pytest.raises(ringfeed.TarFieldError, match="'jpg' appears twice.*lowercased"):
+        ringfeed.tar_fields(buf)
+    assert set(ringfeed.tar_fields(buf, lowercase=False)) == {"jpg", "JPG"}
+
+
+def test_field_names_match_webdatasets_default_grouping():
+    """The rule webdataset 1.0.2's group_by_keys(lcase=True) applies, written
+    out here (webdataset itself is not installed): base_plus_ext, then
+    suffix.lower()."""
+    import re
+
+    def webdataset_field(name):
+        match = re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", name)
+        return match.group(2).lower()
+
+    for name in ["k/s1.JPG", "a/b/000123.Seg.PNG", "v1.2/x/000001.Json", "x.ÉTÉ"]:
+        buf = sample_bytes(tarfile.PAX_FORMAT, [(name, b"d")])
+        assert list(ringfeed.tar_fields(buf)) == [webdataset_field(name)], name

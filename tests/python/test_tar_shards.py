@@ -191,28 +191,40 @@ def test_a_directory_of_other_files_is_not_taken_for_shards(tmp_path):
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
+    """servers(name) -> its environment: each server started once for the
+    module (servers.sh refuses a second start in one state directory, whose
+    pid file would hide the first), and every one started is stopped here."""
     state = tmp_path_factory.mktemp("servers")
-    yield state
-    for name in ("s3", "nginx"):
-        if (state / ("%s.pid" % name)).exists():
-            subprocess.run([str(SERVERS / "servers.sh"), "stop", name, str(state)], capture_output=True, timeout=60)
+    started = {}
+
+    def get(name):
+        if name not in started:
+            started[name] = start_server(state, name)
+        return started[name]
+
+    yield get
+    for name in started:
+        subprocess.run([str(SERVERS / "servers.sh"), "stop", name, str(state)], capture_output=True, timeout=60)
 
 
 @pytest.mark.parametrize("scheme,order", [("http", "exact"), ("s3", "exact"), ("http", "block")])
-def test_remote_shards_serve_every_sample_once_per_epoch_with_each_fields_bytes(shard_sets, c_reader, servers, scheme, order):
+def test_remote_shards_serve_every_sample_once_per_epoch_with_each_fields_bytes(shard_sets, c_reader, servers, scheme, order, tmp_path):
     d, expected = shard_sets["gnu"]
     if scheme == "http":
-        env = start_server(servers, "nginx")
+        env = servers("nginx")
         shutil.copytree(d, Path(env["RINGFEED_TEST_NGINX_ROOT"]) / "shards", dirs_exist_ok=True)
         source = env["RINGFEED_TEST_NGINX_URL"].rstrip("/") + "/shards/"
     else:
-        env = start_server(servers, "s3")
+        env = servers("s3")
         seeded = subprocess.run(
             [sys.executable, str(SERVERS / "seed.py"), "s3", "rfbucket", str(d), "--prefix", "shards/"],
             env=dict(os.environ, **env), capture_output=True, text=True, timeout=120,
         )
         assert seeded.returncode == 0, seeded.stderr
         source = "s3://rfbucket/shards/"
+    # One server for the module: the same URL in each case, so each its own
+    # cache, or a later case would take the earlier one's indexes.
+    env = dict(env, RINGFEED_CACHE_DIR=str(tmp_path / "cache"))
     if order == "block":
         # Under the block order each block's samples come out of one ranged
         # GET of its bytes (reader::chunked), fields intact.
@@ -246,11 +258,11 @@ def test_remote_shards_use_their_sidecar_then_the_index_cache(shard_sets, c_read
     shutil.copytree(d, with_idx)
     (with_idx / "shard-001.tar.idx").write_bytes(sidecar_of(with_idx / "shard-001.tar"))
     if scheme == "http":
-        env = start_server(servers, "nginx")
+        env = servers("nginx")
         shutil.copytree(with_idx, Path(env["RINGFEED_TEST_NGINX_ROOT"]) / "with-idx")
         source = env["RINGFEED_TEST_NGINX_URL"].rstrip("/") + "/with-idx/"
     else:
-        env = start_server(servers, "s3")
+        env = servers("s3")
         seeded = subprocess.run(
             [sys.executable, str(SERVERS / "seed.py"), "s3", "rfbucket", str(with_idx), "--prefix", "with-idx/"],
             env=dict(os.environ, **env), capture_output=True, text=True, timeout=120,
@@ -306,7 +318,7 @@ def test_format_files_serves_each_shard_whole(shard_sets):
 
 def test_a_truncated_remote_shard_is_refused_naming_its_url_and_the_offset(shard_sets, servers, tmp_path):
     d, _ = shard_sets["gnu"]
-    env = start_server(servers, "nginx")
+    env = servers("nginx")
     dest = Path(env["RINGFEED_TEST_NGINX_ROOT"]) / "truncated"
     shutil.copytree(d, dest)
     shard = dest / "shard-001.tar"

@@ -7,6 +7,10 @@
 #                                       its exports
 #   servers.sh stop NAME STATE_DIR      stop it by the pid it recorded
 #
+# One NAME per STATE_DIR: a second start while the first still runs is
+# refused (its pid file would be overwritten and the first one never
+# stopped); stop kills only a process whose command line names STATE_DIR.
+#
 # NAME: s3 (s3s-fs, checks SigV4), nginx (WebDAV, PROPFIND depth 0/1),
 # rclone (WebDAV, depth infinity), azurite (Azure blob), gcs (fake-gcs-server);
 # `all` for every one of these (install only). Optional, never in `all` nor in
@@ -309,12 +313,28 @@ health_url() {
     esac
 }
 
+# Whether PID is alive and is the NAME server of STATE (every server's
+# command line names its state directory), so that a stale pid file never
+# makes us refuse a start or kill a stranger that took its pid.
+is_ours() {
+    local pid=$1 state=$2
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$state/"
+}
+
 cmd_start() {
     local name=$1 state=$2 try
     # Idempotent and fast when present, so that start never runs a missing binary.
     mkdir -p "$HOME_DIR" "$state"
     "install_$name"
     state=$(cd "$state" && pwd)
+    if [ -f "$state/$name.pid" ]; then
+        local running; running=$(cat "$state/$name.pid")
+        if is_ours "$running" "$state"; then
+            die "$name already runs from $state (pid $running): use its $state/$name.env, or stop it first (servers.sh stop $name $state), or give another STATE_DIR"
+        fi
+        rm -f "$state/$name.pid"
+    fi
     for try in 1 2 3; do  # a free port can be taken between choosing and binding it
         local port; port=$(free_port)
         "start_$name" "$state" "$port"
@@ -333,7 +353,12 @@ cmd_start() {
 cmd_stop() {
     local name=$1 state=$2 pid
     [ -f "$state/$name.pid" ] || return 0
+    state=$(cd "$state" && pwd)
     pid=$(cat "$state/$name.pid")
+    if ! is_ours "$pid" "$state"; then
+        rm -f "$state/$name.pid"
+        return 0
+    fi
     kill "$pid" 2>/dev/null || true
     local deadline=$((SECONDS + STOP_TIMEOUT_S))
     while kill -0 "$pid" 2>/dev/null; do

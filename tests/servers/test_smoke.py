@@ -229,3 +229,27 @@ def test_fake_gcs_server_lists_and_reads_back_a_tree(tree):
         assert (response.status, response.read()) == (206, big[1000:2000])
     service_account = json.loads(Path(env("GOOGLE_SERVICE_ACCOUNT")).read_text())
     assert service_account["gcs_base_url"] == endpoint and service_account["disable_oauth"] is True
+
+
+# ---------------------------------------------------------------- start/stop
+
+
+def test_a_second_start_in_one_state_dir_is_refused_and_stop_leaves_nothing_running(tmp_path):
+    """A second start would overwrite the first's pid file, and the first
+    would never be stopped (test_tar_shards.py left 3 nginx and 1 s3s-fs so)."""
+    script = str(HERE / "servers.sh")
+    first = subprocess.run([script, "start", "nginx", str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert first.returncode == 0, first.stderr
+    pid = int((tmp_path / "nginx.pid").read_text())
+    try:
+        second = subprocess.run([script, "start", "nginx", str(tmp_path)], capture_output=True, text=True, timeout=180)
+        assert second.returncode == 1 and "nginx already runs from" in second.stderr and str(pid) in second.stderr, second.stderr
+        assert int((tmp_path / "nginx.pid").read_text()) == pid
+    finally:
+        subprocess.run([script, "stop", "nginx", str(tmp_path)], capture_output=True, timeout=60)
+    assert not Path("/proc/%d" % pid).exists() or b"zombie" in Path("/proc/%d/status" % pid).read_bytes().lower()
+    # A pid file naming a process that is not the server (here: init) is
+    # neither a reason to refuse nor a process to kill.
+    (tmp_path / "nginx.pid").write_text("1\n")
+    subprocess.run([script, "stop", "nginx", str(tmp_path)], capture_output=True, timeout=60, check=True)
+    assert Path("/proc/1").exists() and not (tmp_path / "nginx.pid").exists()

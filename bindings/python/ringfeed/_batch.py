@@ -158,13 +158,15 @@ class Batch:
         start = int(entry["offset"])
         return memoryview(base).cast("B")[start : start + int(entry["len"])]
 
-    def fields(self, i):
-        """``{ext: memoryview}`` of sample ``i`` when the loader serves tar
+    def fields(self, i, lowercase=True):
+        """``{field: memoryview}`` of sample ``i`` when the loader serves tar
         shards (``--format tar``): each member's data, zero-copy, keyed by its
-        extension (``000123.jpg`` -> ``"jpg"``). ``np.frombuffer(view,
-        np.uint8)`` is a numpy view of the same bytes. Raises
-        ``ringfeed.TarFieldError`` when the sample is not tar members."""
-        return _tar.tar_fields(self.sample(i))
+        extension lowercased as WebDataset does (``000123.jpg`` -> ``"jpg"``,
+        ``s1.JPG`` -> ``"jpg"``; ``lowercase=False`` keeps it as stored;
+        ``ringfeed.tar_members(batch.sample(i))`` gives the members' names).
+        ``np.frombuffer(view, np.uint8)`` is a numpy view of the same bytes.
+        Raises ``ringfeed.TarFieldError`` when the sample is not tar members."""
+        return _tar.tar_fields(self.sample(i), lowercase)
 
     def key(self, i):
         """The WebDataset key of tar sample ``i`` (``"a/b/000123"``)."""

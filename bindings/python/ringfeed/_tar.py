@@ -4,9 +4,11 @@ A sample served from tar shards (``ringfeed serve --format tar``) is the raw
 tar bytes of its members: each member's header blocks (ustar, pax extended
 headers, GNU long names) then its data, up to the last member's last data
 byte (docs/shards.md). ``tar_fields`` walks those headers and returns one
-zero-copy memoryview per member's data, keyed by its extension
-(``000123.seg.png`` -> ``"seg.png"``). Only the 512-byte headers are read;
-no data byte is copied.
+zero-copy memoryview per member's data, keyed by its field name: the
+extension lowercased, as ``webdataset.WebDataset`` names fields by default
+(``000123.seg.png`` -> ``"seg.png"``, ``s1.JPG`` -> ``"jpg"``).
+``tar_members`` gives each member's name as stored. Only the 512-byte
+headers are read; no data byte is copied.
 """
 
 _BLOCK = 512
@@ -119,16 +121,24 @@ def tar_members(sample):
         pos = data + -(-size // _BLOCK) * _BLOCK
 
 
-def tar_fields(sample):
-    """``{ext: memoryview}`` of a tar sample's members (see ``tar_members``):
+def tar_fields(sample, lowercase=True):
+    """``{field: memoryview}`` of a tar sample's members (see ``tar_members``):
     ``000123.jpg`` and ``000123.cls`` give ``{"jpg": ..., "cls": ...}``.
-    Extensions are str (UTF-8, undecodable bytes kept as surrogates); a
-    repeated extension is a TarFieldError."""
+    The field is the extension lowercased (``s1.JPG`` -> ``"jpg"``), as
+    WebDataset's default ``group_by_keys(lcase=True)`` names it;
+    ``lowercase=False`` keeps the extension as stored, and ``tar_members``
+    gives each member's full name. Field names are str (UTF-8, undecodable
+    bytes kept as surrogates); a repeated field is a TarFieldError."""
     fields = {}
     for name, view in tar_members(sample):
         ext = split_key(name)[1].decode("utf-8", "surrogateescape")
+        if lowercase:
+            ext = ext.lower()
         if ext in fields:
-            raise TarFieldError("extension %r appears twice in the sample (member %r)" % (ext, name))
+            raise TarFieldError(
+                "extension %r appears twice in the sample (member %r)%s"
+                % (ext, name, "; extensions are compared lowercased, as WebDataset does" if lowercase else "")
+            )
         fields[ext] = view
     return fields
 

@@ -5,7 +5,13 @@
 //! at a time, giving slices of the sample itself: no byte is copied. The C
 //! ABI's `rf_tar_field_next` is this function.
 //!
+//! Field names follow WebDataset's default (`group_by_keys(lcase=True)`):
+//! the extension lowercased, `s1.JPG` is field `jpg` ([`field_name`]); the
+//! member's name and extension as stored stay in [`TarField`].
+//!
 //! Here rather than in the engine because trainers link only this crate.
+
+use std::borrow::Cow;
 
 /// Bytes of a tar block.
 const BLOCK: usize = 512;
@@ -20,10 +26,42 @@ pub struct TarField<'a> {
     pub name: &'a [u8],
     /// The extension: what follows the first '.' of the name's last path
     /// component that is not that component's first character (a slice of
-    /// `name`; empty when there is none).
+    /// `name`; empty when there is none), as stored: `JPG` for
+    /// `s1.JPG`. The field's name is [`TarField::field_name`].
     pub ext: &'a [u8],
     /// The member's data.
     pub data: &'a [u8],
+}
+
+impl<'a> TarField<'a> {
+    /// The field's name as WebDataset gives it by default: the extension
+    /// lowercased (`s1.JPG` -> `jpg`), see [`field_name`].
+    pub fn field_name(&self) -> Cow<'a, [u8]> {
+        field_name(self.ext)
+    }
+}
+
+/// WebDataset's default field name for an extension: Python's
+/// `str.lower()` of the name decoded as UTF-8 with `surrogateescape`, i.e.
+/// UTF-8 text lowercased as Unicode and bytes that are not UTF-8 kept as
+/// they are. Borrowed when nothing changes (the usual case: `jpg`).
+pub fn field_name(ext: &[u8]) -> Cow<'_, [u8]> {
+    if ext.is_ascii() {
+        if !ext.iter().any(u8::is_ascii_uppercase) {
+            return Cow::Borrowed(ext);
+        }
+        return Cow::Owned(ext.to_ascii_lowercase());
+    }
+    let mut out = Vec::with_capacity(ext.len());
+    for chunk in ext.utf8_chunks() {
+        out.extend_from_slice(chunk.valid().to_lowercase().as_bytes());
+        out.extend_from_slice(chunk.invalid());
+    }
+    if out == ext {
+        Cow::Borrowed(ext)
+    } else {
+        Cow::Owned(out)
+    }
 }
 
 /// Why a sample's bytes are not tar members.
@@ -334,5 +372,27 @@ mod tests {
         assert_eq!(ext_of(b"a/.hidden.txt"), b"txt");
         assert_eq!(ext_of(b"README"), b"");
         assert_eq!(ext_of(b"v1.2/x"), b"");
+    }
+
+    #[test]
+    fn field_names_are_extensions_lowercased_as_webdataset_does() {
+        assert_eq!(field_name(b"JPG"), b"jpg".as_slice());
+        assert_eq!(field_name(b"Seg.PNG"), b"seg.png".as_slice());
+        assert!(matches!(field_name(b"jpg"), Cow::Borrowed(_)));
+        assert_eq!(field_name(b""), b"".as_slice());
+        // Unicode text as Python's str.lower(); bytes that are not UTF-8 kept.
+        assert_eq!(field_name("ÉTÉ".as_bytes()), "été".as_bytes());
+        assert_eq!(field_name(b"A\xffB"), b"a\xffb".as_slice());
+        assert_eq!(field_name(b"\xc3"), b"\xc3".as_slice());
+    }
+
+    #[test]
+    fn a_field_keeps_its_stored_name_and_extension_beside_its_field_name() {
+        let sample = member(b"k/s1.JPG", b"jpeg", b'0', true);
+        let mut cursor = 0;
+        let f = next_field(&sample, &mut cursor).unwrap().unwrap();
+        assert_eq!(f.name, b"k/s1.JPG");
+        assert_eq!(f.ext, b"JPG");
+        assert_eq!(f.field_name(), b"jpg".as_slice());
     }
 }

@@ -1,19 +1,26 @@
 //! A minimal HTTP/1.1 responder for `GET /metrics`, on its own thread.
 //!
-//! One connection at a time, one request per connection (`Connection:
-//! close`): a scraper asks every few seconds, so this is plenty, and a
-//! client can hold the thread for at most [`REQUEST_DEADLINE_MS`] plus
-//! [`WRITE_TIMEOUT_MS`]. Requests past [`MAX_REQUEST_BYTES`] get 431. The
-//! thread reads the ring's atomics and nothing else of the loader's, so a
-//! slow or hostile client slows only other scrapes, never the loader.
+//! The thread runs a single-threaded tokio runtime: every connection is a
+//! task of its own, so an idle or slow client holds only itself, never the
+//! other scrapes. Each connection has [`REQUEST_DEADLINE_MS`] to send its
+//! request head and [`WRITE_TIMEOUT_MS`] to take the whole response, then
+//! it is closed; at most [`MAX_CONNECTIONS`] are open at once (the next ones
+//! wait in the kernel's queue until one ends), so memory stays bounded.
+//! One request per connection (`Connection: close`); requests past
+//! [`MAX_REQUEST_BYTES`] get 431. The thread reads the ring's atomics and
+//! nothing else of the loader's, so a slow or hostile client never slows
+//! the loader.
 
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::timeout;
 
 use crate::metrics::text::CONTENT_TYPE;
 use crate::metrics::{render, HTTP_REQUESTS_TOTAL};
@@ -23,10 +30,14 @@ use crate::ring::observer::Observer;
 pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
 /// Time a client has to send its whole request head.
 pub const REQUEST_DEADLINE_MS: u64 = 2_000;
-/// Time a client has to take each part of the response.
+/// Time a client has to take the whole response.
 pub const WRITE_TIMEOUT_MS: u64 = 2_000;
-/// How often the accept loop looks at its stop flag.
-pub const ACCEPT_POLL_MS: i32 = 100;
+/// The most connections served at once; each holds at most
+/// [`MAX_REQUEST_BYTES`] of request and one response.
+pub const MAX_CONNECTIONS: usize = 512;
+/// How long the accept loop waits after the kernel refused an accept (out
+/// of descriptors, say) before trying again.
+pub const ACCEPT_RETRY_MS: u64 = 100;
 /// How long a refused request's leftover bytes are read before closing.
 const DRAIN_MS: u64 = 100;
 /// The most leftover bytes read before closing.
@@ -76,7 +87,7 @@ pub enum BindError {
 /// A running metrics endpoint. Dropping it stops its thread.
 pub struct MetricsServer {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Notify>,
     ring: Arc<OnceLock<Observer>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -131,15 +142,27 @@ impl MetricsServer {
             source,
         };
         let bound = listener.local_addr().map_err(other)?;
-        // A connection that goes away between poll and accept must not
-        // block accept: the stop flag would not be looked at.
+        // tokio needs a non-blocking socket.
         listener.set_nonblocking(true).map_err(other)?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(other)?;
+        let listener = {
+            let _in_runtime = runtime.enter();
+            tokio::net::TcpListener::from_std(listener).map_err(other)?
+        };
+        let stop = Arc::new(Notify::new());
         let ring = Arc::new(OnceLock::new());
-        let (t_stop, t_ring, t_name) = (stop.clone(), ring.clone(), name.to_owned());
+        let (t_stop, t_ring, t_name) = (stop.clone(), ring.clone(), Arc::<str>::from(name));
         let thread = std::thread::Builder::new()
             .name("ringfeed-metrics".into())
-            .spawn(move || accept_loop(&listener, &t_stop, &t_ring, &t_name))
+            .spawn(move || {
+                block_stop_signals();
+                runtime.block_on(accept_loop(listener, t_stop, t_ring, t_name));
+                // Dropping the runtime here drops every connection still open.
+            })
             .map_err(other)?;
         Ok(MetricsServer {
             addr: bound,
@@ -175,10 +198,11 @@ impl MetricsServer {
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        // Kept until the loop next waits, if it is not waiting now.
+        self.stop.notify_one();
         if let Some(t) = self.thread.take() {
-            // The thread ends within ACCEPT_POLL_MS, or after the request
-            // it is answering (bounded by its deadlines).
+            // The loop ends at once; the runtime's end drops the
+            // connections still open.
             let _ = t.join();
         }
     }
@@ -199,38 +223,47 @@ fn block_stop_signals() {
     }
 }
 
-/// Whether `listener` has a connection to accept within `ACCEPT_POLL_MS`.
-fn readable(listener: &TcpListener) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `pfd` is one valid pollfd for the duration of the call.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ACCEPT_POLL_MS) };
-    rc > 0 && pfd.revents & libc::POLLIN != 0
-}
-
-fn accept_loop(listener: &TcpListener, stop: &AtomicBool, ring: &OnceLock<Observer>, name: &str) {
-    block_stop_signals();
+/// Accepts connections until `stop`, each served by a task of its own while
+/// at most [`MAX_CONNECTIONS`] are open.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    stop: Arc<Notify>,
+    ring: Arc<OnceLock<Observer>>,
+    name: Arc<str>,
+) {
+    let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut warned = false;
-    while !stop.load(Ordering::Relaxed) {
-        if !readable(listener) {
-            continue;
-        }
-        match listener.accept() {
+    loop {
+        // A place first, then the connection: while all are taken, the next
+        // clients wait in the listen queue rather than in memory here.
+        let place = tokio::select! {
+            _ = stop.notified() => return,
+            place = open.clone().acquire_owned() => match place {
+                Ok(place) => place,
+                Err(_) => return,
+            },
+        };
+        let accepted = tokio::select! {
+            _ = stop.notified() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
             Ok((stream, _)) => {
-                // A client that vanishes mid-request costs it only itself.
-                let _ = answer(stream, ring, name);
+                let (ring, name) = (ring.clone(), name.clone());
+                tokio::spawn(async move {
+                    // A client that vanishes mid-request costs it only itself.
+                    let _ = answer(stream, &ring, &name).await;
+                    drop(place);
+                });
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
-                // Out of descriptors, say: wait a poll interval and go on.
+                // Out of descriptors, say: wait a little and go on.
                 if !warned {
                     tracing::warn!("metrics endpoint: cannot accept a connection ({e}); scrapes fail until it can");
                     warned = true;
                 }
-                std::thread::sleep(Duration::from_millis(ACCEPT_POLL_MS as u64));
+                drop(place);
+                tokio::time::sleep(Duration::from_millis(ACCEPT_RETRY_MS)).await;
             }
         }
     }
@@ -252,30 +285,23 @@ const TOO_LARGE: Reply = Reply::Status("431", "Request Header Fields Too Large")
 /// Reads a request head (up to the blank line) within the deadline and the
 /// size bound: Ok(Ok(head)), or Ok(Err(reply)) for a request too slow or too
 /// large. Err: the connection failed, or closed before a whole head.
-fn read_head(stream: &mut TcpStream) -> io::Result<Result<Vec<u8>, Reply>> {
-    let deadline = Instant::now() + Duration::from_millis(REQUEST_DEADLINE_MS);
+async fn read_head(stream: &mut TcpStream) -> io::Result<Result<Vec<u8>, Reply>> {
+    let deadline = Duration::from_millis(REQUEST_DEADLINE_MS);
+    match timeout(deadline, read_head_untimed(stream)).await {
+        Ok(read) => read,
+        Err(_) => Ok(Err(TIMEOUT)),
+    }
+}
+
+/// [`read_head`] without its deadline.
+async fn read_head_untimed(stream: &mut TcpStream) -> io::Result<Result<Vec<u8>, Reply>> {
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(Err(TIMEOUT));
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
         }
-        stream.set_read_timeout(Some(left))?;
-        let n = match stream.read(&mut buf) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Ok(Err(TIMEOUT))
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
         head.extend_from_slice(&buf[..n]);
         if let Some(end) = find_head_end(&head) {
             head.truncate(end);
@@ -323,10 +349,8 @@ fn route(head: &[u8]) -> Reply {
     Reply::Metrics
 }
 
-fn answer(mut stream: TcpStream, ring: &OnceLock<Observer>, name: &str) -> io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_write_timeout(Some(Duration::from_millis(WRITE_TIMEOUT_MS)))?;
-    let reply = match read_head(&mut stream)? {
+async fn answer(mut stream: TcpStream, ring: &OnceLock<Observer>, name: &str) -> io::Result<()> {
+    let reply = match read_head(&mut stream).await? {
         Ok(head) => route(&head),
         Err(reply) => reply,
     };
@@ -353,14 +377,21 @@ fn answer(mut stream: TcpStream, ring: &OnceLock<Observer>, name: &str) -> io::R
         "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    stream.flush()?;
-    // Say we are done sending, so that the client sees the end of the body
-    // even if it is still writing (a too-large request) when we close.
-    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let send = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.flush().await?;
+        // Say we are done sending, so that the client sees the end of the
+        // body even if it is still writing (a too-large request) when we
+        // close.
+        stream.shutdown().await
+    };
+    match timeout(Duration::from_millis(WRITE_TIMEOUT_MS), send).await {
+        Ok(sent) => sent?,
+        Err(_) => return Err(io::ErrorKind::TimedOut.into()),
+    }
     if code != "200" {
-        drain(&mut stream);
+        drain(&mut stream).await;
     }
     Ok(())
 }
@@ -368,21 +399,26 @@ fn answer(mut stream: TcpStream, ring: &OnceLock<Observer>, name: &str) -> io::R
 /// Reads what a refused client still sends (a little, briefly), so that
 /// closing with unread bytes does not reset the connection and lose the
 /// reply before the client reads it.
-fn drain(stream: &mut TcpStream) {
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(DRAIN_MS)));
+async fn drain(stream: &mut TcpStream) {
     let mut buf = [0u8; 4096];
-    let mut left = DRAIN_MAX_BYTES;
-    while left > 0 {
-        match stream.read(&mut buf) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => left = left.saturating_sub(n),
+    let read = async {
+        let mut left = DRAIN_MAX_BYTES;
+        while left > 0 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => left = left.saturating_sub(n),
+            }
         }
-    }
+    };
+    let _ = timeout(Duration::from_millis(DRAIN_MS), read).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Instant;
 
     #[test]
     fn only_get_of_the_metrics_path_is_served() {
@@ -488,5 +524,65 @@ mod tests {
         let addr = server.local_addr();
         drop(server);
         assert!(TcpListener::bind(addr).is_ok());
+    }
+
+    #[test]
+    fn a_scrape_answers_within_a_second_while_200_idle_connections_are_held_open() {
+        let server = MetricsServer::start("127.0.0.1:0", "t").unwrap();
+        let addr = server.local_addr();
+        let idle: Vec<TcpStream> = (0..200)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        // Some of them half-way through a request, too.
+        for s in idle.iter().step_by(2) {
+            let mut s = s;
+            s.write_all(b"GET /metr").unwrap();
+        }
+        let started = Instant::now();
+        let ok = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        let took = started.elapsed();
+        assert!(ok.starts_with("HTTP/1.1 200 "), "{ok}");
+        assert!(took < Duration::from_secs(1), "the scrape took {took:?}");
+        drop(idle);
+    }
+
+    #[test]
+    fn a_client_that_sends_half_a_request_and_stops_is_cut_off_at_the_deadline() {
+        let server = MetricsServer::start("127.0.0.1:0", "t").unwrap();
+        let mut slow = TcpStream::connect(server.local_addr()).unwrap();
+        slow.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let started = Instant::now();
+        slow.write_all(b"GET /metrics HTTP/1.1\r\nHo").unwrap();
+        let mut out = Vec::new();
+        // Ends when the server closes the connection (or fails after 10 s).
+        slow.read_to_end(&mut out).unwrap();
+        let took = started.elapsed();
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.starts_with("HTTP/1.1 408 "), "{out}");
+        let deadline = Duration::from_millis(REQUEST_DEADLINE_MS);
+        assert!(
+            took >= deadline && took < deadline + Duration::from_secs(3),
+            "cut off after {took:?}"
+        );
+    }
+
+    #[test]
+    fn connections_past_the_cap_wait_their_turn_and_are_then_served() {
+        let server = MetricsServer::start("127.0.0.1:0", "t").unwrap();
+        let addr = server.local_addr();
+        let started = Instant::now();
+        let idle: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        // Every place is taken until the idle ones reach their deadline.
+        let ok = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 "), "{ok}");
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(REQUEST_DEADLINE_MS * 3),
+            "served after {took:?}"
+        );
+        drop(idle);
     }
 }

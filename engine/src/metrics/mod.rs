@@ -9,7 +9,8 @@
 //!   in `catalog!` (listed in [`IN_PROCESS`]), one line each, and updated
 //!   with one relaxed atomic.
 //!
-//! [`http`] is a small HTTP/1.1 responder on its own thread; it only reads
+//! [`http`] is a small HTTP/1.1 responder on its own thread (connections
+//! served concurrently, each with a deadline); it only reads
 //! atomics, so it can never block or slow the loader's loop. Every metric is
 //! documented in docs/metrics.md (a test checks that none is missing).
 

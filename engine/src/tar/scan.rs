@@ -94,13 +94,13 @@ pub enum Fault {
         len: usize,
     },
     /// Two members of one sample have the same extension.
-    #[error("member {name:?} repeats extension {ext:?} within sample {key:?} (members of a sample are consecutive and each extension appears once)")]
+    #[error("member {name:?} repeats extension {ext:?} within sample {key:?} (members of a sample are consecutive and each extension appears once, compared lowercased as WebDataset names fields)")]
     DuplicateExt {
         /// The second member's name.
         name: String,
         /// The sample's key.
         key: String,
-        /// The repeated extension.
+        /// The repeated field name (the extension lowercased).
         ext: String,
     },
 }
