@@ -33,7 +33,14 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q numpy pytest torch prometheus_client boto3
+# Python packages come through a wheelhouse kept across runs (torch is ~3 GB
+# of wheels): downloaded once, then installed from it with no index, here and
+# into the wheel check's fresh venv (tests/wheel/check.sh), without
+# compiling every .py of torch (--no-compile: about half of its install time).
+export RINGFEED_WHEELHOUSE=${RINGFEED_WHEELHOUSE:-$HOME/.cache/ringfeed-wheels}
+PY_PACKAGES=(numpy pytest torch prometheus_client boto3)
+.venv/bin/python -m pip download -q -d "$RINGFEED_WHEELHOUSE" "${PY_PACKAGES[@]}"
+.venv/bin/python -m pip install -q --no-compile --no-index --find-links "$RINGFEED_WHEELHOUSE" "${PY_PACKAGES[@]}"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked -q
 
 step "lint: cargo fmt --check, clippy -D warnings, docs with missing docs denied"

@@ -10,8 +10,9 @@
 #
 # RINGFEED_WHEEL_PYTHON: the Python that builds the wheel and whose interpreter
 # makes the fresh venv (default .venv/bin/python). The fresh venv gets the
-# torch of that Python's environment (same version, so pip's cache serves it)
-# and numpy, from the index: no --system-site-packages.
+# torch of that Python's environment (same version) and numpy, from
+# RINGFEED_WHEELHOUSE when set (tests/run.sh sets it), else from the index:
+# no --system-site-packages.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -54,9 +55,16 @@ clean() {
 "$BASE" -m venv "$VENV"
 if clean sh -c 'command -v cargo || command -v rustc'; then fail "Rust is on the clean PATH"; fi
 torch_version=$("$PY" -c 'from importlib import metadata; print(metadata.version("torch"))')
-say "fresh venv; pip install torch==$torch_version numpy (pip's cache)"
 t=$SECONDS
-clean python -m pip install -q --disable-pip-version-check "torch==$torch_version" numpy
+if [ -n "${RINGFEED_WHEELHOUSE:-}" ]; then
+    # tests/run.sh's wheelhouse: the same wheels the index gave .venv, no download.
+    say "fresh venv; pip install torch==$torch_version numpy from $RINGFEED_WHEELHOUSE"
+    clean python -m pip install -q --disable-pip-version-check --no-compile --no-index \
+        --find-links "$RINGFEED_WHEELHOUSE" "torch==$torch_version" numpy
+else
+    say "fresh venv; pip install torch==$torch_version numpy"
+    clean python -m pip install -q --disable-pip-version-check --no-compile "torch==$torch_version" numpy
+fi
 say "torch installed in $((SECONDS - t))s"
 (cd "$VENV" && find . | sort) >"$WORK/before"
 
