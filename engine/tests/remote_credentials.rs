@@ -115,7 +115,10 @@ fn s3_credentials_from_a_profile_or_its_credential_process_are_used_and_a_refusa
     std::env::set_var("AWS_PROFILE", "proc");
     let store = StoreHandle::open(&url).unwrap();
     let fix = Scheme::S3.permission_fix();
-    assert!(fix.contains("credential_process of AWS profile 'proc'"), "{fix}");
+    assert!(
+        fix.contains("credential_process of AWS profile 'proc'"),
+        "{fix}"
+    );
     let got = rt
         .block_on(async { store.meta.get(&store.path_of("a.bin")).await?.bytes().await })
         .unwrap();

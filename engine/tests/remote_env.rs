@@ -34,7 +34,10 @@ fn missing_credentials_name_the_variable_to_set() {
     // No profile files, and never the instance metadata address.
     let dir = tempfile::tempdir().unwrap();
     std::env::set_var("AWS_CONFIG_FILE", dir.path().join("no-config"));
-    std::env::set_var("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("no-credentials"));
+    std::env::set_var(
+        "AWS_SHARED_CREDENTIALS_FILE",
+        dir.path().join("no-credentials"),
+    );
     std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
     let text = open_err("s3://bucket/prefix");
     assert!(

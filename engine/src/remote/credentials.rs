@@ -36,7 +36,8 @@ pub const CREDENTIALS_LOAD_TIMEOUT_MS: u64 = 60_000;
 pub const CREDENTIALS_REFRESH_BEFORE_MS: u64 = 5 * 60_000;
 
 /// What to do when no AWS credentials are found (after "set").
-const AWS_NONE_FIX: &str = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE=NAME for a \
+const AWS_NONE_FIX: &str =
+    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE=NAME for a \
      profile in ~/.aws/credentials or ~/.aws/config (`aws configure --profile NAME`, or \
      `aws sso login --profile NAME`), or AWS_SKIP_SIGNATURE=true for a public bucket";
 
@@ -124,15 +125,24 @@ fn describe(creds: &Credentials, profile: &AwsProfile) -> String {
     let has = |f: AwsCredentialFeature| features.contains(&f);
     let name = &profile.name;
     if has(AwsCredentialFeature::CredentialsProcess) {
-        format!("credential_process of AWS profile '{name}' in {}", profile.config_file)
+        format!(
+            "credential_process of AWS profile '{name}' in {}",
+            profile.config_file
+        )
     } else if has(AwsCredentialFeature::CredentialsSso) {
-        format!("SSO session of AWS profile '{name}' in {}", profile.config_file)
+        format!(
+            "SSO session of AWS profile '{name}' in {}",
+            profile.config_file
+        )
     } else if has(AwsCredentialFeature::CredentialsProfileStsWebIdToken)
         || has(AwsCredentialFeature::CredentialsStsAssumeRoleWebId)
     {
         "web identity token (AWS_WEB_IDENTITY_TOKEN_FILE, role AWS_ROLE_ARN: EKS IRSA)".to_string()
     } else if has(AwsCredentialFeature::CredentialsStsAssumeRole) {
-        format!("role assumed by AWS profile '{name}' in {}", profile.config_file)
+        format!(
+            "role assumed by AWS profile '{name}' in {}",
+            profile.config_file
+        )
     } else if has(AwsCredentialFeature::CredentialsHttp) {
         "container credentials endpoint (AWS_CONTAINER_CREDENTIALS_*: ECS task role or EKS Pod \
          Identity)"
@@ -279,7 +289,11 @@ impl CredentialProvider for AwsChainProvider {
 /// they near expiry. `Ok(None)`: `AWS_SKIP_SIGNATURE` asks for none.
 pub(crate) fn s3_provider(url: &str) -> Result<Option<AwsCredentialProvider>, RemoteError> {
     if env_true("AWS_SKIP_SIGNATURE") {
-        announce(url, Scheme::S3, "none (AWS_SKIP_SIGNATURE=true: unsigned requests)");
+        announce(
+            url,
+            Scheme::S3,
+            "none (AWS_SKIP_SIGNATURE=true: unsigned requests)",
+        );
         return Ok(None);
     }
     let profile = AwsProfile::from_env();
@@ -349,6 +363,12 @@ pub(crate) fn s3_provider(url: &str) -> Result<Option<AwsCredentialProvider>, Re
 /// Where object_store's GCS builder will find credentials, in its order
 /// (the start line; nothing is read but the presence of files).
 pub(crate) fn gcs_source() -> String {
+    if env_true("GOOGLE_SKIP_SIGNATURE") {
+        return "none (GOOGLE_SKIP_SIGNATURE=true: unsigned requests)".to_string();
+    }
+    if env_value("GOOGLE_BEARER_TOKEN").is_some() {
+        return "bearer token in GOOGLE_BEARER_TOKEN".to_string();
+    }
     if let Some(path) = env_value("GOOGLE_SERVICE_ACCOUNT")
         .or_else(|| env_value("GOOGLE_SERVICE_ACCOUNT_PATH"))
         .or_else(|| env_value("SERVICE_ACCOUNT"))
@@ -358,18 +378,14 @@ pub(crate) fn gcs_source() -> String {
     if env_value("GOOGLE_SERVICE_ACCOUNT_KEY").is_some() {
         return "service account key in GOOGLE_SERVICE_ACCOUNT_KEY".to_string();
     }
-    if env_value("GOOGLE_BEARER_TOKEN").is_some() {
-        return "bearer token in GOOGLE_BEARER_TOKEN".to_string();
-    }
-    if env_true("GOOGLE_SKIP_SIGNATURE") {
-        return "none (GOOGLE_SKIP_SIGNATURE=true: unsigned requests)".to_string();
-    }
     if let Some(path) = env_value("GOOGLE_APPLICATION_CREDENTIALS") {
         return format!("application default credentials {path} (GOOGLE_APPLICATION_CREDENTIALS)");
     }
     let adc = home_file(".config/gcloud/application_default_credentials.json");
     if std::path::Path::new(&adc).exists() {
-        return format!("application default credentials {adc} (`gcloud auth application-default login`)");
+        return format!(
+            "application default credentials {adc} (`gcloud auth application-default login`)"
+        );
     }
     "GCE metadata server (the VM's service account, or GKE workload identity)".to_string()
 }
@@ -378,7 +394,9 @@ pub(crate) fn gcs_source() -> String {
 /// in `AZURE_CONFIG_DIR`, default `~/.azure`).
 fn azure_cli_logged_in() -> bool {
     let dir = env_value("AZURE_CONFIG_DIR").unwrap_or_else(|| home_file(".azure"));
-    std::path::Path::new(&dir).join("azureProfile.json").exists()
+    std::path::Path::new(&dir)
+        .join("azureProfile.json")
+        .exists()
 }
 
 /// Where object_store's Azure builder will find credentials, and whether to

@@ -58,6 +58,11 @@ impl Scheme {
     /// last store of this kind was opened with, when known.
     pub fn permission_fix(self) -> String {
         match credentials::source_of(self) {
+            Some(source) if self == Scheme::S3 => format!(
+                "the credentials from {source} were refused: they may be wrong, expired or \
+                 revoked; refresh or fix them there, and check that they grant s3:GetObject and \
+                 s3:ListBucket on the bucket"
+            ),
             Some(source) => format!(
                 "the credentials from {source} were refused: they may be wrong, expired or \
                  revoked; {}",
@@ -216,16 +221,17 @@ impl StoreHandle {
             Ok(match scheme {
                 Scheme::S3 => Arc::new(
                     match &aws_credentials {
-                        Some(provider) => AmazonS3Builder::from_env()
-                            .with_credentials(Arc::clone(provider)),
+                        Some(provider) => {
+                            AmazonS3Builder::from_env().with_credentials(Arc::clone(provider))
+                        }
                         None => AmazonS3Builder::from_env(),
                     }
                     .with_url(base)
-                        .with_client_options(options)
-                        .with_retry(retry)
-                        .with_http_connector(connector)
-                        .build()
-                        .map_err(config_err)?,
+                    .with_client_options(options)
+                    .with_retry(retry)
+                    .with_http_connector(connector)
+                    .build()
+                    .map_err(config_err)?,
                 ),
                 Scheme::Gcs => Arc::new(
                     GoogleCloudStorageBuilder::from_env()
@@ -243,11 +249,11 @@ impl StoreHandle {
                         false => MicrosoftAzureBuilder::from_env(),
                     }
                     .with_url(base)
-                        .with_client_options(options)
-                        .with_retry(retry)
-                        .with_http_connector(connector)
-                        .build()
-                        .map_err(config_err)?,
+                    .with_client_options(options)
+                    .with_retry(retry)
+                    .with_http_connector(connector)
+                    .build()
+                    .map_err(config_err)?,
                 ),
                 Scheme::Http | Scheme::Custom => Arc::new(
                     HttpBuilder::new()
