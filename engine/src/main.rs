@@ -64,13 +64,18 @@ enum Command {
     RingTestConsumer(cli::testing::ConsumerArgs),
 }
 
+/// The log filter unless RINGFEED_LOG says otherwise: info, but the AWS
+/// SDK's credential chain only at warn (at info it logs each provider it
+/// tries, and the key id; ringfeed's own start line names the source).
+const DEFAULT_LOG: &str = "info,aws_config=warn,aws_smithy_runtime=warn";
+
 fn main() -> ExitCode {
     use std::io::IsTerminal;
     // A RINGFEED_LOG that does not parse falls back to "info"; say so
     // rather than ignore the setting without a word.
     let filter = match std::env::var("RINGFEED_LOG") {
         // Set but empty, as unset: the default.
-        Ok(v) if v.trim().is_empty() => "info".into(),
+        Ok(v) if v.trim().is_empty() => DEFAULT_LOG.into(),
         Ok(v) => match tracing_subscriber::EnvFilter::try_new(&v) {
             Ok(filter) => {
                 if filter_silences_ringfeed(&v) {
@@ -88,10 +93,10 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 cli::say::err(format_args!("ringfeed: warning: RINGFEED_LOG={v:?} is not a log filter ({e}); using \"info\" (try debug, info, warn or error)"));
-                "info".into()
+                DEFAULT_LOG.into()
             }
         },
-        Err(_) => "info".into(),
+        Err(_) => DEFAULT_LOG.into(),
     };
     tracing_subscriber::fmt()
         .with_env_filter(filter)

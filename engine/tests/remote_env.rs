@@ -23,14 +23,29 @@ fn missing_credentials_name_the_variable_to_set() {
         "AWS_ENDPOINT_URL",
         "AWS_ALLOW_HTTP",
         "RINGFEED_AWS_INSTANCE_CREDENTIALS",
+        "AWS_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_ROLE_ARN",
         "AZURE_STORAGE_ACCOUNT_NAME",
         "AZURE_STORAGE_USE_EMULATOR",
     ] {
         std::env::remove_var(v);
     }
+    // No profile files, and never the instance metadata address.
+    let dir = tempfile::tempdir().unwrap();
+    std::env::set_var("AWS_CONFIG_FILE", dir.path().join("no-config"));
+    std::env::set_var(
+        "AWS_SHARED_CREDENTIALS_FILE",
+        dir.path().join("no-credentials"),
+    );
+    std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
     let text = open_err("s3://bucket/prefix");
     assert!(
-        text.contains("AWS_ACCESS_KEY_ID") && text.contains("AWS_SECRET_ACCESS_KEY"),
+        text.contains("no AWS credentials found")
+            && text.contains("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+            && text.contains("AWS_PROFILE=NAME")
+            && text.contains("no-credentials")
+            && text.contains("disabled by AWS_EC2_METADATA_DISABLED"),
         "{text}"
     );
 

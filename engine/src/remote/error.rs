@@ -85,6 +85,19 @@ pub enum RemoteError {
         /// The environment variables to set.
         fix: String,
     },
+    /// A credential source was found but could not give credentials (a
+    /// failing `credential_process`, an expired SSO session, a broken profile).
+    #[error("{url}: AWS credentials from {tried} could not be loaded: {detail}; {fix}")]
+    CredentialSource {
+        /// The source URL.
+        url: String,
+        /// Which source was tried.
+        tried: String,
+        /// What it said.
+        detail: String,
+        /// What to do about it.
+        fix: String,
+    },
     /// object_store refused to build the store.
     #[error("{url}: cannot configure the {scheme} store: {detail}; check {fix}")]
     Config {

@@ -5,9 +5,11 @@
 //! - [`RemoteRuntime`]: the tokio runtime (threads of its own). Listing and
 //!   fetching of one store must share it: the HTTP connection pool lives on it.
 //! - [`StoreHandle::open`]: a store from a URL (`s3://BUCKET/PREFIX`,
-//!   `gs://`, `az://` / `abfs://`, `http(s)://`), credentials and endpoints
-//!   from the cloud's usual environment (object_store's `from_env`), and
-//!   errors that name the variable to set.
+//!   `gs://`, `az://` / `abfs://`, `http(s)://`), endpoints from the cloud's
+//!   usual environment (object_store's `from_env`), credentials found as the
+//!   cloud's CLI finds them (AWS profiles and the SDK chain, `az login`; see
+//!   docs/remote.md), one start line naming their source, and errors that
+//!   name the variable to set.
 //! - [`list`], [`list_parallel`], [`list_webdav`], [`read_keys_file`]: the
 //!   objects under the prefix as `(key relative to the prefix, size, ETag)`,
 //!   directory markers skipped, in byte-wise order of keys.
@@ -26,6 +28,7 @@
 //! `get_range(..)` and `.bytes()` concatenate multi-chunk bodies, a second
 //! copy (reads stream `get_opts(..).into_stream()` chunks into the slot).
 
+mod credentials;
 mod error;
 mod fetch;
 mod list;
@@ -37,6 +40,7 @@ mod webdav;
 
 use std::future::Future;
 
+pub use credentials::{CREDENTIALS_LOAD_TIMEOUT_MS, CREDENTIALS_REFRESH_BEFORE_MS};
 pub use error::{RemoteError, RetryCause};
 pub use fetch::{FetchCompletion, FetchEngine, FetchRead, WINDOW_CUT_INTERVAL_MS};
 pub use list::{

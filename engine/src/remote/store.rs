@@ -17,12 +17,14 @@ use object_store::http::HttpBuilder;
 use object_store::path::Path;
 use object_store::{ClientOptions, ObjectStore, RetryConfig};
 
+use super::credentials;
 use super::error::RemoteError;
 use super::metrics::{CountingConnector, RemoteMetrics};
 
-/// Environment variable that, set to `1`, lets an s3:// source with no
-/// credential variables use the EC2 instance metadata service (without it
-/// such a source is an error that names the variables to set).
+/// Environment variable that once let an s3:// source with no credential
+/// variables use the EC2 instance metadata service. No longer needed (and
+/// ignored): the AWS chain tries instance metadata last, as the AWS CLI
+/// does; `AWS_EC2_METADATA_DISABLED=true` turns that off.
 pub const AWS_INSTANCE_CREDENTIALS_ENV: &str = "RINGFEED_AWS_INSTANCE_CREDENTIALS";
 
 /// Connect timeout of every request (object_store's default is 5 s).
@@ -52,8 +54,25 @@ pub enum Scheme {
 }
 
 impl Scheme {
-    /// What to do about a 401/403.
-    pub fn permission_fix(self) -> &'static str {
+    /// What to do about a 401/403: names the source of the credentials the
+    /// last store of this kind was opened with, when known.
+    pub fn permission_fix(self) -> String {
+        match credentials::source_of(self) {
+            Some(source) if self == Scheme::S3 => format!(
+                "the credentials from {source} were refused: they may be wrong, expired or \
+                 revoked; refresh or fix them there, and check that they grant s3:GetObject and \
+                 s3:ListBucket on the bucket"
+            ),
+            Some(source) => format!(
+                "the credentials from {source} were refused: they may be wrong, expired or \
+                 revoked; {}",
+                self.static_permission_fix()
+            ),
+            None => self.static_permission_fix().to_string(),
+        }
+    }
+
+    fn static_permission_fix(self) -> &'static str {
         match self {
             Scheme::S3 => {
                 "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
@@ -169,6 +188,21 @@ impl StoreHandle {
         if authority.is_empty() {
             return Err(bad("it names no bucket, container or host"));
         }
+        check_credentials(url, scheme)?;
+        // Credentials as the cloud's CLI would find them (credentials.rs);
+        // each store names its source in one start line.
+        let mut aws_credentials = None;
+        let mut azure_cli = false;
+        match scheme {
+            Scheme::S3 => aws_credentials = credentials::s3_provider(url)?,
+            Scheme::Gcs => credentials::announce(url, scheme, &credentials::gcs_source()),
+            Scheme::Azure => {
+                let (source, use_cli) = credentials::azure_source();
+                azure_cli = use_cli;
+                credentials::announce(url, scheme, &source);
+            }
+            Scheme::Http | Scheme::Custom => {}
+        }
         let metrics = Arc::new(RemoteMetrics::default());
         let fetch_retry = RetryConfig {
             max_retries: 0,
@@ -186,13 +220,18 @@ impl StoreHandle {
             };
             Ok(match scheme {
                 Scheme::S3 => Arc::new(
-                    AmazonS3Builder::from_env()
-                        .with_url(base)
-                        .with_client_options(options)
-                        .with_retry(retry)
-                        .with_http_connector(connector)
-                        .build()
-                        .map_err(config_err)?,
+                    match &aws_credentials {
+                        Some(provider) => {
+                            AmazonS3Builder::from_env().with_credentials(Arc::clone(provider))
+                        }
+                        None => AmazonS3Builder::from_env(),
+                    }
+                    .with_url(base)
+                    .with_client_options(options)
+                    .with_retry(retry)
+                    .with_http_connector(connector)
+                    .build()
+                    .map_err(config_err)?,
                 ),
                 Scheme::Gcs => Arc::new(
                     GoogleCloudStorageBuilder::from_env()
@@ -204,13 +243,17 @@ impl StoreHandle {
                         .map_err(config_err)?,
                 ),
                 Scheme::Azure => Arc::new(
-                    MicrosoftAzureBuilder::from_env()
-                        .with_url(base)
-                        .with_client_options(options)
-                        .with_retry(retry)
-                        .with_http_connector(connector)
-                        .build()
-                        .map_err(config_err)?,
+                    // Only ever turned on here: AZURE_USE_AZURE_CLI=true stays.
+                    match azure_cli {
+                        true => MicrosoftAzureBuilder::from_env().with_use_azure_cli(true),
+                        false => MicrosoftAzureBuilder::from_env(),
+                    }
+                    .with_url(base)
+                    .with_client_options(options)
+                    .with_retry(retry)
+                    .with_http_connector(connector)
+                    .build()
+                    .map_err(config_err)?,
                 ),
                 Scheme::Http | Scheme::Custom => Arc::new(
                     HttpBuilder::new()
@@ -223,7 +266,6 @@ impl StoreHandle {
                 ),
             })
         };
-        check_credentials(url, scheme)?;
         let fetch = build(fetch_retry)?;
         let meta = build(RetryConfig::default())?;
         let (prefix, http_base) = match scheme {
@@ -295,9 +337,9 @@ fn env_true(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
 }
 
-/// Fails early, naming the variables, where the environment holds no
-/// credentials (object_store would otherwise try the instance metadata
-/// service and fail much later with a connection error).
+/// Fails early, naming the variable, where the environment holds half a
+/// key or an http endpoint not allowed (a missing credential source is
+/// found by the AWS chain in credentials.rs).
 fn check_credentials(url: &str, scheme: Scheme) -> Result<(), RemoteError> {
     let missing = |reason: &str, fix: &str| {
         Err(RemoteError::MissingCredentials {
@@ -313,24 +355,6 @@ fn check_credentials(url: &str, scheme: Scheme) -> Result<(), RemoteError> {
                 return missing(
                     "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not",
                     "AWS_SECRET_ACCESS_KEY",
-                );
-            }
-            let other_source = [
-                "AWS_WEB_IDENTITY_TOKEN_FILE",
-                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-            ]
-            .iter()
-            .any(|v| env_set(v));
-            if !has_key
-                && !other_source
-                && !env_true("AWS_SKIP_SIGNATURE")
-                && !env_true(AWS_INSTANCE_CREDENTIALS_ENV)
-            {
-                return missing(
-                    "no AWS credentials in the environment",
-                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_SKIP_SIGNATURE=true for a \
-                     public bucket, or RINGFEED_AWS_INSTANCE_CREDENTIALS=1 to use the EC2 instance role)",
                 );
             }
             if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
