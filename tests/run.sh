@@ -20,6 +20,11 @@ step() { printf '\n=== %s (%ds)\n' "$*" "$SECONDS"; }
 RUN_TMP=$(mktemp -d "${TMPDIR:-/tmp}/ringfeed-run.XXXXXX")
 chmod 711 "$RUN_TMP"
 export TMPDIR=$RUN_TMP
+# No test may reach a cloud's metadata address (169.254.169.254,
+# metadata.google.internal): the S3 credential chain ends at instance
+# metadata, as the AWS CLI's does (docs/remote.md); GCS and Azure are given
+# credentials or endpoints by the tests that use them.
+export AWS_EC2_METADATA_DISABLED=true
 
 step "tools"
 need_apt=()
