@@ -58,7 +58,17 @@ def _nobody_loader(shared_dir, name):
 def test_a_name_squatted_by_another_user_is_refused_by_root_loader_trainer_and_gc(shared_dir):
     name = "squat-%s" % uuid.uuid4().hex[:8]
     seg = "/dev/shm/ringfeed-" + name
+    outcome = "/dev/shm/.ringfeed-%s.outcome" % name
     loader, binary, data = _nobody_loader(shared_dir, name)
+    try:
+        _squatted(name, seg, loader, data)
+    finally:
+        for path in (seg, outcome):  # root's refused loader left its word too
+            if os.path.lexists(path):
+                os.unlink(path)
+
+
+def _squatted(name, seg, loader, data):
     try:
         assert os.stat(seg).st_uid == 65534
         # Root's loader of the name: refused, naming whose loader holds it.
@@ -82,14 +92,10 @@ def test_a_name_squatted_by_another_user_is_refused_by_root_loader_trainer_and_g
     finally:
         loader.send_signal(signal.SIGKILL)
         loader.wait(timeout=10)
-    try:
-        # Dead, it is still nobody's: root's gc names it and leaves it.
-        p = subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
-        assert "skipped %s: another user's (uid 65534)" % seg in p.stdout, (p.stdout, p.stderr)
-        assert os.path.exists(seg)
-    finally:
-        if os.path.exists(seg):
-            os.unlink(seg)
+    # Dead, it is still nobody's: root's gc names it and leaves it.
+    p = subprocess.run([ringfeed_bin(), "gc"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
+    assert "skipped %s: another user's (uid 65534)" % seg in p.stdout, (p.stdout, p.stderr)
+    assert os.path.exists(seg)
 
 
 def test_a_fifo_planted_as_a_loaders_outcome_does_not_hang_a_trainer_past_its_timeout():
