@@ -106,6 +106,13 @@
 #define RF_E_FORKED -12
 
 /**
+ * rf_attach: the loader's segment belongs to a user this process does not
+ * trust (not itself, not root, not in RINGFEED_TRUST_UID): another user's
+ * loader holds the name. Returned at once; the message names the owner.
+ */
+#define RF_E_UNTRUSTED -13
+
+/**
  * The loader starts where its `--resume` says (or at the beginning); the
  * trainers cannot move it.
  */

@@ -535,13 +535,15 @@ fn consumer_attaching_while_the_loader_creates_its_segment_waits_for_it() {
     drop(p);
 }
 
+// A loader makes its segment unnamed, locks and sizes it, and only then names
+// it (issue 32, item 13): an empty unlocked segment under a ring's name is
+// never a loader still creating it, only one that died (or garbage), and a
+// new loader replaces it at once (it used to refuse one younger than 5 s as
+// "creating its segment right now").
 #[test]
-fn a_loader_never_replaces_a_segment_another_loader_is_creating() {
+fn a_loader_replaces_an_empty_unlocked_segment_at_once() {
     let name = unique_name("racing");
     let segment = Segment(name.clone());
-    // Another loader between its shm_open and its lock (one that could not
-    // take the /dev/shm lock): empty, unlocked, just made. Replacing it would
-    // leave that loader serving a ring nobody can attach to.
     std::fs::File::create(segment.path()).expect("create an empty segment");
     let g = RingGeometry {
         world_size: 1,
@@ -549,19 +551,14 @@ fn a_loader_never_replaces_a_segment_another_loader_is_creating() {
         max_samples_per_slot: 1,
         slot_payload_bytes: 4096,
     };
-    let err = Producer::create(&name, g)
-        .err()
-        .expect("create must refuse");
+    let p = Producer::create(&name, g).expect("replaces the dead loader's empty segment");
     assert!(
-        err.to_string().contains("creating its segment right now"),
-        "{err}"
-    );
-    assert_eq!(
         std::fs::metadata(segment.path())
-            .expect("still there")
-            .len(),
-        0
+            .expect("the new ring")
+            .len()
+            > 0
     );
+    drop(p);
 }
 
 // Bug story: `next` meant to check the loader's liveness before its first

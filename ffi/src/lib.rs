@@ -55,6 +55,10 @@ pub const RF_E_HELD: i32 = -11;
 /// cannot take or release the parent's batches. Attach in the child instead.
 /// rf_detach in the child only unmaps its copy.
 pub const RF_E_FORKED: i32 = -12;
+/// rf_attach: the loader's segment belongs to a user this process does not
+/// trust (not itself, not root, not in RINGFEED_TRUST_UID): another user's
+/// loader holds the name. Returned at once; the message names the owner.
+pub const RF_E_UNTRUSTED: i32 = -13;
 
 /// One sample of a batch. Its bytes are `batch.data + offset .. + len`.
 #[repr(C)]
@@ -200,6 +204,7 @@ fn attach_code(e: &AttachError) -> i32 {
         AttachError::LoaderGone { .. }
         | AttachError::LoaderFailed { .. }
         | AttachError::LoaderEnded { .. } => RF_E_LOADER_GONE,
+        AttachError::Untrusted { .. } => RF_E_UNTRUSTED,
         AttachError::Io { .. } => RF_E_IO,
     }
 }

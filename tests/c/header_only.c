@@ -17,7 +17,7 @@ RF_TEST_ASSERT(RF_OK == 0 && RF_END == 1 && RF_TIMEOUT == 2, "non-negative codes
 RF_TEST_ASSERT(RF_E_INVALID == -1 && RF_E_CORRUPT == -2 && RF_E_VERSION == -3 && RF_E_RANK == -4, "error codes");
 RF_TEST_ASSERT(RF_E_BUSY == -5 && RF_E_LOADER_GONE == -6 && RF_E_ABORTED == -7 && RF_E_STALE == -8, "error codes");
 RF_TEST_ASSERT(RF_E_IO == -9 && RF_E_INTERNAL == -10, "error codes");
-RF_TEST_ASSERT(RF_E_HELD == -11 && RF_E_FORKED == -12, "error codes");
+RF_TEST_ASSERT(RF_E_HELD == -11 && RF_E_FORKED == -12 && RF_E_UNTRUSTED == -13, "error codes");
 RF_TEST_ASSERT(sizeof(rf_sample) == 3 * sizeof(uint64_t), "rf_sample has no padding");
 RF_TEST_ASSERT(offsetof(rf_batch, data) == 0, "rf_batch.data at 0");
 RF_TEST_ASSERT(offsetof(rf_info, world_size) == 0, "rf_info.world_size at 0");

@@ -46,7 +46,7 @@ def test_every_error_is_a_ringfeed_error_and_a_runtime_error():
         ringfeed.VersionMismatchError, ringfeed.RankError, ringfeed.RankBusyError,
         ringfeed.StaleBatchError, ringfeed.TimeoutError, ringfeed.InvalidArgumentError,
         ringfeed.IOFailureError, ringfeed.InternalError, ringfeed.AllSlotsHeldError,
-        ringfeed.ForkedError,
+        ringfeed.ForkedError, ringfeed.UntrustedLoaderError,
     ]
     for cls in classes:
         assert issubclass(cls, ringfeed.Error) and issubclass(cls, RuntimeError), cls
@@ -71,6 +71,7 @@ def test_every_error_code_maps_to_its_class():
     assert type(error_for(_lib.RF_TIMEOUT, "m")) is ringfeed.TimeoutError
     assert type(error_for(_lib.RF_E_HELD, "m")) is ringfeed.AllSlotsHeldError
     assert type(error_for(_lib.RF_E_FORKED, "m")) is ringfeed.ForkedError
+    assert type(error_for(_lib.RF_E_UNTRUSTED, "m")) is ringfeed.UntrustedLoaderError
     unknown = error_for(-99, "m")
     assert type(unknown) is ringfeed.Error and "-99" in str(unknown)
 

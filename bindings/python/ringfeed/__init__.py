@@ -64,8 +64,8 @@ Errors are ``ringfeed.Error`` (a RuntimeError), one subclass per cause:
 ``LoaderGoneError``, ``AbortedError``, ``CorruptSegmentError``,
 ``VersionMismatchError``, ``RankError`` (also ValueError), ``RankBusyError``,
 ``StaleBatchError``, ``InvalidArgumentError`` (also ValueError),
-``IOFailureError``, ``InternalError``, ``AllSlotsHeldError``, ``ForkedError``
-and ``TimeoutError`` (also the builtin TimeoutError). The message is the
+``IOFailureError``, ``InternalError``, ``AllSlotsHeldError``, ``ForkedError``,
+``UntrustedLoaderError`` and ``TimeoutError`` (also the builtin TimeoutError). The message is the
 library's, and says what to do. ``check_resume`` raises
 ``ResumeMismatchError`` (also ValueError).
 
@@ -94,6 +94,7 @@ from .errors import (
     ResumeMismatchError,
     StaleBatchError,
     TimeoutError,
+    UntrustedLoaderError,
     VersionMismatchError,
 )
 
@@ -121,6 +122,7 @@ __all__ = [
     "StaleBatchError",
     "TarFieldError",
     "TimeoutError",
+    "UntrustedLoaderError",
     "VersionMismatchError",
     "abi_version",
     "attach",

@@ -105,6 +105,16 @@ class ForkedError(Error):
     code = _lib.RF_E_FORKED
 
 
+class UntrustedLoaderError(Error):
+    """The loader's segment belongs to another user (not this one, not root):
+    loader names are shared by every user of the machine, so another user's
+    loader may hold the name and serve anything. Raised at once; the message
+    names the owner. Use another loader name, or trust that uid on purpose
+    with ``RINGFEED_TRUST_UID=UID``."""
+
+    code = _lib.RF_E_UNTRUSTED
+
+
 class ResumeMismatchError(Error, ValueError):
     """A checkpoint's resume state does not fit the loader it is to go on
     with: the loader starts elsewhere, or serves another sample order (other
@@ -128,6 +138,7 @@ _BY_CODE = {
         TimeoutError,
         AllSlotsHeldError,
         ForkedError,
+        UntrustedLoaderError,
     )
 }
 

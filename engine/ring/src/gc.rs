@@ -19,8 +19,8 @@ pub enum GcOutcome {
         /// Loader name.
         name: String,
     },
-    /// Left alone: another user's (gc cannot open or remove it, and it is
-    /// not this user's to judge).
+    /// Left alone: another user's (not this user's to judge, even as root;
+    /// as anyone else, gc could not open or remove it).
     OtherUsers {
         /// Loader name.
         name: String,
@@ -44,9 +44,10 @@ pub enum GcOutcome {
     },
 }
 
-/// Inspects every `/dev/shm/ringfeed-*` and removes those whose loader holds
-/// no lock. A loader holds its lock from before the segment has any size, so
-/// a segment being created is never taken for a dead one.
+/// Inspects every `/dev/shm/ringfeed-*` of this user and removes those whose
+/// loader holds no lock. A loader names its segment only once it holds its
+/// lock (`Producer::create`), so a segment being created is never taken for
+/// a dead one. Other users' segments are left alone, also by root.
 pub fn collect() -> io::Result<Vec<GcOutcome>> {
     let mut names: Vec<String> = std::fs::read_dir(SHM_DIR)?
         .filter_map(|e| e.ok())
@@ -83,8 +84,10 @@ fn inspect(name: &str) -> GcOutcome {
                 kind: kind.to_string(),
             };
         }
+        // Another user's segment is theirs to judge, root's gc included:
+        // root removes it by hand if it must (docs/operations.md).
         // SAFETY: geteuid has no preconditions.
-        Ok(meta) if meta.uid() != unsafe { libc::geteuid() } && !is_root() => {
+        Ok(meta) if meta.uid() != unsafe { libc::geteuid() } => {
             return GcOutcome::OtherUsers {
                 name: name.to_string(),
                 uid: meta.uid(),
@@ -117,11 +120,6 @@ fn inspect(name: &str) -> GcOutcome {
         Ok(true) => GcOutcome::Alive {
             name: name.to_string(),
         },
-        // An empty, unlocked segment younger than a few seconds is a loader
-        // between its shm_open and its lock: leave it alone.
-        Ok(false) if segment::is_fresh_and_empty(&fd) => GcOutcome::Alive {
-            name: name.to_string(),
-        },
         Ok(false) => {
             let bytes = segment::file_size(&fd).unwrap_or(0);
             match segment::shm_unlink(name) {
@@ -140,9 +138,4 @@ fn inspect(name: &str) -> GcOutcome {
             error,
         },
     }
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }

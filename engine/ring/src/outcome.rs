@@ -13,11 +13,12 @@
 //! (UTF-8, at most [`OUTCOME_MESSAGE_MAX_BYTES`]). Anything else reads as
 //! no outcome: the file is advice, never trusted for more.
 
-use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::ffi::OsStr;
+use std::io;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::safe_file::Dir;
 use crate::segment::{SEGMENT_PREFIX, SHM_DIR};
 
 /// How long after a loader's exit a trainer reports its outcome at once; an
@@ -57,7 +58,12 @@ fn now_unix_ms() -> u64 {
 
 /// `/dev/shm/.ringfeed-NAME.outcome`.
 pub fn outcome_path(name: &str) -> PathBuf {
-    PathBuf::from(format!("{SHM_DIR}/.{SEGMENT_PREFIX}{name}.outcome"))
+    Path::new(SHM_DIR).join(file_name(name))
+}
+
+/// `.ringfeed-NAME.outcome`.
+fn file_name(name: &str) -> String {
+    format!(".{SEGMENT_PREFIX}{name}.outcome")
 }
 
 impl Outcome {
@@ -80,11 +86,12 @@ impl Outcome {
         Duration::from_millis(now_unix_ms().saturating_sub(self.ended_unix_ms))
     }
 
-    /// Writes it for loader `name` (a new file renamed over the old, mode
-    /// 0600), so a reader never sees half of it.
+    /// Writes it for loader `name`: a new file under an unpredictable name
+    /// (`O_EXCL`, mode 0600) renamed over the old one, so a reader never
+    /// sees half of it, and a name planted in world-writable /dev/shm (a
+    /// symlink to a root file, another user's file) is replaced itself,
+    /// never written through or reused.
     pub fn write(&self, name: &str) -> io::Result<()> {
-        let path = outcome_path(name);
-        let tmp = PathBuf::from(format!("{}.{}.tmp", path.display(), self.pid));
         let kind = match self.kind {
             OutcomeKind::Ended => "ended",
             OutcomeKind::Failed => "failed",
@@ -93,29 +100,24 @@ impl Outcome {
             "{MAGIC} {kind} {} {}\n{}",
             self.pid, self.ended_unix_ms, self.message
         );
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        let written = file.write_all(text.as_bytes());
-        drop(file);
-        written
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .inspect_err(|_| {
-                let _ = std::fs::remove_file(&tmp);
-            })
+        let dir = Dir::open(Path::new(SHM_DIR))?;
+        dir.write_atomic(OsStr::new(&file_name(name)), text.as_bytes(), 0o600, false)
     }
 
-    /// The outcome left for loader `name`, if any, whatever its age.
+    /// The outcome left for loader `name`, if any, whatever its age. Only a
+    /// regular file owned by a user whose loader this process would trust
+    /// (`segment::trust`: itself, root, `RINGFEED_TRUST_UID`) is read, never
+    /// through a link, never blocking (a FIFO); anything else is no outcome.
     pub fn read(name: &str) -> Option<Outcome> {
-        let file = std::fs::File::open(outcome_path(name)).ok()?;
-        let mut text = String::new();
-        file.take((OUTCOME_MESSAGE_MAX_BYTES + 128) as u64)
-            .read_to_string(&mut text)
+        let dir = Dir::open(Path::new(SHM_DIR)).ok()?;
+        let bytes = dir
+            .read_trusted_by(
+                OsStr::new(&file_name(name)),
+                (OUTCOME_MESSAGE_MAX_BYTES + 128) as u64,
+                &crate::segment::trust::owner_trusted,
+            )
             .ok()?;
-        Self::parse(&text)
+        Self::parse(std::str::from_utf8(&bytes).ok()?)
     }
 
     /// The outcome for loader `name` if it is at most [`OUTCOME_FRESH`] old.
@@ -142,7 +144,12 @@ impl Outcome {
         })
     }
 
-    /// Removes the outcome of loader `name` (a new loader of the name starts).
+    /// Removes the outcome of loader `name` (a new loader of the name
+    /// starts). An unlink of the name, which never follows a link. In
+    /// sticky /dev/shm only the file's owner or root can remove it: root
+    /// removes whatever is there (another user's file under this name is
+    /// stale or planted, and never believed by this loader's trainers); a
+    /// user cannot remove root's or another user's, and leaves it.
     pub fn remove(name: &str) {
         let _ = std::fs::remove_file(outcome_path(name));
     }

@@ -287,6 +287,19 @@ impl Dir {
     }
 
     fn open_trusted_with(&self, name: &OsStr, access: libc::c_int) -> Result<File, TrustError> {
+        self.open_trusted_by(name, access, &trusted_owner)
+    }
+
+    /// As [`Dir::open_trusted`], with the caller's rule for who may own the
+    /// file (`owner_ok(uid)`), for files whose trusted owner is not simply
+    /// this user or root (a loader's outcome: see `ring::segment::trust`).
+    /// `access` is `O_RDONLY` or `O_RDWR`.
+    pub fn open_trusted_by(
+        &self,
+        name: &OsStr,
+        access: libc::c_int,
+        owner_ok: &dyn Fn(u32) -> bool,
+    ) -> Result<File, TrustError> {
         let path = self.join(name);
         let io_err = |source: io::Error| TrustError::Io {
             path: path.clone(),
@@ -310,14 +323,24 @@ impl Dir {
             }
             Err(e) => return Err(io_err(e)),
         };
-        check_trusted(&fd, &path)?;
+        check_trusted(&fd, &path, owner_ok)?;
         clear_nonblock(&fd).map_err(io_err)?;
         Ok(File::from(fd))
     }
 
     /// Reads `name` whole if it is trusted and at most `max_bytes` long.
     pub fn read_trusted(&self, name: &OsStr, max_bytes: u64) -> Result<Vec<u8>, TrustError> {
-        let file = self.open_trusted(name)?;
+        self.read_trusted_by(name, max_bytes, &trusted_owner)
+    }
+
+    /// As [`Dir::read_trusted`], with the caller's rule for who may own it.
+    pub fn read_trusted_by(
+        &self,
+        name: &OsStr,
+        max_bytes: u64,
+        owner_ok: &dyn Fn(u32) -> bool,
+    ) -> Result<Vec<u8>, TrustError> {
+        let file = self.open_trusted_by(name, libc::O_RDONLY, owner_ok)?;
         read_bounded(file, &self.join(name), max_bytes)
     }
 
@@ -380,7 +403,11 @@ fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
     Ok(st)
 }
 
-fn check_trusted(fd: &OwnedFd, path: &Path) -> Result<(), TrustError> {
+fn check_trusted(
+    fd: &OwnedFd,
+    path: &Path,
+    owner_ok: &dyn Fn(u32) -> bool,
+) -> Result<(), TrustError> {
     let st = fstat(fd).map_err(|source| TrustError::Io {
         path: path.to_path_buf(),
         source,
@@ -391,7 +418,7 @@ fn check_trusted(fd: &OwnedFd, path: &Path) -> Result<(), TrustError> {
             kind: kind_of(st.st_mode),
         });
     }
-    if !trusted_owner(st.st_uid) {
+    if !owner_ok(st.st_uid) {
         return Err(TrustError::NotOwned {
             path: path.to_path_buf(),
             uid: st.st_uid,

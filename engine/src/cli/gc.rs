@@ -37,7 +37,10 @@ fn collect_segments() -> Result<()> {
                 println!("kept    {SHM_DIR}/ringfeed-{name}: its loader is running")
             }
             GcOutcome::OtherUsers { name, uid } => {
-                println!("skipped {SHM_DIR}/ringfeed-{name}: another user's (uid {uid}); only they or root can remove it")
+                let whose = crate::ring::segment::trust::user_name(*uid)
+                    .map(|u| format!(", {u}'s"))
+                    .unwrap_or_default();
+                println!("skipped {SHM_DIR}/ringfeed-{name}: another user's (uid {uid}){whose}; left to them (`ringfeed gc` as that user), also when gc runs as root")
             }
             GcOutcome::NotASegment { name, kind } => {
                 println!("skipped {SHM_DIR}/ringfeed-{name}: {kind}, not a ringfeed segment")

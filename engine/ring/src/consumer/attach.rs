@@ -186,6 +186,26 @@ impl Consumer {
                 // Not a file at all: no loader will ever make this one ready.
                 return Err(corrupt(&path, format!("it is {kind}")));
             }
+            // Before a byte of it is read: another user's loader may hold the
+            // name (names are shared by every user of the machine).
+            match segment::trust::owner_of(&fd) {
+                Ok(owner) if !segment::trust::owner_trusted(owner) => {
+                    return Err(AttachError::Untrusted {
+                        name: name.to_string(),
+                        path,
+                        owner,
+                        euid: crate::safe_file::euid(),
+                    })
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    return Err(AttachError::Io {
+                        what: "cannot stat",
+                        path,
+                        source: e,
+                    })
+                }
+            }
             match Self::attach_fd(fd, name, rank) {
                 // A loader still building its segment, or a rank whose previous
                 // consumer is still detaching: wait and retry within the timeout.
@@ -226,11 +246,11 @@ impl Consumer {
         };
         let size = segment::file_size(&fd).map_err(|e| io_err("cannot stat", e))?;
         if size < HEADER_BYTES {
-            // Either a loader between shm_open and fallocate, or garbage. An
-            // empty segment with no lock may be a loader between its
-            // shm_open and its lock (the object and the lock cannot be made
-            // in one step, microseconds apart): one still empty and unlocked
-            // after GONE_GRACE was left by a loader that died creating it.
+            // A loader names its segment only once it is locked and sized
+            // (`Producer::create`): one this small is garbage, or, unlocked,
+            // left by a loader that died (of a version that named it before
+            // locking it). Empty, it is reported once GONE_GRACE has passed,
+            // which lets a loader being restarted replace it.
             let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
             if alive {
                 return Err(Retry::Later(Some(corrupt(

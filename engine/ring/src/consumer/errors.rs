@@ -2,7 +2,7 @@
 
 use std::io;
 
-use crate::segment::NameError;
+use crate::segment::{self, NameError};
 
 /// The ringfeed release this library is (the workspace's one version: the
 /// `ringfeed` command, the Python package and this crate agree).
@@ -114,6 +114,20 @@ pub enum AttachError {
         pid: u32,
         /// Seconds since it exited.
         ago_s: u64,
+    },
+    /// The segment belongs to a user this process does not trust: loader
+    /// names are shared by every user of the machine, and another user's
+    /// loader may serve anything under any name.
+    #[error("{path} belongs to {}, not to this user (uid {euid}) or root: the loader of {name:?} is another user's, and its samples are not trusted; use another --name for your loader (and RINGFEED_NAME for its trainers), or, if that user's loaders are yours to trust, set {}={owner}", segment::trust::describe_uid(*owner), segment::trust::TRUST_UID_ENV)]
+    Untrusted {
+        /// The name.
+        name: String,
+        /// The segment path.
+        path: String,
+        /// The uid that owns the segment.
+        owner: u32,
+        /// This process's effective uid.
+        euid: u32,
     },
     /// An OS call failed.
     #[error("{what} {path}: {source}")]

@@ -56,21 +56,19 @@ impl Producer {
             path: path.clone(),
             source,
         };
-        // Held from before the name is taken to the sizing: another loader
-        // (or `ringfeed gc`) never sees this segment between its shm_open and
-        // its lock, where it would look dead, and the room check below and
-        // the sizing are one step against loaders starting at once.
+        // Held from before the name is looked at to its publication: another
+        // loader (or `ringfeed gc`) judges the name as it is, and the room
+        // check and the sizing are one step against loaders starting at once.
         let shm_lock = segment::ShmDirLock::take();
-        let fd = match segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) {
-            Ok(fd) => fd,
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                Self::remove_if_dead(name)?;
-                segment::shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600)
-                    .map_err(|e| io_err("cannot create", e))?
-            }
-            Err(e) => return Err(io_err("cannot create", e)),
-        };
-        let created = CreatedGuard { name };
+        // A dead loader's segment of this name goes first (its memory with it,
+        // before the room check); a live one's is AlreadyRunning.
+        Self::remove_if_dead(name)?;
+        // Made without a name, locked and sized, then named: a segment under
+        // a ring's name always has its loader's lock, so an unlocked one there
+        // is a dead loader's, never one still being made (which a trainer
+        // or `gc` would take for dead).
+        let fd = segment::create_unnamed().map_err(|e| io_err("cannot create", e))?;
+        pause_for_tests();
         match segment::try_lock_byte(&fd, LOADER_LOCK_BYTE) {
             Ok(true) => {}
             Ok(false) => {
@@ -90,6 +88,17 @@ impl Producer {
             }
         }
         segment::set_len(&fd, layout.segment_bytes).map_err(|e| io_err("cannot size", e))?;
+        match segment::publish(&fd, name) {
+            Ok(()) => {}
+            // Taken meanwhile (only by a loader that went on without the
+            // /dev/shm lock): judged again, as before.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                Self::remove_if_dead(name)?;
+                segment::publish(&fd, name).map_err(|e| io_err("cannot create", e))?;
+            }
+            Err(e) => return Err(io_err("cannot create", e)),
+        }
+        let created = CreatedGuard { name };
         drop(shm_lock);
         segment::allocate(&fd, 0, layout.payload_offset)
             .map_err(|e| alloc_error(&path, &fd, layout.segment_bytes, e))?;
@@ -158,19 +167,15 @@ impl Producer {
             source,
         })? {
             let pid = read_loader_pid(&fd).unwrap_or(0);
+            let owner = segment::trust::owner_of(&fd).unwrap_or(u32::MAX);
             return Err(CreateError::AlreadyRunning {
                 name: name.to_string(),
                 pid,
+                owner,
             });
         }
-        if segment::is_fresh_and_empty(&fd) {
-            // A loader that could not take the /dev/shm lock, between its
-            // shm_open and its own lock.
-            return Err(CreateError::AlreadyRunning {
-                name: name.to_string(),
-                pid: 0,
-            });
-        }
+        // Unlocked: a loader names its segment only once it holds its lock
+        // (see `create`), so this one's loader is dead.
         Ok(true)
     }
 
@@ -251,7 +256,22 @@ impl Producer {
     }
 }
 
-/// Removes a half-created segment if `create` fails after shm_open.
+/// Milliseconds `create` waits between making its segment and locking it:
+/// a test hook that holds open the moment where, before segments were made
+/// unnamed, a trainer or `gc` could take a starting loader for a dead one.
+/// 0 (the default) does not wait.
+#[doc(hidden)]
+pub static TEST_PAUSE_IN_CREATE_MS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+fn pause_for_tests() {
+    let ms = TEST_PAUSE_IN_CREATE_MS.load(std::sync::atomic::Ordering::Relaxed);
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// Removes a segment if `create` fails after naming it.
 struct CreatedGuard<'a> {
     name: &'a str,
 }

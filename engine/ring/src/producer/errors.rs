@@ -20,12 +20,14 @@ pub enum CreateError {
     #[error("cannot build a ring whose ranks are not all in the job: {0}")]
     Job(String),
     /// Another live loader has this name.
-    #[error("a loader named {name:?} is already running ({}); stop it or choose another --name", running_pid(*pid))]
+    #[error("a loader named {name:?} is already running ({}) as {}; {}", running_pid(*pid), segment::trust::describe_uid(*owner), already_running_fix(*owner))]
     AlreadyRunning {
         /// The name.
         name: String,
         /// Its pid, as recorded in its segment (0: not recorded yet).
         pid: u32,
+        /// The uid that owns its segment.
+        owner: u32,
     },
     /// /dev/shm has not enough room.
     #[error(
@@ -87,6 +89,16 @@ pub enum CreateError {
 }
 
 /// The other loader's pid in words: 0 means it is still creating its segment.
+/// What to do about a name held by a live loader of `owner`.
+fn already_running_fix(owner: u32) -> &'static str {
+    if owner == crate::safe_file::euid() {
+        "stop it or choose another --name"
+    } else {
+        "loader names are shared by every user of this machine, and this one is another user's: \
+         choose another --name (and give it to the trainers), or ask that user to stop theirs"
+    }
+}
+
 fn running_pid(pid: u32) -> String {
     if pid == 0 {
         "it is creating its segment right now".to_string()

@@ -25,6 +25,8 @@ mod reclaim;
 mod start;
 
 use backing::Backing;
+#[doc(hidden)]
+pub use create::TEST_PAUSE_IN_CREATE_MS;
 pub use errors::{CreateError, PublishError};
 pub use reclaim::Reclaimed;
 

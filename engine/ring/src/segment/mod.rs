@@ -18,12 +18,12 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use memmap2::{MmapOptions, MmapRaw};
 
 mod locks;
 mod room;
+pub mod trust;
 mod watch;
 
 pub use locks::{byte_is_locked, rank_lock_byte, try_lock_byte, unlock_byte, LOADER_LOCK_BYTE};
@@ -87,6 +87,78 @@ pub fn shm_open(name: &str, oflag: libc::c_int, mode: libc::mode_t) -> io::Resul
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A new segment with no name yet: an unnamed file in /dev/shm (`O_TMPFILE`,
+/// mode 0600), open for reading and writing. Nobody can open it until
+/// [`publish`] gives it its name, so a loader locks and sizes it first: a
+/// segment under a ring's name is never one still being made, and an empty
+/// or unlocked one there was left by a loader that died.
+pub fn create_unnamed() -> io::Result<OwnedFd> {
+    let dir = CString::new(SHM_DIR).unwrap_or_default();
+    // SAFETY: `dir` is a valid NUL-terminated string.
+    let fd = unsafe {
+        libc::open(
+            dir.as_ptr(),
+            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open returned a fresh descriptor that nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // The umask cannot add bits; fchmod makes it 0600 whatever it was.
+    // SAFETY: `fd` is open.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Gives the unnamed segment `fd` ([`create_unnamed`]) the name
+/// `/dev/shm/ringfeed-NAME`, unless that name exists (`AlreadyExists`:
+/// nothing there is replaced).
+pub fn publish(fd: &OwnedFd, name: &str) -> io::Result<()> {
+    let target = CString::new(shm_path(name).into_os_string().into_encoded_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; /proc/self/fd/N, followed,
+    // names the same file for anyone.
+    // SAFETY: `fd` is open; the paths are NUL-terminated.
+    let rc = unsafe {
+        libc::linkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let first = io::Error::last_os_error();
+    if !matches!(first.raw_os_error(), Some(libc::ENOENT | libc::EPERM)) {
+        return Err(first);
+    }
+    let proc_path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: both paths are NUL-terminated.
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc_path.as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Removes `/ringfeed-NAME`.
 pub fn shm_unlink(name: &str) -> io::Result<()> {
     let cname = shm_name(name);
@@ -101,25 +173,6 @@ pub fn shm_unlink(name: &str) -> io::Result<()> {
 /// Size of the open file.
 pub fn file_size(fd: &OwnedFd) -> io::Result<u64> {
     Ok(fstat(fd)?.st_size as u64)
-}
-
-/// How long an empty segment with no loader lock is presumed to be in
-/// creation: a loader between its `shm_open` and its lock.
-const CREATION_GRACE: Duration = Duration::from_secs(5);
-
-/// True for an empty segment younger than `CREATION_GRACE`: a loader may be
-/// about to lock it, so it must not be taken for a dead loader's.
-pub fn is_fresh_and_empty(fd: &OwnedFd) -> bool {
-    let Ok(st) = fstat(fd) else {
-        return false;
-    };
-    let modified = std::time::UNIX_EPOCH
-        + Duration::new(
-            st.st_mtime.max(0) as u64,
-            st.st_mtime_nsec.clamp(0, 999_999_999) as u32,
-        );
-    let age = modified.elapsed().ok();
-    st.st_size == 0 && age.is_some_and(|a| a < CREATION_GRACE)
 }
 
 /// True when `/dev/shm/ringfeed-NAME` is a directory: shm_open of one fails
