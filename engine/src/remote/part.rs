@@ -287,6 +287,8 @@ async fn attempt_once(
         Ok(Err(e)) => return Err(classify(ctx, object, part, e, last)),
         Ok(Ok(got)) => got,
     };
+    // A changed object first: its answer is another range too.
+    check_unchanged(ctx, object, &got.meta)?;
     if got.range != part.range {
         // object_store checks this itself; kept for a store that does not.
         return Err(Failure::Permanent(range_not_honoured(
@@ -300,7 +302,6 @@ async fn attempt_once(
             ),
         )));
     }
-    check_unchanged(ctx, object, &got.meta)?;
     let mut stream = got.into_stream();
     let mut written: u64 = 0;
     let mut kept = Vec::new();
@@ -443,6 +444,20 @@ fn range_answer_error(
         .is_some_and(|r| r.trim().starts_with(&asked));
     if status == 206 && range_ok {
         return None;
+    }
+    // `bytes A-B/SIZE` of another size: the object changed (it shrank
+    // under the range asked), not a server that ignores Range.
+    let total = head
+        .content_range
+        .as_deref()
+        .and_then(|r| r.trim().rsplit_once('/'))
+        .and_then(|(_, size)| size.parse::<u64>().ok());
+    if let Some(total) = total.filter(|t| status == 206 && *t != object.size) {
+        return Some(RemoteError::Changed {
+            key: object.key.clone(),
+            store: ctx.store.display.clone(),
+            what: format!("size {} bytes, now {total}", object.size),
+        });
     }
     let shown = |v: &Option<String>| match v {
         Some(v) => format!("{v:?}"),
