@@ -30,6 +30,7 @@
 //! `get_range(..)` and `.bytes()` concatenate multi-chunk bodies, a second
 //! copy (reads stream `get_opts(..).into_stream()` chunks into the slot).
 
+mod answer;
 mod error;
 mod fetch;
 mod list;
