@@ -14,7 +14,8 @@ pub enum RetryCause {
     ServerError,
     /// The connection could not be made, or was reset before a response.
     Connect,
-    /// No response headers, or no body bytes, for the stall limit.
+    /// No response headers, or no body bytes, for the stall limit; or a
+    /// body slower than the minimum throughput.
     Stall,
     /// The body broke off (reset, early end, decode error) mid-transfer.
     BodyInterrupted,
@@ -184,6 +185,52 @@ pub enum RemoteError {
         cause: RetryCause,
         /// Its detail (status, error text).
         detail: String,
+    },
+    /// Every attempt's body came slower than the minimum throughput (the
+    /// last attempt's figures given).
+    #[error(
+        "reading {key:?} from {store} failed {attempts} times: the server sent the body too slowly, \
+         {received_bytes} bytes in {elapsed_ms} ms ({} bytes/s) where at least {min_bytes_per_s} bytes/s \
+         averaged over {window_ms} ms are needed; the server or the network to it is overloaded or \
+         throttling this client: check them, or lower --queue-depth so fewer GETs share the link",
+        received_bytes.saturating_mul(1000) / (*elapsed_ms).max(1)
+    )]
+    TooSlow {
+        /// The key.
+        key: String,
+        /// The store's display name.
+        store: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Body bytes of the last attempt's slow window.
+        received_bytes: u64,
+        /// How long that window lasted.
+        elapsed_ms: u64,
+        /// The minimum (`FetchConfig::min_bytes_per_s`).
+        min_bytes_per_s: u64,
+        /// The window (`FetchConfig::throughput_window_ms`).
+        window_ms: u64,
+    },
+    /// The server answered a ranged GET with another range, or with the
+    /// whole object: it does not honour HTTP Range, and asking again will
+    /// not change that.
+    #[error(
+        "reading {key:?} from {store}: asked for bytes {first}-{last} (HTTP Range), the server answered \
+         {answer}; it does not honour ranged GETs, which the loader needs: serve the data from a \
+         server or proxy that supports Range requests (S3, GCS, Azure, nginx, Apache, Caddy do), or \
+         turn off what strips the Range header on the way (a cache or proxy in between)"
+    )]
+    RangeNotHonoured {
+        /// The key.
+        key: String,
+        /// The store's display name.
+        store: String,
+        /// The first byte asked for.
+        first: u64,
+        /// The last byte asked for (inclusive, as in the Range header).
+        last: u64,
+        /// What came back: status, Content-Range, Content-Length.
+        answer: String,
     },
     /// A permanent failure that is none of the above (another 4xx, a bad range).
     #[error("reading {key:?} from {store} failed (HTTP {status}): {detail}")]

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::error::RemoteError;
-use super::part::{fetch_part, DestPtr, Part, PartContext, PartDone};
+use super::part::{fetch_part, DestPtr, Part, PartContext, PartDone, WarningLimiter};
 use super::store::StoreHandle;
 use super::{FetchConfig, RemoteObject, RemoteRuntime};
 
@@ -115,6 +115,7 @@ impl FetchEngine {
             objects: Arc::clone(&objects),
             cfg: cfg.clone(),
             jitter: std::collections::hash_map::RandomState::new(),
+            warnings: WarningLimiter::new(),
         });
         runtime.handle().spawn(async move {
             dispatch(ctx, cmd_rx, done_tx).await;

@@ -6,10 +6,11 @@
 //! visible only here: [`CountingConnector`] wraps the reqwest client that
 //! object_store would have built, counts each attempt's outcome, and tells
 //! the fetch task that made it (through a task-local) the status of its last
-//! attempt, which is how the fetch engine classifies an error as retryable.
+//! attempt, which is how the fetch engine classifies an error as retryable,
+//! and its range headers, which say how a server answered a ranged GET.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use object_store::client::{
@@ -171,10 +172,43 @@ impl RemoteMetrics {
     }
 }
 
-/// The outcome of the last HTTP attempt a fetch task made, as one word:
-/// 0 none yet, 100..=599 the status, `TRANSPORT_BASE + kind` a transport error.
+/// The outcome of the last HTTP attempt a fetch task made: the outcome as
+/// one word (0 none yet, 100..=599 the status, `TRANSPORT_BASE + kind` a
+/// transport error), and the response's range headers, which say how a
+/// server answered a ranged GET where object_store's error does not.
 #[derive(Debug, Default)]
-pub struct LastAttempt(AtomicU32);
+pub struct LastAttempt {
+    outcome: AtomicU32,
+    head: Mutex<RangeHeaders>,
+}
+
+/// Longest header value kept from a response (network input, bounded).
+pub const HEADER_VALUE_KEPT_MAX: usize = 128;
+
+/// The range headers of a response, as sent (each cut to
+/// `HEADER_VALUE_KEPT_MAX` bytes); `None` where a header was absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeHeaders {
+    /// `Content-Range`.
+    pub content_range: Option<String>,
+    /// `Content-Length`.
+    pub content_length: Option<String>,
+}
+
+impl RangeHeaders {
+    fn of(headers: &http::HeaderMap) -> RangeHeaders {
+        let kept = |name| {
+            headers.get(name).map(|v: &http::HeaderValue| {
+                let bytes = &v.as_bytes()[..v.len().min(HEADER_VALUE_KEPT_MAX)];
+                String::from_utf8_lossy(bytes).into_owned()
+            })
+        };
+        RangeHeaders {
+            content_range: kept(http::header::CONTENT_RANGE),
+            content_length: kept(http::header::CONTENT_LENGTH),
+        }
+    }
+}
 
 const TRANSPORT_BASE: u32 = 1000;
 
@@ -198,16 +232,27 @@ pub enum AttemptOutcome {
 impl LastAttempt {
     /// Clears it before an attempt.
     pub fn reset(&self) {
-        self.0.store(0, Ordering::Relaxed);
+        self.outcome.store(0, Ordering::Relaxed);
+        self.set_head(RangeHeaders::default());
     }
 
     fn set(&self, v: u32) {
-        self.0.store(v, Ordering::Relaxed);
+        self.outcome.store(v, Ordering::Relaxed);
+    }
+
+    fn set_head(&self, head: RangeHeaders) {
+        // Poisoned only if a holder panicked, and no holder can: take it anyway.
+        *self.head.lock().unwrap_or_else(|p| p.into_inner()) = head;
+    }
+
+    /// The range headers of the last response (empty if none came).
+    pub fn head(&self) -> RangeHeaders {
+        self.head.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The outcome recorded last.
     pub fn get(&self) -> AttemptOutcome {
-        match self.0.load(Ordering::Relaxed) {
+        match self.outcome.load(Ordering::Relaxed) {
             0 => AttemptOutcome::None,
             s @ 1..=999 => AttemptOutcome::Status(s as u16),
             v if v == TRANSPORT_BASE => AttemptOutcome::Connect,
@@ -263,8 +308,10 @@ impl HttpService for CountingService {
         let start = Instant::now();
         m.attempts.fetch_add(1, Ordering::Relaxed);
         let result = self.inner.execute(req).await;
+        let mut head = None;
         let code = match &result {
             Ok(resp) => {
+                head = Some(resp.headers());
                 m.ttfb.record_us(start.elapsed().as_micros() as u64);
                 let status = resp.status().as_u16();
                 let counter = match status {
@@ -288,7 +335,12 @@ impl HttpService for CountingService {
             }
         };
         // Outside a fetch task (listing, HEAD) there is no task-local: fine.
-        let _ = LAST_ATTEMPT.try_with(|last| last.set(code));
+        let _ = LAST_ATTEMPT.try_with(|last| {
+            last.set(code);
+            if let Some(headers) = head {
+                last.set_head(RangeHeaders::of(headers));
+            }
+        });
         result
     }
 }

@@ -22,12 +22,17 @@
 //! Facts of object_store 0.14 this design rests on: its default 30 s
 //! timeout covers the whole body and kills long downloads that are still
 //! progressing (turned off; connect and per-read timeouts plus our stall
-//! detector instead); it retries 5xx/429 inside and hides them (turned off
+//! detector instead: a wait for headers that grows on each retry, a
+//! per-chunk stall timeout and a minimum throughput per GET); a ranged GET
+//! answered 200 or with another range is an error it does not tell apart
+//! (the counting connector keeps the answer's range headers, and the engine
+//! fails such a read at once, naming them); it retries 5xx/429 inside and hides them (turned off
 //! for reads: the engine retries whole ranges and counts every cause, and
 //! [`metrics::CountingConnector`] sees each attempt's status);
 //! `get_range(..)` and `.bytes()` concatenate multi-chunk bodies, a second
 //! copy (reads stream `get_opts(..).into_stream()` chunks into the slot).
 
+mod answer;
 mod credentials;
 mod error;
 mod fetch;
@@ -48,6 +53,7 @@ pub use list::{
     LIST_SPLIT_AFTER_KEYS, LIST_WORKERS_MAX,
 };
 pub use metrics::{MetricsSnapshot, RemoteMetrics};
+pub use part::SLOW_WARNING_INTERVAL_MS;
 pub use store::{
     Scheme, StoreHandle, AWS_INSTANCE_CREDENTIALS_ENV, CONNECT_TIMEOUT_MS, POOL_IDLE_PER_HOST_MAX,
     SOCKET_READ_TIMEOUT_MS,
@@ -66,6 +72,18 @@ pub const RETRIES_MAX_LIMIT: u32 = 100;
 pub const RUNTIME_THREADS_MAX: usize = 64;
 /// Most reads outstanding in one engine.
 pub const QUEUED_READS_LIMIT: usize = 1 << 22;
+/// Slowest body a GET may send, averaged over `THROUGHPUT_WINDOW_MS`, before
+/// it counts as a stall (the default of `FetchConfig::min_bytes_per_s`): a
+/// body trickling a byte every few seconds never trips the stall timeout.
+pub const MIN_BYTES_PER_S: u64 = 1024;
+/// The window a body's throughput is averaged over (the default of
+/// `FetchConfig::throughput_window_ms`).
+pub const THROUGHPUT_WINDOW_MS: u64 = 30_000;
+/// Longest wait for a GET's response headers: the wait starts at
+/// `FetchConfig::stall_timeout_ms` and doubles on each retry of a GET whose
+/// headers did not come in time, up to this (a slow gateway, or a server
+/// hashing a large object before it answers, gets its time).
+pub const HEADER_TIMEOUT_MAX_MS: u64 = 60_000;
 
 /// One object of a remote source.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -102,8 +120,15 @@ pub struct FetchConfig {
     pub backoff_base_ms: u64,
     /// Longest backoff.
     pub backoff_max_ms: u64,
-    /// No response headers or no body bytes for this long: cancel, retry.
+    /// No body bytes for this long, or no response headers on a GET's first
+    /// attempt: cancel, retry (the wait for headers doubles on each retry,
+    /// up to `HEADER_TIMEOUT_MAX_MS`).
     pub stall_timeout_ms: u64,
+    /// A body slower than this, averaged over `throughput_window_ms`, is a
+    /// stall: cancel, retry. 0: no minimum.
+    pub min_bytes_per_s: u64,
+    /// The window of `min_bytes_per_s`.
+    pub throughput_window_ms: u64,
 }
 
 impl Default for FetchConfig {
@@ -119,6 +144,8 @@ impl Default for FetchConfig {
             backoff_base_ms: 100,
             backoff_max_ms: 10_000,
             stall_timeout_ms: 5_000,
+            min_bytes_per_s: MIN_BYTES_PER_S,
+            throughput_window_ms: THROUGHPUT_WINDOW_MS,
         }
     }
 }
@@ -169,6 +196,12 @@ impl FetchConfig {
             return bad(format!(
                 "stall_timeout_ms {} must be over 0 and backoff_max_ms {} at least backoff_base_ms {}",
                 self.stall_timeout_ms, self.backoff_max_ms, self.backoff_base_ms
+            ));
+        }
+        if self.min_bytes_per_s > 0 && self.throughput_window_ms == 0 {
+            return bad(format!(
+                "throughput_window_ms is 0 with min_bytes_per_s {}: give a window, or 0 bytes/s for no minimum",
+                self.min_bytes_per_s
             ));
         }
         Ok(())

@@ -8,7 +8,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::ops::Range;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,10 +16,16 @@ use bytes::Bytes;
 use futures::StreamExt;
 use object_store::{GetOptions, GetRange};
 
+use super::answer::{check_unchanged, classify, range_not_honoured};
 use super::error::{RemoteError, RetryCause};
-use super::metrics::{AttemptOutcome, LastAttempt, LAST_ATTEMPT};
+use super::metrics::{LastAttempt, LAST_ATTEMPT};
 use super::store::StoreHandle;
-use super::{FetchConfig, RemoteObject};
+use super::{FetchConfig, RemoteObject, HEADER_TIMEOUT_MAX_MS};
+
+/// Shortest time between two warnings of one engine about a slow server
+/// (headers late, a body under the minimum throughput); the others go to
+/// the debug log, so a window of slow GETs warns once, not hundreds of times.
+pub const SLOW_WARNING_INTERVAL_MS: u64 = 10_000;
 
 /// A destination pointer that may cross to a runtime thread.
 #[derive(Clone, Copy, Debug)]
@@ -54,11 +60,60 @@ pub(crate) struct PartContext {
     pub(crate) objects: Arc<Vec<RemoteObject>>,
     pub(crate) cfg: FetchConfig,
     pub(crate) jitter: RandomState,
+    pub(crate) warnings: WarningLimiter,
+}
+
+/// Lets one warning through per `SLOW_WARNING_INTERVAL_MS`.
+#[derive(Debug)]
+pub(crate) struct WarningLimiter {
+    started: Instant,
+    /// Milliseconds after `started` before which no warning goes out.
+    next_ms: AtomicU64,
+}
+
+impl WarningLimiter {
+    pub(crate) fn new() -> WarningLimiter {
+        WarningLimiter {
+            started: Instant::now(),
+            next_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Warns with `text` if no warning went out in the interval, else logs
+    /// it at debug level.
+    fn warn(&self, text: &str) {
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let next_ms = self.next_ms.load(Ordering::Relaxed);
+        let allowed = now_ms >= next_ms
+            && self
+                .next_ms
+                .compare_exchange(
+                    next_ms,
+                    now_ms + SLOW_WARNING_INTERVAL_MS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+        if allowed {
+            tracing::warn!("{text} (RINGFEED_LOG=debug names every slow GET)");
+        } else {
+            tracing::debug!("{text}");
+        }
+    }
 }
 
 /// How one attempt failed.
-enum Failure {
+pub(super) enum Failure {
     Retry(RetryCause, String),
+    /// No response headers within the attempt's wait: retried (as a stall)
+    /// with a longer wait.
+    HeadersLate,
+    /// The body came slower than `min_bytes_per_s` over a window: retried
+    /// as a stall.
+    TooSlow {
+        received_bytes: u64,
+        elapsed_ms: u64,
+    },
     Permanent(RemoteError),
 }
 
@@ -78,34 +133,92 @@ pub(crate) async fn fetch_part(ctx: Arc<PartContext>, part: Part) -> PartDone {
     let started = Instant::now();
     let last = Arc::new(LastAttempt::default());
     let mut attempts: u32 = 0;
+    let mut headers_wait_ms = ctx.cfg.stall_timeout_ms;
     let result = loop {
         attempts += 1;
         let outcome = LAST_ATTEMPT
-            .scope(Arc::clone(&last), attempt_once(&ctx, &part, &last))
+            .scope(
+                Arc::clone(&last),
+                attempt_once(&ctx, &part, &last, headers_wait_ms),
+            )
             .await;
-        match outcome {
+        let object = &ctx.objects[part.object as usize];
+        let (cause, detail, too_slow) = match outcome {
             Ok(chunks) => break Ok(chunks),
             Err(Failure::Permanent(e)) => break Err(e),
-            Err(Failure::Retry(cause, detail)) => {
-                if attempts > ctx.cfg.retries_max {
-                    let object = &ctx.objects[part.object as usize];
-                    break Err(RemoteError::RetriesExhausted {
-                        key: object.key.clone(),
-                        store: ctx.store.display.clone(),
-                        attempts,
-                        cause,
-                        detail,
-                    });
+            Err(Failure::Retry(cause, detail)) => (cause, detail, None),
+            Err(Failure::HeadersLate) => {
+                let detail = format!("no response headers within {headers_wait_ms} ms");
+                let waited_ms = headers_wait_ms;
+                headers_wait_ms = next_headers_wait_ms(headers_wait_ms, ctx.cfg.stall_timeout_ms);
+                if attempts <= ctx.cfg.retries_max {
+                    ctx.warnings.warn(&format!(
+                        "{}: {:?} (bytes {}-{}) sent no response headers within {:.1} s (attempt {attempts}); \
+                         the server is slow to answer: waiting up to {:.1} s on the next attempt",
+                        ctx.store.display,
+                        object.key,
+                        part.range.start,
+                        part.range.end.saturating_sub(1),
+                        waited_ms as f64 / 1000.0,
+                        headers_wait_ms as f64 / 1000.0,
+                    ));
                 }
-                ctx.store.metrics.add_retry(cause);
-                tracing::debug!(
-                    "retrying bytes {:?} of object #{} after {cause}: {detail}",
-                    part.range,
-                    part.object
-                );
-                tokio::time::sleep(backoff(&ctx, attempts, part.read_id)).await;
+                (RetryCause::Stall, detail, None)
             }
+            Err(Failure::TooSlow {
+                received_bytes,
+                elapsed_ms,
+            }) => {
+                let detail = format!(
+                    "{received_bytes} body bytes in {elapsed_ms} ms, under {} bytes/s",
+                    ctx.cfg.min_bytes_per_s
+                );
+                if attempts <= ctx.cfg.retries_max {
+                    ctx.warnings.warn(&format!(
+                        "{}: {:?} (bytes {}-{}) came at {} bytes/s ({received_bytes} bytes in {elapsed_ms} ms, \
+                         attempt {attempts}), under the minimum of {} bytes/s: asking again",
+                        ctx.store.display,
+                        object.key,
+                        part.range.start,
+                        part.range.end.saturating_sub(1),
+                        received_bytes.saturating_mul(1000) / elapsed_ms.max(1),
+                        ctx.cfg.min_bytes_per_s,
+                    ));
+                }
+                (
+                    RetryCause::Stall,
+                    detail,
+                    Some((received_bytes, elapsed_ms)),
+                )
+            }
+        };
+        if attempts > ctx.cfg.retries_max {
+            break Err(match too_slow {
+                Some((received_bytes, elapsed_ms)) => RemoteError::TooSlow {
+                    key: object.key.clone(),
+                    store: ctx.store.display.clone(),
+                    attempts,
+                    received_bytes,
+                    elapsed_ms,
+                    min_bytes_per_s: ctx.cfg.min_bytes_per_s,
+                    window_ms: ctx.cfg.throughput_window_ms,
+                },
+                None => RemoteError::RetriesExhausted {
+                    key: object.key.clone(),
+                    store: ctx.store.display.clone(),
+                    attempts,
+                    cause,
+                    detail,
+                },
+            });
         }
+        ctx.store.metrics.add_retry(cause);
+        tracing::debug!(
+            "retrying bytes {:?} of object #{} after {cause}: {detail}",
+            part.range,
+            part.object
+        );
+        tokio::time::sleep(backoff(&ctx, attempts, part.read_id)).await;
     };
     if result.is_ok() {
         let m = &ctx.store.metrics;
@@ -125,6 +238,14 @@ pub(crate) async fn fetch_part(ctx: Arc<PartContext>, part: Part) -> PartDone {
     }
 }
 
+/// The wait for headers after one ran out: doubled, up to
+/// `HEADER_TIMEOUT_MAX_MS` (or the stall timeout, if that is longer).
+fn next_headers_wait_ms(wait_ms: u64, stall_timeout_ms: u64) -> u64 {
+    wait_ms
+        .saturating_mul(2)
+        .min(HEADER_TIMEOUT_MAX_MS.max(stall_timeout_ms))
+}
+
 /// `backoff_base_ms * 2^(attempt-1)`, capped, then a uniform draw from its
 /// upper half ("equal jitter"), so retries of many parts spread out.
 fn backoff(ctx: &PartContext, attempt: u32, salt: u64) -> Duration {
@@ -142,12 +263,13 @@ fn backoff(ctx: &PartContext, attempt: u32, salt: u64) -> Duration {
     Duration::from_millis(half + h.finish() % (ceiling_ms - half + 1))
 }
 
-/// One GET of `part`; the body's chunks when `part.keep` (a retry starts
-/// a fresh list).
+/// One GET of `part`, waiting up to `headers_wait_ms` for its response
+/// headers; the body's chunks when `part.keep` (a retry starts a fresh list).
 async fn attempt_once(
     ctx: &PartContext,
     part: &Part,
     last: &LastAttempt,
+    headers_wait_ms: u64,
 ) -> Result<Vec<Bytes>, Failure> {
     let object = &ctx.objects[part.object as usize];
     let store = &ctx.store;
@@ -160,31 +282,31 @@ async fn attempt_once(
         ..GetOptions::default()
     };
     let path = store.path_of(&object.key);
-    let got = match tokio::time::timeout(stall, store.fetch.get_opts(&path, options)).await {
-        Err(_) => {
-            return Err(Failure::Retry(
-                RetryCause::Stall,
-                format!("no response headers within {} ms", ctx.cfg.stall_timeout_ms),
-            ))
-        }
-        Ok(Err(e)) => return Err(classify(ctx, object, e, last.get())),
+    let headers_wait = Duration::from_millis(headers_wait_ms);
+    let got = match tokio::time::timeout(headers_wait, store.fetch.get_opts(&path, options)).await {
+        Err(_) => return Err(Failure::HeadersLate),
+        Ok(Err(e)) => return Err(classify(ctx, object, part, e, last)),
         Ok(Ok(got)) => got,
     };
+    // A changed object first: its answer is another range too.
     check_unchanged(ctx, object, &got.meta)?;
     if got.range != part.range {
-        return Err(Failure::Permanent(RemoteError::Permanent {
-            key: object.key.clone(),
-            store: store.display.clone(),
-            status: 0,
-            detail: format!(
-                "asked for bytes {:?}, the store sent {:?}; the server does not honour Range requests",
-                part.range, got.range
+        // object_store checks this itself; kept for a store that does not.
+        return Err(Failure::Permanent(range_not_honoured(
+            ctx,
+            object,
+            part,
+            format!(
+                "bytes {}-{}",
+                got.range.start,
+                got.range.end.saturating_sub(1)
             ),
-        }));
+        )));
     }
     let mut stream = got.into_stream();
     let mut written: u64 = 0;
     let mut kept = Vec::new();
+    let mut throughput = Throughput::new(&ctx.cfg);
     loop {
         let chunk = match tokio::time::timeout(stall, stream.next()).await {
             Err(_) => {
@@ -233,6 +355,7 @@ async fn attempt_once(
         if part.keep {
             kept.push(chunk);
         }
+        throughput.check(written)?;
     }
     if written < len_bytes {
         return Err(Failure::Retry(
@@ -243,115 +366,44 @@ async fn attempt_once(
     Ok(kept)
 }
 
-fn check_unchanged(
-    ctx: &PartContext,
-    object: &RemoteObject,
-    meta: &object_store::ObjectMeta,
-) -> Result<(), Failure> {
-    let changed = |what: String| {
-        Err(Failure::Permanent(RemoteError::Changed {
-            key: object.key.clone(),
-            store: ctx.store.display.clone(),
-            what,
-        }))
-    };
-    if meta.size != object.size {
-        return changed(format!("size {} bytes, now {}", object.size, meta.size));
-    }
-    if let (Some(listed), Some(now)) = (&object.etag, &meta.e_tag) {
-        if !same_etag(listed, now) {
-            return changed(format!("ETag {listed}, now {now}"));
+/// The minimum throughput of one attempt's body: over each window of
+/// `throughput_window_ms` (counted from the response headers), at least
+/// `min_bytes_per_s` on average. Checked as chunks arrive: a body with no
+/// chunk at all for the stall timeout is the stall timeout's.
+struct Throughput {
+    min_bytes_per_s: u64,
+    window: Duration,
+    window_start: Instant,
+    window_start_bytes: u64,
+}
+
+impl Throughput {
+    fn new(cfg: &FetchConfig) -> Throughput {
+        Throughput {
+            min_bytes_per_s: cfg.min_bytes_per_s,
+            window: Duration::from_millis(cfg.throughput_window_ms),
+            window_start: Instant::now(),
+            window_start_bytes: 0,
         }
     }
-    Ok(())
-}
 
-/// Whether two ETags name the same version: Azure lists them bare
-/// (`0x1FE9...`) and sends them quoted in a GET's header (`"0x1FE9..."`), so
-/// quotes and a weak `W/` mark are not part of the comparison.
-fn same_etag(listed: &str, now: &str) -> bool {
-    let bare = |tag: &str| {
-        tag.trim()
-            .trim_start_matches("W/")
-            .trim_matches('"')
-            .to_owned()
-    };
-    bare(listed) == bare(now)
-}
-
-/// Sorts a store error into retry or give up, using the status of the last
-/// HTTP attempt where object_store's error hides it.
-fn classify(
-    ctx: &PartContext,
-    object: &RemoteObject,
-    e: object_store::Error,
-    last: AttemptOutcome,
-) -> Failure {
-    use object_store::Error as E;
-    let key = object.key.clone();
-    let store = ctx.store.display.clone();
-    let denied = |status| {
-        Failure::Permanent(RemoteError::Denied {
-            key: key.clone(),
-            store: store.clone(),
-            status,
-            scheme: ctx.store.scheme,
-        })
-    };
-    match e {
-        E::NotFound { .. } => Failure::Permanent(RemoteError::NotFound { key, store }),
-        E::PermissionDenied { .. } => denied(403),
-        E::Unauthenticated { .. } => denied(401),
-        E::Precondition { .. } => Failure::Permanent(RemoteError::Changed {
-            key,
-            store,
-            what: format!(
-                "ETag {} no longer matches (If-Match failed)",
-                object.etag.as_deref().unwrap_or("?")
-            ),
-        }),
-        other => {
-            let detail = super::error::with_cause(&other);
-            match last {
-                AttemptOutcome::Status(429 | 503) => Failure::Retry(RetryCause::Throttled, detail),
-                AttemptOutcome::Status(500..=599) => {
-                    Failure::Retry(RetryCause::ServerError, detail)
-                }
-                AttemptOutcome::Status(404) => {
-                    Failure::Permanent(RemoteError::NotFound { key, store })
-                }
-                AttemptOutcome::Status(s @ (401 | 403)) => denied(s),
-                AttemptOutcome::Status(412) => Failure::Permanent(RemoteError::Changed {
-                    key,
-                    store,
-                    what: "If-Match failed (HTTP 412)".to_string(),
-                }),
-                AttemptOutcome::Status(status @ 400..=499) => {
-                    Failure::Permanent(RemoteError::Permanent {
-                        key,
-                        store,
-                        status,
-                        detail,
-                    })
-                }
-                AttemptOutcome::Connect | AttemptOutcome::Interrupted => {
-                    Failure::Retry(RetryCause::Connect, detail)
-                }
-                AttemptOutcome::Timeout => Failure::Retry(RetryCause::Timeout, detail),
-                AttemptOutcome::Status(_) | AttemptOutcome::Transport | AttemptOutcome::None => {
-                    Failure::Retry(RetryCause::Other, detail)
-                }
-            }
+    /// After `written` body bytes in all: a window that has ended below
+    /// the minimum is a failure; one above it starts the next window.
+    fn check(&mut self, written: u64) -> Result<(), Failure> {
+        let elapsed = self.window_start.elapsed();
+        if self.min_bytes_per_s == 0 || elapsed < self.window {
+            return Ok(());
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn an_etag_listed_bare_is_the_same_as_the_quoted_one_a_get_sends() {
-        assert!(super::same_etag("0x1FE9", "\"0x1FE9\""));
-        assert!(super::same_etag("W/\"ab\"", "\"ab\""));
-        assert!(!super::same_etag("0x1FE9", "\"0x1FEA\""));
+        let received_bytes = written - self.window_start_bytes;
+        let elapsed_ms = elapsed.as_millis() as u64;
+        if received_bytes.saturating_mul(1000) < self.min_bytes_per_s.saturating_mul(elapsed_ms) {
+            return Err(Failure::TooSlow {
+                received_bytes,
+                elapsed_ms,
+            });
+        }
+        self.window_start = Instant::now();
+        self.window_start_bytes = written;
+        Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! A tiny HTTP/1.1 object server for the remote tests: ranged GET, HEAD and
 //! WebDAV PROPFIND (depth 0 and 1 only, as nginx), with faults injected on
 //! demand: 503s, bodies cut mid-way (a reset), stalls after the headers,
+//! bodies that trickle, headers sent late, Range ignored or answered wrong,
 //! and 403s for chosen keys.
 #![allow(dead_code)]
 
@@ -22,6 +23,17 @@ pub struct Faults {
     pub stall: AtomicUsize,
     /// How long a stall lasts.
     pub stall_ms: AtomicUsize,
+    /// GETs whose body is sent one byte at a time, `trickle_gap_ms` apart.
+    pub trickle: AtomicUsize,
+    /// The pause between two bytes of a trickled body.
+    pub trickle_gap_ms: AtomicUsize,
+    /// Every GET waits this long before its response headers (0: none).
+    pub header_delay_ms: AtomicUsize,
+    /// Ranged GETs answered `200 OK` with the whole object (Range ignored).
+    pub ignore_range: AtomicUsize,
+    /// Ranged GETs answered 206 with the object's first bytes and a
+    /// Content-Range that says so, whatever range was asked.
+    pub wrong_range: AtomicUsize,
     /// Keys answered 403.
     pub forbidden: Mutex<HashSet<String>>,
     /// Every GET seen.
@@ -147,6 +159,10 @@ fn get(
     faults: &Faults,
 ) -> bool {
     faults.gets.fetch_add(1, Ordering::SeqCst);
+    let delay_ms = faults.header_delay_ms.load(Ordering::SeqCst);
+    if method == "GET" && delay_ms > 0 {
+        std::thread::sleep(Duration::from_millis(delay_ms as u64));
+    }
     if faults.forbidden.lock().unwrap().contains(key) {
         respond(
             out,
@@ -178,11 +194,16 @@ fn get(
     }
     let lm = ("Last-Modified", "Wed, 21 Oct 2015 07:28:00 GMT".to_string());
     let (status, range) = match headers.get("range").and_then(|r| r.strip_prefix("bytes=")) {
+        Some(_) if method == "GET" && take(&faults.ignore_range) => ("200 OK", 0..data.len()),
         Some(r) => {
             let (a, b) = r.split_once('-').unwrap();
             let a: usize = a.parse().unwrap();
             let b: usize = b.parse::<usize>().unwrap().min(data.len() - 1);
-            ("206 Partial Content", a..b + 1)
+            if method == "GET" && take(&faults.wrong_range) {
+                ("206 Partial Content", 0..b + 1 - a)
+            } else {
+                ("206 Partial Content", a..b + 1)
+            }
         }
         None => ("200 OK", 0..data.len()),
     };
@@ -228,6 +249,23 @@ fn get(
         ));
         let _ = out.shutdown(std::net::Shutdown::Both);
         return false;
+    }
+    if take(&faults.trickle) {
+        let mut head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\n", body.len());
+        for (k, v) in &hs {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        let _ = out.write_all(head.as_bytes());
+        let gap = Duration::from_millis(faults.trickle_gap_ms.load(Ordering::SeqCst) as u64);
+        for b in body {
+            // The client gave up (closed its end): stop trickling.
+            if out.write_all(std::slice::from_ref(b)).is_err() || out.flush().is_err() {
+                return false;
+            }
+            std::thread::sleep(gap);
+        }
+        return true;
     }
     respond(out, status, &hs, body);
     true
