@@ -20,7 +20,6 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 KNOWN = {
     ("cache/engine.rs", "cache/mod.rs", "cache/writer.rs", "reader/mod.rs"),
     ("manifest/format.rs", "manifest/mod.rs", "source/cache.rs", "source/mod.rs"),
-    ("remote/error.rs", "remote/metrics.rs", "remote/store.rs"),
 }
 
 

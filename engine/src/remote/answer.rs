@@ -3,21 +3,38 @@
 
 use super::error::{RemoteError, RetryCause};
 use super::metrics::{AttemptOutcome, LastAttempt, RangeHeaders};
-use super::part::{Failure, Part, PartContext};
+use std::ops::Range;
+
+use super::store::StoreHandle;
 use super::RemoteObject;
+
+/// How one attempt failed.
+pub(super) enum Failure {
+    Retry(RetryCause, String),
+    /// No response headers within the attempt's wait: retried (as a stall)
+    /// with a longer wait.
+    HeadersLate,
+    /// The body came slower than `min_bytes_per_s` over a window: retried
+    /// as a stall.
+    TooSlow {
+        received_bytes: u64,
+        elapsed_ms: u64,
+    },
+    Permanent(RemoteError),
+}
 
 /// The error for a ranged GET answered with something else than the range.
 pub(super) fn range_not_honoured(
-    ctx: &PartContext,
+    store: &StoreHandle,
     object: &RemoteObject,
-    part: &Part,
+    range: &Range<u64>,
     answer: String,
 ) -> RemoteError {
     RemoteError::RangeNotHonoured {
         key: object.key.clone(),
-        store: ctx.store.display.clone(),
-        first: part.range.start,
-        last: part.range.end.saturating_sub(1),
+        store: store.display.clone(),
+        first: range.start,
+        last: range.end.saturating_sub(1),
         answer,
     }
 }
@@ -26,17 +43,13 @@ pub(super) fn range_not_honoured(
 /// was another range or the whole object: a permanent error naming the
 /// answer. `None` for a 206 that does give the range asked.
 fn range_answer_error(
-    ctx: &PartContext,
+    store: &StoreHandle,
     object: &RemoteObject,
-    part: &Part,
+    range: &Range<u64>,
     status: u16,
     head: &RangeHeaders,
 ) -> Option<RemoteError> {
-    let asked = format!(
-        "bytes {}-{}/",
-        part.range.start,
-        part.range.end.saturating_sub(1)
-    );
+    let asked = format!("bytes {}-{}/", range.start, range.end.saturating_sub(1));
     let range_ok = head
         .content_range
         .as_deref()
@@ -54,7 +67,7 @@ fn range_answer_error(
     if let Some(total) = total.filter(|t| status == 206 && *t != object.size) {
         return Some(RemoteError::Changed {
             key: object.key.clone(),
-            store: ctx.store.display.clone(),
+            store: store.display.clone(),
             what: format!("size {} bytes, now {total}", object.size),
         });
     }
@@ -67,18 +80,18 @@ fn range_answer_error(
         shown(&head.content_range),
         shown(&head.content_length)
     );
-    Some(range_not_honoured(ctx, object, part, answer))
+    Some(range_not_honoured(store, object, range, answer))
 }
 
 pub(super) fn check_unchanged(
-    ctx: &PartContext,
+    store: &StoreHandle,
     object: &RemoteObject,
     meta: &object_store::ObjectMeta,
 ) -> Result<(), Failure> {
     let changed = |what: String| {
         Err(Failure::Permanent(RemoteError::Changed {
             key: object.key.clone(),
-            store: ctx.store.display.clone(),
+            store: store.display.clone(),
             what,
         }))
     };
@@ -109,22 +122,24 @@ fn same_etag(listed: &str, now: &str) -> bool {
 /// Sorts a store error into retry or give up, using the status of the last
 /// HTTP attempt where object_store's error hides it.
 pub(super) fn classify(
-    ctx: &PartContext,
+    store: &StoreHandle,
     object: &RemoteObject,
-    part: &Part,
+    range: &Range<u64>,
     e: object_store::Error,
     attempt: &LastAttempt,
 ) -> Failure {
     use object_store::Error as E;
     let last = attempt.get();
     let key = object.key.clone();
-    let store = ctx.store.display.clone();
+    let scheme = store.scheme;
+    let handle = store;
+    let store = store.display.clone();
     let denied = |status| {
         Failure::Permanent(RemoteError::Denied {
             key: key.clone(),
             store: store.clone(),
             status,
-            scheme: ctx.store.scheme,
+            scheme,
         })
     };
     match e {
@@ -144,7 +159,8 @@ pub(super) fn classify(
             if let AttemptOutcome::Status(status @ 200..=299) = last {
                 // A success status with an error: object_store refused the
                 // answer, and for a ranged GET that is a range it did not ask for.
-                if let Some(e) = range_answer_error(ctx, object, part, status, &attempt.head()) {
+                if let Some(e) = range_answer_error(handle, object, range, status, &attempt.head())
+                {
                     return Failure::Permanent(e);
                 }
             }

@@ -14,7 +14,7 @@
 //! The source a store of each kind was opened with is remembered, so that a
 //! 401/403 can say whose credentials were refused.
 
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -27,7 +27,7 @@ use object_store::aws::{AwsCredential, AwsCredentialProvider};
 use object_store::CredentialProvider;
 
 use super::error::{with_cause, RemoteError};
-use super::store::Scheme;
+use super::scheme::{record_source, Scheme};
 
 /// Longest wait for the first credentials (a `credential_process`, an SSO
 /// token exchange, a role assumption, the instance metadata service).
@@ -41,33 +41,10 @@ const AWS_NONE_FIX: &str =
      profile in ~/.aws/credentials or ~/.aws/config (`aws configure --profile NAME`, or \
      `aws sso login --profile NAME`), or AWS_SKIP_SIGNATURE=true for a public bucket";
 
-/// The source of the credentials the last store of each kind was opened
-/// with (S3, GCS, Azure), for the message of a 401/403.
-static SOURCES: Mutex<[Option<String>; 3]> = Mutex::new([None, None, None]);
-
-fn slot(scheme: Scheme) -> Option<usize> {
-    match scheme {
-        Scheme::S3 => Some(0),
-        Scheme::Gcs => Some(1),
-        Scheme::Azure => Some(2),
-        Scheme::Http | Scheme::Custom => None,
-    }
-}
-
 /// Records (and logs, once per store) where a store's credentials come from.
 pub(crate) fn announce(url: &str, scheme: Scheme, source: &str) {
     tracing::info!("credentials for {url}: {source}");
-    if let Some(i) = slot(scheme) {
-        if let Ok(mut sources) = SOURCES.lock() {
-            sources[i] = Some(source.to_string());
-        }
-    }
-}
-
-/// The source the last store of this kind was opened with, if any.
-pub(crate) fn source_of(scheme: Scheme) -> Option<String> {
-    let i = slot(scheme)?;
-    SOURCES.lock().ok().and_then(|s| s[i].clone())
+    record_source(scheme, source);
 }
 
 fn env_value(name: &str) -> Option<String> {

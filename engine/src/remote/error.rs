@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::store::Scheme;
+use super::scheme::Scheme;
 
 /// Why a retryable attempt failed (the retry counters are kept per cause).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -39,6 +39,7 @@ mod fetch;
 mod list;
 pub mod metrics;
 mod part;
+mod scheme;
 mod split;
 mod store;
 mod webdav;

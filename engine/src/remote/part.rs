@@ -16,7 +16,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use object_store::{GetOptions, GetRange};
 
-use super::answer::{check_unchanged, classify, range_not_honoured};
+use super::answer::{check_unchanged, classify, range_not_honoured, Failure};
 use super::error::{RemoteError, RetryCause};
 use super::metrics::{LastAttempt, LAST_ATTEMPT};
 use super::store::StoreHandle;
@@ -100,21 +100,6 @@ impl WarningLimiter {
             tracing::debug!("{text}");
         }
     }
-}
-
-/// How one attempt failed.
-pub(super) enum Failure {
-    Retry(RetryCause, String),
-    /// No response headers within the attempt's wait: retried (as a stall)
-    /// with a longer wait.
-    HeadersLate,
-    /// The body came slower than `min_bytes_per_s` over a window: retried
-    /// as a stall.
-    TooSlow {
-        received_bytes: u64,
-        elapsed_ms: u64,
-    },
-    Permanent(RemoteError),
 }
 
 /// What a finished part reports to the dispatcher.
@@ -285,17 +270,17 @@ async fn attempt_once(
     let headers_wait = Duration::from_millis(headers_wait_ms);
     let got = match tokio::time::timeout(headers_wait, store.fetch.get_opts(&path, options)).await {
         Err(_) => return Err(Failure::HeadersLate),
-        Ok(Err(e)) => return Err(classify(ctx, object, part, e, last)),
+        Ok(Err(e)) => return Err(classify(&ctx.store, object, &part.range, e, last)),
         Ok(Ok(got)) => got,
     };
     // A changed object first: its answer is another range too.
-    check_unchanged(ctx, object, &got.meta)?;
+    check_unchanged(&ctx.store, object, &got.meta)?;
     if got.range != part.range {
         // object_store checks this itself; kept for a store that does not.
         return Err(Failure::Permanent(range_not_honoured(
-            ctx,
+            &ctx.store,
             object,
-            part,
+            &part.range,
             format!(
                 "bytes {}-{}",
                 got.range.start,

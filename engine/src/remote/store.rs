@@ -6,7 +6,6 @@
 //! off (the fetch engine retries whole ranges itself, and counts each cause),
 //! and `meta` with object_store's default retries, for listing and HEAD.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use object_store::{ClientOptions, ObjectStore, RetryConfig};
 use super::credentials;
 use super::error::RemoteError;
 use super::metrics::{CountingConnector, RemoteMetrics};
+pub use super::scheme::Scheme;
 
 /// Environment variable that once let an s3:// source with no credential
 /// variables use the EC2 instance metadata service. No longer needed (and
@@ -37,82 +37,6 @@ pub const SOCKET_READ_TIMEOUT_MS: u64 = 60_000;
 /// Idle connections kept per host for reuse (HTTP/1.1 keep-alive): as many
 /// as the largest window, so a full window never reconnects.
 pub const POOL_IDLE_PER_HOST_MAX: usize = 1024;
-
-/// The kind of store a URL names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scheme {
-    /// `s3://` (and S3-compatible servers through `AWS_ENDPOINT_URL`).
-    S3,
-    /// `gs://`.
-    Gcs,
-    /// `az://`, `abfs://`, `abfss://`.
-    Azure,
-    /// `http://`, `https://`.
-    Http,
-    /// A store handed in by the caller (object_store's in-memory store, tests).
-    Custom,
-}
-
-impl Scheme {
-    /// What to do about a 401/403: names the source of the credentials the
-    /// last store of this kind was opened with, when known.
-    pub fn permission_fix(self) -> String {
-        match credentials::source_of(self) {
-            Some(source) if self == Scheme::S3 => format!(
-                "the credentials from {source} were refused: they may be wrong, expired or \
-                 revoked; refresh or fix them there, and check that they grant s3:GetObject and \
-                 s3:ListBucket on the bucket"
-            ),
-            Some(source) => format!(
-                "the credentials from {source} were refused: they may be wrong, expired or \
-                 revoked; {}",
-                self.static_permission_fix()
-            ),
-            None => self.static_permission_fix().to_string(),
-        }
-    }
-
-    fn static_permission_fix(self) -> &'static str {
-        match self {
-            Scheme::S3 => {
-                "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
-                 keys) and that they grant s3:GetObject and s3:ListBucket on the bucket"
-            }
-            Scheme::Gcs => {
-                "check GOOGLE_APPLICATION_CREDENTIALS (or GOOGLE_SERVICE_ACCOUNT) and that the account \
-                 has storage.objects.get and storage.objects.list on the bucket"
-            }
-            Scheme::Azure => {
-                "check AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_KEY, or a client id/secret) and \
-                 that it has the Storage Blob Data Reader role on the container"
-            }
-            Scheme::Http => "the server refused: check its access rules for this path",
-            Scheme::Custom => "the store refused the credentials it was built with",
-        }
-    }
-
-    pub(crate) fn env_fix(self) -> &'static str {
-        match self {
-            Scheme::S3 => "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for http endpoints)",
-            Scheme::Gcs => "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT (and GOOGLE_BUCKET)",
-            Scheme::Azure => "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_KEY (AZURE_STORAGE_USE_EMULATOR=true for Azurite)",
-            Scheme::Http => "the URL",
-            Scheme::Custom => "the store's construction",
-        }
-    }
-}
-
-impl fmt::Display for Scheme {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Scheme::S3 => "s3",
-            Scheme::Gcs => "gcs",
-            Scheme::Azure => "azure",
-            Scheme::Http => "http",
-            Scheme::Custom => "custom",
-        })
-    }
-}
 
 /// A store and the prefix under which a source's objects live.
 #[derive(Debug, Clone)]
