@@ -75,8 +75,9 @@ fn datasets(root: &Path) -> Result<Vec<Dataset>> {
             continue;
         }
         let path = item.path();
+        // Redacted again: a cache written before redaction holds the URL whole.
         let source = fs::read_to_string(path.join("source"))
-            .map(|s| s.trim().to_owned())
+            .map(|s| crate::remote::redact_url(s.trim()))
             .unwrap_or_else(|_| "(unknown source)".to_owned());
         let mut d = Dataset {
             id,

@@ -28,9 +28,12 @@
 
 mod error;
 mod fetch;
+mod key;
 mod list;
 pub mod metrics;
+mod page;
 mod part;
+mod redact;
 mod split;
 mod store;
 mod webdav;
@@ -38,6 +41,8 @@ mod webdav;
 use std::future::Future;
 
 pub use error::{RemoteError, RetryCause};
+pub use key::check_key;
+pub use redact::{redact_url, remember_secrets, scrub, REDACTED};
 pub use fetch::{FetchCompletion, FetchEngine, FetchRead, WINDOW_CUT_INTERVAL_MS};
 pub use list::{
     list, list_parallel, read_keys_file, ListProgress, ProgressFn, HEADS_IN_FLIGHT,
@@ -48,7 +53,10 @@ pub use store::{
     Scheme, StoreHandle, AWS_INSTANCE_CREDENTIALS_ENV, CONNECT_TIMEOUT_MS, POOL_IDLE_PER_HOST_MAX,
     SOCKET_READ_TIMEOUT_MS,
 };
-pub use webdav::list_webdav;
+pub use page::s3_page_keys;
+pub use webdav::{
+    list_webdav, webdav_answer_keys, PROPFIND_BYTES_MAX, PROPFIND_ENTRIES_MAX, PROPFIND_FIELD_BYTES_MAX,
+};
 
 /// Most GETs in flight the window may ever reach.
 pub const WINDOW_MAX_LIMIT: usize = 4096;
