@@ -38,7 +38,14 @@ mod tests {
 
     #[test]
     fn ordinary_keys_pass() {
-        for k in ["a", "a/b.bin", "é.bin", "a b/%20#?&.x", "..a/b..", ".hidden"] {
+        for k in [
+            "a",
+            "a/b.bin",
+            "é.bin",
+            "a b/%20#?&.x",
+            "..a/b..",
+            ".hidden",
+        ] {
             assert_eq!(check_key(k), Ok(()), "{k:?}");
         }
     }

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use object_store::aws::AmazonS3Builder;
 use object_store::client::{
-    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpResponseBody,
-    HttpService,
+    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpResponseBody, HttpService,
 };
 use object_store::{ClientOptions, RetryConfig};
 
@@ -105,7 +104,10 @@ mod tests {
 
     #[test]
     fn a_page_gives_its_keys_in_order() {
-        assert_eq!(s3_page_keys(&page(&["b", "a/c"])), Ok(vec!["a/c".into(), "b".into()]));
+        assert_eq!(
+            s3_page_keys(&page(&["b", "a/c"])),
+            Ok(vec!["a/c".into(), "b".into()])
+        );
     }
 
     #[test]

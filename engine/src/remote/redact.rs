@@ -86,13 +86,16 @@ pub fn remember_secrets(url: &str) {
     }
     if let Some((_, rest)) = url.split_once("://") {
         let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-        if let Some((_, raw)) = authority.rsplit_once('@').and_then(|(u, _)| u.split_once(':')) {
+        if let Some((_, raw)) = authority
+            .rsplit_once('@')
+            .and_then(|(u, _)| u.split_once(':'))
+        {
             found.push(raw.to_string());
         }
     }
-    let authority_end = url
-        .split_once("://")
-        .map_or(0, |(s, rest)| s.len() + 3 + rest.find(['/', '?', '#']).unwrap_or(rest.len()));
+    let authority_end = url.split_once("://").map_or(0, |(s, rest)| {
+        s.len() + 3 + rest.find(['/', '?', '#']).unwrap_or(rest.len())
+    });
     if let Some((_, query)) = url[authority_end..].split_once('?') {
         let query = query.split('#').next().unwrap_or("");
         for p in query.split('&') {
@@ -143,8 +146,7 @@ pub(crate) fn basic_auth(user: &str, pass: &str) -> String {
 }
 
 fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
         let b = [
@@ -226,7 +228,10 @@ mod tests {
             Some((("al@ce".into(), "p:s".into()), "http://h:1/d/?q".into()))
         );
         assert_eq!(split_userinfo("http://h/d@x"), None);
-        assert_eq!(basic_auth("Aladdin", "open sesame"), "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==");
+        assert_eq!(
+            basic_auth("Aladdin", "open sesame"),
+            "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="
+        );
         assert_eq!(base64(b"a"), "YQ==");
         assert_eq!(base64(b"ab"), "YWI=");
         assert_eq!(percent_decode("%4"), "%4");

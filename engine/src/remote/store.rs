@@ -180,8 +180,9 @@ impl StoreHandle {
         let stripped;
         let url = match (scheme, super::redact::split_userinfo(url)) {
             (Scheme::Http, Some(((user, pass), without))) => {
-                let mut value = http::HeaderValue::from_str(&super::redact::basic_auth(&user, &pass))
-                    .map_err(|_| bad("its user:password@ cannot be sent as a header"))?;
+                let mut value =
+                    http::HeaderValue::from_str(&super::redact::basic_auth(&user, &pass))
+                        .map_err(|_| bad("its user:password@ cannot be sent as a header"))?;
                 value.set_sensitive(true);
                 http_headers.insert(http::header::AUTHORIZATION, value);
                 stripped = without;

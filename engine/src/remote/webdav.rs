@@ -142,7 +142,9 @@ fn classify(entry: DavEntry, dir: &str, base_path: &str) -> Result<Listed, Strin
         return Ok(Listed::Itself);
     }
     let Some(rel) = decoded.strip_prefix(&percent_decode(base_path)) else {
-        return Err(format!("the server named {decoded:?}, outside {base_path:?}"));
+        return Err(format!(
+            "the server named {decoded:?}, outside {base_path:?}"
+        ));
     };
     super::check_key(rel.trim_end_matches('/'))?;
     if entry.is_dir || path.ends_with('/') {
@@ -286,7 +288,10 @@ impl BufRead for StreamBody {
 /// [`PROPFIND_FIELD_BYTES_MAX`], is an error that names the cap. The
 /// entries' names are as the server wrote them (percent-encoded), not yet
 /// checked as keys.
-pub(crate) fn parse_multistatus(xml: impl BufRead, entries_max: usize) -> Result<Vec<DavEntry>, String> {
+pub(crate) fn parse_multistatus(
+    xml: impl BufRead,
+    entries_max: usize,
+) -> Result<Vec<DavEntry>, String> {
     let mut reader = quick_xml::Reader::from_reader(xml);
     let mut out = Vec::new();
     let mut entry = DavEntry::default();
