@@ -1,27 +1,45 @@
 #!/usr/bin/env bash
-# Fuzzes the ring's attach and `next` for SECONDS seconds (default 60), with
-# AddressSanitizer, debug assertions and overflow checks, on the stable
-# toolchain (RUSTC_BOOTSTRAP=1 lets cargo-fuzz pass its nightly-only flags).
+# Fuzzes for SECONDS seconds in all (default 60), with AddressSanitizer, debug
+# assertions and overflow checks, on the stable toolchain (RUSTC_BOOTSTRAP=1
+# lets cargo-fuzz pass its nightly-only flags), one target after another:
+# the ring's attach and `next` (attach_next) gets half the time, the remote
+# listings' parsers (webdav_listing: a PROPFIND answer; s3_list_page: an S3
+# ListObjectsV2 page) a quarter each. Name targets to run only those, each
+# for SECONDS.
 #
 #   bash fuzz/run.sh 60
+#   bash fuzz/run.sh 60 webdav_listing
 #
-# A crash leaves its input in fuzz/artifacts/attach_next/ and exits non-zero;
+# A crash leaves its input in fuzz/artifacts/TARGET/ and exits non-zero;
 # replay it with:
-#   cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run attach_next artifacts/attach_next/crash-...
+#   cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run TARGET artifacts/TARGET/crash-...
 set -euo pipefail
 
 seconds="${1:-60}"
+shift || true
 cd "$(dirname "$0")"
 
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
 
-# fuzz/corpus is ignored by git: start it from the committed seeds, and keep
-# whatever earlier runs on this machine added.
-mkdir -p corpus/attach_next
-cp -n seeds/attach_next/* corpus/attach_next/
+if [ "$#" -gt 0 ]; then
+    plan=()
+    for target in "$@"; do plan+=("$target:$seconds"); done
+else
+    quarter=$(( seconds / 4 ))
+    plan=("attach_next:$(( seconds - 2 * quarter ))" "webdav_listing:$quarter" "s3_list_page:$quarter")
+fi
 
 export RUSTC_BOOTSTRAP=1
-cargo fuzz run attach_next corpus/attach_next -- \
-    -max_total_time="$seconds" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+for item in "${plan[@]}"; do
+    target="${item%%:*}"; secs="${item##*:}"
+    [ "$secs" -ge 1 ] || secs=1
+    # fuzz/corpus is ignored by git: start it from the committed seeds, and
+    # keep whatever earlier runs on this machine added.
+    mkdir -p "corpus/$target"
+    cp -n "seeds/$target"/* "corpus/$target/"
+    echo "fuzz: $target for ${secs}s"
+    cargo fuzz run "$target" "corpus/$target" -- \
+        -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+done

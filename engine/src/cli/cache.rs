@@ -78,9 +78,10 @@ fn datasets(root: &Path) -> Result<Vec<Dataset>> {
             continue;
         }
         let path = item.path();
-        // Trusted only if ours; never a FIFO's endless wait.
+        // Trusted only if ours; never a FIFO's endless wait. Redacted again: a
+        // cache written before redaction holds the URL whole.
         let source = crate::ring::safe_file::read_trusted(&path.join("source"), SOURCE_BYTES_MAX)
-            .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+            .map(|b| crate::remote::redact_url(String::from_utf8_lossy(&b).trim()))
             .unwrap_or_else(|_| "(unknown source)".to_owned());
         let mut d = Dataset {
             id,

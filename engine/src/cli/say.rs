@@ -5,9 +5,11 @@
 use std::fmt;
 use std::io::{self, Write};
 
-/// Writes one line to stderr; a failure (a closed pipe) is ignored.
+/// Writes one line to stderr; a failure (a closed pipe) is ignored. A
+/// source URL's secrets never show ([`crate::remote::scrub`]).
 pub fn err(args: fmt::Arguments<'_>) {
-    let _ = writeln!(io::stderr().lock(), "{args}");
+    let line = args.to_string();
+    let _ = writeln!(io::stderr().lock(), "{}", crate::remote::scrub(&line));
 }
 
 /// Writes one line to stdout; a failure (a closed pipe) is ignored.
@@ -27,12 +29,20 @@ macro_rules! say_out {
 }
 pub(crate) use say_out;
 
-/// The log's stderr: what cannot be written is dropped, never a panic.
+/// The log's stderr: what cannot be written is dropped, never a panic; a
+/// source URL's secrets never show ([`crate::remote::scrub`]).
 pub struct QuietStderr;
 
 impl Write for QuietStderr {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let _ = io::stderr().write_all(buf);
+        match std::str::from_utf8(buf) {
+            Ok(text) => {
+                let _ = io::stderr().write_all(crate::remote::scrub(text).as_bytes());
+            }
+            Err(_) => {
+                let _ = io::stderr().write_all(buf);
+            }
+        }
         Ok(buf.len())
     }
 

@@ -73,14 +73,38 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     if let Err(e) = crate::ring::Producer::remove_dead_segment(&cfg.name) {
         tracing::debug!("a dead loader's segment stays until the ring is made: {e}");
     }
-    let result = run_configured(args, cfg.clone());
+    // A panic anywhere (any thread) still leaves the outcome, so trainers
+    // fail at once with the message instead of waiting out their timeout.
+    let name = cfg.name.clone();
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        let message = format!("the loader panicked, a bug of ringfeed (please report it): {info}");
+        let _ = Outcome::now(OutcomeKind::Failed, &crate::remote::scrub(&message)).write(&name);
+    }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_configured(args, cfg.clone())
+    }))
+    .unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("(no message)");
+        Err(anyhow::anyhow!(
+            "the loader panicked, a bug of ringfeed (please report it): {what}"
+        ))
+    });
     let outcome = match &result {
         Ok(0) => Outcome::now(OutcomeKind::Ended, "it served its whole run and exited"),
         Ok(code) => Outcome::now(
             OutcomeKind::Failed,
             &format!("it was stopped by signal {}", code.saturating_sub(128)),
         ),
-        Err(e) => Outcome::now(OutcomeKind::Failed, &format!("{e:#}")),
+        Err(e) => Outcome::now(
+            OutcomeKind::Failed,
+            &crate::remote::scrub(&format!("{e:#}")),
+        ),
     };
     if let Err(e) = outcome.write(&cfg.name) {
         tracing::debug!("cannot leave the loader's outcome for its trainers: {e}");

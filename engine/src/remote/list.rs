@@ -117,12 +117,24 @@ fn status_in_text(text: &str) -> u16 {
         .unwrap_or(0)
 }
 
-fn to_object(store: &StoreHandle, meta: ObjectMeta) -> Option<RemoteObject> {
-    Some(RemoteObject {
-        key: relative(store, &meta)?,
+/// The object of a listed key; `None` for a directory marker or a key
+/// outside the prefix, an error for a key that cannot be one
+/// ([`super::check_key`]).
+fn to_object(store: &StoreHandle, meta: ObjectMeta) -> Result<Option<RemoteObject>, RemoteError> {
+    let Some(key) = relative(store, &meta) else {
+        return Ok(None);
+    };
+    super::check_key(&key).map_err(|detail| RemoteError::Listing {
+        url: store.display.clone(),
+        status: 0,
+        scheme: store.scheme,
+        detail,
+    })?;
+    Ok(Some(RemoteObject {
+        key,
         size: meta.size,
         etag: meta.e_tag,
-    })
+    }))
 }
 
 /// Lists the prefix with one paginated listing.
@@ -135,7 +147,7 @@ pub async fn list(
     let mut out = Vec::new();
     while let Some(meta) = stream.next().await {
         let meta = meta.map_err(|e| listing_error(store, e))?;
-        out.extend(to_object(store, meta));
+        out.extend(to_object(store, meta)?);
         if out.len().is_multiple_of(LIST_SPLIT_AFTER_KEYS) {
             if let Some(p) = progress {
                 p(ListProgress {
@@ -303,7 +315,7 @@ async fn list_range(
             break;
         }
         first.get_or_insert_with(|| loc.clone());
-        out.extend(to_object(store, item));
+        out.extend(to_object(store, item)?);
         seen += 1;
         if seen.is_multiple_of(LIST_SPLIT_AFTER_KEYS) {
             lock(queue).keys += LIST_SPLIT_AFTER_KEYS as u64;
@@ -403,9 +415,10 @@ pub async fn read_keys_file(
             None => (line, None),
         };
         let key = key.trim_start_matches('/');
-        if key.is_empty() || key.ends_with('/') {
+        if key.ends_with('/') {
             return Err(file_err(i + 1, format!("{key:?} is not an object key")));
         }
+        super::check_key(key).map_err(|e| file_err(i + 1, e))?;
         if size.is_none() {
             unsized_at.push((objects.len(), i + 1));
         }

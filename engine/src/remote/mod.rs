@@ -36,9 +36,12 @@ mod answer;
 mod credentials;
 mod error;
 mod fetch;
+mod key;
 mod list;
 pub mod metrics;
+mod page;
 mod part;
+mod redact;
 mod scheme;
 mod split;
 mod store;
@@ -49,17 +52,23 @@ use std::future::Future;
 pub use credentials::{CREDENTIALS_LOAD_TIMEOUT_MS, CREDENTIALS_REFRESH_BEFORE_MS};
 pub use error::{RemoteError, RetryCause};
 pub use fetch::{FetchCompletion, FetchEngine, FetchRead, WINDOW_CUT_INTERVAL_MS};
+pub use key::check_key;
 pub use list::{
     list, list_parallel, read_keys_file, ListProgress, ProgressFn, HEADS_IN_FLIGHT,
     LIST_SPLIT_AFTER_KEYS, LIST_WORKERS_MAX,
 };
 pub use metrics::{MetricsSnapshot, RemoteMetrics};
+pub use page::s3_page_keys;
 pub use part::SLOW_WARNING_INTERVAL_MS;
+pub use redact::{redact_url, remember_secrets, scrub, REDACTED};
 pub use store::{
     Scheme, StoreHandle, AWS_INSTANCE_CREDENTIALS_ENV, CONNECT_TIMEOUT_MS, POOL_IDLE_PER_HOST_MAX,
     SOCKET_READ_TIMEOUT_MS,
 };
-pub use webdav::list_webdav;
+pub use webdav::{
+    list_webdav, webdav_answer_keys, PROPFIND_BYTES_MAX, PROPFIND_ENTRIES_MAX,
+    PROPFIND_FIELD_BYTES_MAX,
+};
 
 /// Most GETs in flight the window may ever reach.
 pub const WINDOW_MAX_LIMIT: usize = 4096;

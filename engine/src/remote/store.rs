@@ -51,8 +51,12 @@ pub struct StoreHandle {
     pub meta: Arc<dyn ObjectStore>,
     /// Where the source's keys start; keys are relative to it.
     pub prefix: Path,
-    /// For http(s):// sources, the base URL (WebDAV listing goes there).
+    /// For http(s):// sources, the base URL (WebDAV listing goes there),
+    /// without `user:password@`.
     pub http_base: Option<String>,
+    /// Headers every request of an http(s):// source sends (its URL's
+    /// `user:password@` as Basic authentication, marked sensitive).
+    pub(crate) http_headers: http::HeaderMap,
     /// Counters every part of the remote engine adds to.
     pub metrics: Arc<RemoteMetrics>,
 }
@@ -86,6 +90,7 @@ impl StoreHandle {
             meta: store,
             prefix: raw_path(prefix.trim_matches('/')),
             http_base: None,
+            http_headers: http::HeaderMap::new(),
             metrics: Arc::new(RemoteMetrics::default()),
         }
     }
@@ -93,12 +98,18 @@ impl StoreHandle {
     /// Builds the stores a source URL names (see the module docs). Must be
     /// called where a tokio runtime's handle is available if the store's
     /// construction needs one (it does not today).
+    ///
+    /// The URL is shown and stored only redacted ([`super::redact_url`]);
+    /// an http(s) URL's `user:password@` is sent as Basic authentication,
+    /// never as part of a request's URL.
     pub fn open(url: &str) -> Result<StoreHandle, RemoteError> {
+        super::remember_secrets(url);
+        let shown = super::redact_url(url);
         let bad = |reason: &str| RemoteError::BadUrl {
-            url: url.to_string(),
+            url: shown.clone(),
             reason: reason.to_string(),
         };
-        let (scheme_str, rest) = url
+        let (scheme_str, _) = url
             .split_once("://")
             .ok_or_else(|| bad("it has no scheme://"))?;
         let scheme = match scheme_str {
@@ -108,22 +119,37 @@ impl StoreHandle {
             "http" | "https" => Scheme::Http,
             other => return Err(bad(&format!("scheme {other:?} is not supported"))),
         };
+        let mut http_headers = http::HeaderMap::new();
+        let stripped;
+        let url = match (scheme, super::redact::split_userinfo(url)) {
+            (Scheme::Http, Some(((user, pass), without))) => {
+                let mut value =
+                    http::HeaderValue::from_str(&super::redact::basic_auth(&user, &pass))
+                        .map_err(|_| bad("its user:password@ cannot be sent as a header"))?;
+                value.set_sensitive(true);
+                http_headers.insert(http::header::AUTHORIZATION, value);
+                stripped = without;
+                stripped.as_str()
+            }
+            _ => url,
+        };
+        let rest = url.split_once("://").map_or("", |(_, r)| r);
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         if authority.is_empty() {
             return Err(bad("it names no bucket, container or host"));
         }
-        check_credentials(url, scheme)?;
+        check_credentials(url, &shown, scheme)?;
         // Credentials as the cloud's CLI would find them (credentials.rs);
         // each store names its source in one start line.
         let mut aws_credentials = None;
         let mut azure_cli = false;
         match scheme {
-            Scheme::S3 => aws_credentials = credentials::s3_provider(url)?,
-            Scheme::Gcs => credentials::announce(url, scheme, &credentials::gcs_source()),
+            Scheme::S3 => aws_credentials = credentials::s3_provider(&shown)?,
+            Scheme::Gcs => credentials::announce(&shown, scheme, &credentials::gcs_source()),
             Scheme::Azure => {
                 let (source, use_cli) = credentials::azure_source();
                 azure_cli = use_cli;
-                credentials::announce(url, scheme, &source);
+                credentials::announce(&shown, scheme, &source);
             }
             Scheme::Http | Scheme::Custom => {}
         }
@@ -134,10 +160,11 @@ impl StoreHandle {
         };
         let build = |retry: RetryConfig| -> Result<Arc<dyn ObjectStore>, RemoteError> {
             let connector = CountingConnector::new(Arc::clone(&metrics));
-            let options = client_options(scheme, scheme_str == "http");
+            let options = client_options(scheme, scheme_str == "http")
+                .with_default_headers(http_headers.clone());
             let base = format!("{scheme_str}://{authority}");
             let config_err = |e: object_store::Error| RemoteError::Config {
-                url: url.to_string(),
+                url: shown.clone(),
                 scheme,
                 detail: e.to_string(),
                 fix: scheme.env_fix(),
@@ -198,12 +225,13 @@ impl StoreHandle {
             _ => (raw_path(path.trim_matches('/')), None),
         };
         Ok(StoreHandle {
-            display: url.to_string(),
+            display: shown,
             scheme,
             fetch,
             meta,
             prefix,
             http_base,
+            http_headers,
             metrics,
         })
     }
@@ -263,11 +291,11 @@ fn env_true(name: &str) -> bool {
 
 /// Fails early, naming the variable, where the environment holds half a
 /// key or an http endpoint not allowed (a missing credential source is
-/// found by the AWS chain in credentials.rs).
-fn check_credentials(url: &str, scheme: Scheme) -> Result<(), RemoteError> {
+/// found by the AWS chain in credentials.rs). `shown`: the URL redacted.
+fn check_credentials(url: &str, shown: &str, scheme: Scheme) -> Result<(), RemoteError> {
     let missing = |reason: &str, fix: &str| {
         Err(RemoteError::MissingCredentials {
-            url: url.to_string(),
+            url: shown.to_string(),
             reason: reason.to_string(),
             fix: fix.to_string(),
         })

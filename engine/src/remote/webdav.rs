@@ -2,11 +2,18 @@
 //! the tree one directory per request. object_store's HTTP store asks for
 //! `Depth: infinity`, which nginx (dav-ext) refuses; depth 1 works on nginx,
 //! rclone, Apache and every other WebDAV server.
+//!
+//! An answer is streamed into the XML reader as it arrives, never buffered
+//! whole: at most [`PROPFIND_BYTES_MAX`] bytes and [`PROPFIND_ENTRIES_MAX`]
+//! entries per answer (an endless answer is an error naming the cap), and
+//! every name is checked as a key ([`super::check_key`]).
 
 use std::collections::HashSet;
+use std::io::{BufRead, Read};
 use std::sync::Arc;
 
-use futures::stream::FuturesUnordered;
+use bytes::Bytes;
+use futures::stream::{BoxStream, FuturesUnordered};
 use futures::StreamExt;
 use object_store::client::{HttpConnector, HttpRequestBody};
 use object_store::ClientOptions;
@@ -14,6 +21,7 @@ use quick_xml::events::Event;
 
 use super::error::RemoteError;
 use super::metrics::CountingConnector;
+use super::redact::percent_decode;
 use super::store::{Scheme, StoreHandle};
 use super::RemoteObject;
 
@@ -21,6 +29,12 @@ use super::RemoteObject;
 pub const PROPFIND_IN_FLIGHT: usize = 16;
 /// Deepest directory nesting walked (a loop of links stops here).
 pub const WEBDAV_DEPTH_MAX: usize = 64;
+/// Most bytes of one PROPFIND answer (about 500 000 entries of nginx's).
+pub const PROPFIND_BYTES_MAX: u64 = 256 << 20;
+/// Most `<response>` entries in one PROPFIND answer (one directory's).
+pub const PROPFIND_ENTRIES_MAX: usize = 1_000_000;
+/// Longest text of one field (a name, a size, an ETag).
+pub const PROPFIND_FIELD_BYTES_MAX: usize = 64 << 10;
 
 const PROPFIND_BODY: &str = r#"<?xml version="1.0" encoding="utf-8"?>
 <propfind xmlns="DAV:"><prop><resourcetype/><getcontentlength/><getetag/></prop></propfind>"#;
@@ -45,14 +59,16 @@ pub async fn list_webdav(store: &StoreHandle) -> Result<Vec<RemoteObject>, Remot
             scheme: store.scheme,
             detail: "WebDAV listing needs an http(s):// source".to_string(),
         })?;
+    let shown = super::redact_url(&base);
     let err = |status: u16, detail: String| RemoteError::Listing {
-        url: base.clone(),
+        url: shown.clone(),
         status,
         scheme: Scheme::Http,
         detail,
     };
     let options = ClientOptions::new()
         .with_allow_http(true)
+        .with_default_headers(store.http_headers.clone())
         .with_connect_timeout(std::time::Duration::from_millis(super::CONNECT_TIMEOUT_MS));
     let client = CountingConnector::new(Arc::clone(&store.metrics))
         .connect(&options)
@@ -81,45 +97,20 @@ pub async fn list_webdav(store: &StoreHandle) -> Result<Vec<RemoteObject>, Remot
         let entries =
             result.map_err(|(status, detail)| err(status, format!("PROPFIND {dir}: {detail}")))?;
         for entry in entries {
-            let path = url_path(&entry.href).to_string();
-            let decoded = percent_decode(&path);
-            if path.trim_end_matches('/') == dir.trim_end_matches('/') {
-                continue;
-            }
-            let Some(rel) = percent_decode(&path)
-                .strip_prefix(&percent_decode(&base_path))
-                .map(str::to_string)
-            else {
-                return Err(err(
-                    0,
-                    format!("the server named {decoded:?}, outside {base_path:?}"),
-                ));
-            };
-            if entry.is_dir || path.ends_with('/') {
-                if depth + 1 > WEBDAV_DEPTH_MAX {
-                    return Err(err(
-                        0,
-                        format!("{decoded:?} is nested deeper than {WEBDAV_DEPTH_MAX}"),
-                    ));
+            match classify(entry, &dir, &base_path)
+                .map_err(|e| err(0, format!("PROPFIND {dir}: {e}")))?
+            {
+                Listed::Itself => {}
+                Listed::Dir(sub, rel) => {
+                    if depth + 1 > WEBDAV_DEPTH_MAX {
+                        return Err(err(
+                            0,
+                            format!("{rel:?} is nested deeper than {WEBDAV_DEPTH_MAX}"),
+                        ));
+                    }
+                    queue.push((sub, depth + 1));
                 }
-                let mut sub = path.clone();
-                if !sub.ends_with('/') {
-                    sub.push('/');
-                }
-                queue.push((sub, depth + 1));
-            } else {
-                let size = entry
-                    .size
-                    .ok_or_else(|| err(0, format!("{decoded:?} has no getcontentlength")))?;
-                // The ETag of a PROPFIND answer need not be the one a GET
-                // sends (nginx's dav-ext formats its own), so If-Match would
-                // fail on unchanged files: the size check guards these reads.
-                let _ = entry.etag;
-                out.push(RemoteObject {
-                    key: rel,
-                    size,
-                    etag: None,
-                });
+                Listed::File(object) => out.push(object),
             }
         }
         store
@@ -129,6 +120,68 @@ pub async fn list_webdav(store: &StoreHandle) -> Result<Vec<RemoteObject>, Remot
     }
     out.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
     Ok(out)
+}
+
+/// What one entry of the answer for `dir` is.
+enum Listed {
+    /// `dir` itself.
+    Itself,
+    /// A directory below: the URL path to ask for (ends in `/`), and its
+    /// key relative to the base.
+    Dir(String, String),
+    /// A file.
+    File(RemoteObject),
+}
+
+/// Reads one entry of the answer for `dir` (a URL path under `base_path`):
+/// its name must lie under the base and be a key ([`super::check_key`]).
+fn classify(entry: DavEntry, dir: &str, base_path: &str) -> Result<Listed, String> {
+    let path = url_path(&entry.href).to_string();
+    let decoded = percent_decode(&path);
+    if path.trim_end_matches('/') == dir.trim_end_matches('/') {
+        return Ok(Listed::Itself);
+    }
+    let Some(rel) = decoded.strip_prefix(&percent_decode(base_path)) else {
+        return Err(format!(
+            "the server named {decoded:?}, outside {base_path:?}"
+        ));
+    };
+    super::check_key(rel.trim_end_matches('/'))?;
+    if entry.is_dir || path.ends_with('/') {
+        let mut sub = path.clone();
+        if !sub.ends_with('/') {
+            sub.push('/');
+        }
+        return Ok(Listed::Dir(sub, rel.to_string()));
+    }
+    let size = entry
+        .size
+        .ok_or_else(|| format!("{decoded:?} has no getcontentlength"))?;
+    // The ETag of a PROPFIND answer need not be the one a GET sends
+    // (nginx's dav-ext formats its own), so If-Match would fail on
+    // unchanged files: the size check guards these reads.
+    Ok(Listed::File(RemoteObject {
+        key: rel.to_string(),
+        size,
+        etag: None,
+    }))
+}
+
+/// The keys of one PROPFIND answer for the directory `base_path` (a URL
+/// path ending in `/`), as a listing of it would take them: files as keys
+/// relative to it, subdirectories as keys ending in `/`. An entry that is
+/// outside it or cannot be a key is an error. Streams `xml` under the caps
+/// of a real answer. A thin entry point for fuzzing (`fuzz/`) and tests.
+pub fn webdav_answer_keys(xml: &[u8], base_path: &str) -> Result<Vec<String>, String> {
+    let mut keys = Vec::new();
+    for entry in parse_multistatus(xml, PROPFIND_ENTRIES_MAX)? {
+        match classify(entry, base_path, base_path)? {
+            Listed::Itself => {}
+            Listed::Dir(_, rel) => keys.push(rel),
+            Listed::File(object) => keys.push(object.key),
+        }
+    }
+    Ok(keys)
 }
 
 async fn propfind(
@@ -148,12 +201,16 @@ async fn propfind(
         .await
         .map_err(|e| (0, e.to_string()))?;
     let status = response.status().as_u16();
-    let body = response
-        .into_body()
-        .bytes()
-        .await
-        .map_err(|e| (status, e.to_string()))?;
+    let mut stream = response.into_body().bytes_stream();
     if status != 207 {
+        // The start of the answer, for the message; the rest is not read.
+        let mut body = Vec::new();
+        while body.len() < 200 {
+            match stream.next().await {
+                Some(Ok(chunk)) => body.extend_from_slice(&chunk[..chunk.len().min(200)]),
+                _ => break,
+            }
+        }
         let text = String::from_utf8_lossy(&body[..body.len().min(200)]).to_string();
         let hint = if status == 405 {
             " (the server does not speak WebDAV here: enable dav_ext_methods PROPFIND in nginx, or give --keys FILE)"
@@ -162,11 +219,79 @@ async fn propfind(
         };
         return Err((status, format!("HTTP {status}{hint}: {text}")));
     }
-    parse_multistatus(&body).map_err(|e| (status, format!("bad multistatus XML: {e}")))
+    // quick-xml reads a `BufRead`: on a blocking thread, pulling the body's
+    // chunks from the runtime as the parser asks for more.
+    let handle = tokio::runtime::Handle::current();
+    let body = StreamBody {
+        stream,
+        handle,
+        chunk: Bytes::new(),
+        total: 0,
+    };
+    tokio::task::spawn_blocking(move || parse_multistatus(body, PROPFIND_ENTRIES_MAX))
+        .await
+        .map_err(|e| (status, format!("the parser of the answer stopped: {e}")))?
+        .map_err(|e| (status, format!("bad multistatus answer: {e}")))
 }
 
-/// Parses a `207 Multi-Status` body into its responses.
-pub(crate) fn parse_multistatus(xml: &[u8]) -> Result<Vec<DavEntry>, String> {
+/// A response body as a `BufRead`, at most [`PROPFIND_BYTES_MAX`] bytes;
+/// runs only on a blocking thread (it blocks on the runtime for each chunk).
+struct StreamBody {
+    stream: BoxStream<'static, Result<Bytes, object_store::client::HttpError>>,
+    handle: tokio::runtime::Handle,
+    chunk: Bytes,
+    total: u64,
+}
+
+impl Read for StreamBody {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = {
+            let buf = self.fill_buf()?;
+            let n = buf.len().min(out.len());
+            out[..n].copy_from_slice(&buf[..n]);
+            n
+        };
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl BufRead for StreamBody {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        while self.chunk.is_empty() {
+            match self.handle.block_on(self.stream.next()) {
+                None => break,
+                Some(Err(e)) => return Err(std::io::Error::other(e.to_string())),
+                Some(Ok(chunk)) => {
+                    self.total += chunk.len() as u64;
+                    if self.total > PROPFIND_BYTES_MAX {
+                        return Err(std::io::Error::other(format!(
+                            "the answer is longer than {PROPFIND_BYTES_MAX} bytes, the most one PROPFIND \
+                             may send (a directory of some 500 000 entries): split the directory, or give --keys FILE"
+                        )));
+                    }
+                    self.chunk = chunk;
+                }
+            }
+        }
+        Ok(&self.chunk)
+    }
+
+    fn consume(&mut self, n: usize) {
+        let _ = self.chunk.split_to(n.min(self.chunk.len()));
+    }
+}
+
+/// Parses a `207 Multi-Status` answer into its responses, read as it
+/// comes: `xml` is read once, front to back, never whole; more than
+/// `entries_max` responses, or a field longer than
+/// [`PROPFIND_FIELD_BYTES_MAX`], is an error that names the cap. The
+/// entries' names are as the server wrote them (percent-encoded), not yet
+/// checked as keys.
+pub(crate) fn parse_multistatus(
+    xml: impl BufRead,
+    entries_max: usize,
+) -> Result<Vec<DavEntry>, String> {
     let mut reader = quick_xml::Reader::from_reader(xml);
     let mut out = Vec::new();
     let mut entry = DavEntry::default();
@@ -195,6 +320,7 @@ pub(crate) fn parse_multistatus(xml: &[u8]) -> Result<Vec<DavEntry>, String> {
                 let text = t.decode().map_err(|e| e.to_string())?;
                 let text = quick_xml::escape::unescape(&text).map_err(|e| e.to_string())?;
                 value.push_str(&text);
+                field_cap(&value)?;
             }
             Event::GeneralRef(r) if field.is_some() => {
                 if let Some(c) = r.resolve_char_ref().map_err(|e| e.to_string())? {
@@ -205,6 +331,7 @@ pub(crate) fn parse_multistatus(xml: &[u8]) -> Result<Vec<DavEntry>, String> {
                         .ok_or_else(|| format!("unknown entity &{name};"))?;
                     value.push_str(resolved);
                 }
+                field_cap(&value)?;
             }
             Event::End(e) => {
                 if let Some(f) = field.take() {
@@ -212,6 +339,12 @@ pub(crate) fn parse_multistatus(xml: &[u8]) -> Result<Vec<DavEntry>, String> {
                     value.clear();
                 }
                 if e.local_name().as_ref() == b"response" {
+                    if out.len() >= entries_max {
+                        return Err(format!(
+                            "more than {entries_max} entries in one answer, the most one PROPFIND may \
+                             give: split the directory, or give --keys FILE"
+                        ));
+                    }
                     out.push(std::mem::take(&mut entry));
                 }
             }
@@ -223,13 +356,25 @@ pub(crate) fn parse_multistatus(xml: &[u8]) -> Result<Vec<DavEntry>, String> {
     Ok(out)
 }
 
+fn field_cap(value: &str) -> Result<(), String> {
+    if value.len() > PROPFIND_FIELD_BYTES_MAX {
+        return Err(format!(
+            "a field of an entry is longer than {PROPFIND_FIELD_BYTES_MAX} bytes"
+        ));
+    }
+    Ok(())
+}
+
 /// Stores the text of `field` in `entry`.
 fn take_field(entry: &mut DavEntry, field: &str, text: &str) -> Result<(), String> {
     if text.is_empty() {
         return Ok(()); // `<getetag></getetag>`: as if absent
     }
     match field {
-        "href" => entry.href.push_str(text),
+        "href" => {
+            entry.href.push_str(text);
+            field_cap(&entry.href)?;
+        }
         "len" => {
             entry.size = Some(
                 text.parse()
@@ -251,25 +396,6 @@ fn url_path(url: &str) -> &str {
     }
 }
 
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,7 +407,7 @@ mod tests {
 <D:response><D:href>/data/</D:href><D:propstat><D:prop><D:resourcetype><D:collection/></D:resourcetype></D:prop><D:status>HTTP/1.1 200 OK</D:status></D:propstat></D:response>
 <D:response><D:href>/data/a%20b.bin</D:href><D:propstat><D:prop><D:resourcetype></D:resourcetype><D:getcontentlength>12</D:getcontentlength><D:getetag>"5-c"</D:getetag></D:prop></D:propstat></D:response>
 </D:multistatus>"#;
-        let entries = parse_multistatus(xml).unwrap();
+        let entries = parse_multistatus(&xml[..], 10).unwrap();
         assert_eq!(entries.len(), 2);
         assert!(entries[0].is_dir);
         assert_eq!(entries[1].href, "/data/a%20b.bin");
@@ -297,7 +423,7 @@ mod tests {
         // over as an event of its own, between two pieces of text (a file
         // `amp&quote'.bin` was listed as `ampquote'.bin`, then 404).
         let xml = br#"<D:multistatus xmlns:D="DAV:"><D:response><D:href>/d/amp&amp;quote&apos;.bin</D:href><D:propstat><D:prop><D:getcontentlength> 3 </D:getcontentlength><D:getetag>"x&#38;y"</D:getetag></D:prop></D:propstat></D:response><D:response><D:href>/d/e</D:href><D:propstat><D:prop><D:getcontentlength/><D:getetag></D:getetag><D:resourcetype/></D:prop></D:propstat></D:response></D:multistatus>"#;
-        let entries = parse_multistatus(xml).unwrap();
+        let entries = parse_multistatus(&xml[..], 10).unwrap();
         assert_eq!(entries[0].href, "/d/amp&quote'.bin");
         assert_eq!(entries[0].size, Some(3));
         assert_eq!(entries[0].etag.as_deref(), Some("\"x&y\""));

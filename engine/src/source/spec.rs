@@ -76,14 +76,20 @@ impl fmt::Display for SourceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SourceSpec::Local(path) => write!(f, "{}", path.display()),
+            // Shown, never with its secrets (a password, a signature).
             SourceSpec::Remote {
                 url,
                 keys_file: None,
-            } => f.write_str(url),
+            } => f.write_str(&crate::remote::redact_url(url)),
             SourceSpec::Remote {
                 url,
                 keys_file: Some(keys),
-            } => write!(f, "{url} (keys from {})", keys.display()),
+            } => write!(
+                f,
+                "{} (keys from {})",
+                crate::remote::redact_url(url),
+                keys.display()
+            ),
         }
     }
 }
