@@ -227,3 +227,15 @@ def producer():
 def unused_name():
     """A loader name no loader uses."""
     return "pytest-absent-%d-%d" % (os.getpid(), time.monotonic_ns())
+
+
+@pytest.fixture
+def sticky_shared_dir():
+    """A sticky, world-writable directory under /tmp (as /tmp itself is), where
+    another user may plant links and FIFOs (issue 32's tests)."""
+    import shutil
+    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="rf-shared-"))
+    os.chmod(d, 0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+

@@ -81,3 +81,22 @@ def serve_until_serving(args):
     finally:
         kill_survivors([loader])
     return loader.returncode, "".join(lines)
+
+
+# Another user, for the tests of a shared machine (issue 32).
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def need_root_and_setpriv():
+    """Skips the test unless it can act as another user (root, with setpriv)."""
+    import pytest
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to act as another user")
+
+
+def as_nobody(script):
+    """Runs the shell `script` as uid 65534 (nobody), no groups; it must succeed."""
+    need_root_and_setpriv()
+    p = subprocess.run(NOBODY + ["sh", "-ec", script], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_util import crc32, kill_survivors, python_consumer, ringfeed_bin, wait_all
+from e2e_util import as_nobody, crc32, kill_survivors, python_consumer, ringfeed_bin, wait_all
 from test_remote_serve import start_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -334,40 +334,7 @@ def test_a_cache_directory_that_cannot_be_made_is_a_warning_and_the_run_reads_re
 
 # Issue 32: a cache beside other users.
 
-def _as_nobody(script):
-    import shutil
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to act as another user")
-    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-ec", script],
-                       capture_output=True, text=True, timeout=30)
-    assert p.returncode == 0, p.stderr
-
-
-@pytest.fixture
-def shared_tmp():
-    """A sticky, world-writable directory under /tmp (as /tmp itself is)."""
-    import shutil
-    import tempfile
-    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="rf-cache-shared-"))
-    os.chmod(d, 0o1777)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def test_entries_are_private_to_the_user_who_cached_them(s3, dataset, reference, tmp_path):
-    source, objects = dataset
-    cache = tmp_path / "c"
-    rows, log = run(source, s3[0], cache, epochs=1)
-    found = entries(cache)
-    assert found, log
-    data = cache / "data"
-    dirs = [cache, data] + [p for p in data.rglob("*") if p.is_dir()]
-    files = [p for p in data.rglob("*") if p.is_file()]
-    assert all(os.stat(d).st_mode & 0o777 == 0o700 for d in dirs), [(d, oct(os.stat(d).st_mode)) for d in dirs]
-    assert all(os.stat(f).st_mode & 0o777 == 0o600 for f in files), [(f, oct(os.stat(f).st_mode)) for f in files]
-
-
-def test_links_and_a_fifo_planted_in_a_shared_cache_dir_neither_write_through_nor_hang(s3, dataset, reference, tmp_path, shared_tmp):
+def test_links_and_a_fifo_planted_in_a_shared_cache_dir_neither_write_through_nor_hang(s3, dataset, reference, tmp_path, sticky_shared_dir):
     source, objects = dataset
     victim = tmp_path / "victim"
     victim.write_bytes(b"root's file, not a counter")
@@ -375,8 +342,8 @@ def test_links_and_a_fifo_planted_in_a_shared_cache_dir_neither_write_through_no
     # Another user got there first: the cache directory itself is theirs,
     # with usage and lock linked to root's file and a FIFO named like an
     # unfinished write.
-    cache = shared_tmp / "cache"
-    _as_nobody("mkdir -p {c}/data/{ds}; ln -s {v} {c}/data/usage; ln -s {v} {c}/data/lock; mkfifo {c}/data/{ds}/.tmp.100.1.1;"
+    cache = sticky_shared_dir / "cache"
+    as_nobody("mkdir -p {c}/data/{ds}; ln -s {v} {c}/data/usage; ln -s {v} {c}/data/lock; mkfifo {c}/data/{ds}/.tmp.100.1.1;"
                " chmod -R a+rwx {c}".format(c=cache, v=victim, ds="0123456789abcdef"))
     started = time.monotonic()
     rows, log = run(source, s3[0], cache, epochs=2)
@@ -386,7 +353,7 @@ def test_links_and_a_fifo_planted_in_a_shared_cache_dir_neither_write_through_no
     assert rows == reference
     # In the sticky shared directory itself: data/ is made ours, 0700; what
     # another user plants inside it is never opened.
-    cache2 = shared_tmp / "cache2"
+    cache2 = sticky_shared_dir / "cache2"
     cache2.mkdir()
     os.chmod(cache2, 0o1777)
     rows, log = run(source, s3[0], cache2, epochs=1)

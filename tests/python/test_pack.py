@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_util import ringfeed_bin
+from e2e_util import as_nobody, need_root_and_setpriv, ringfeed_bin
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = REPO / "tests" / "servers"
@@ -415,30 +415,6 @@ def test_a_file_changed_in_place_while_packing_stops_the_run_naming_it(tmp_path)
 
 # Issue 32: pack as root beside other users.
 
-def _need_root_and_setpriv():
-    import shutil
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to act as another user")
-
-
-def _as_nobody(script):
-    """Runs the shell `script` as uid 65534 (nobody), no groups."""
-    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-ec", script],
-                       capture_output=True, text=True, timeout=30)
-    assert p.returncode == 0, p.stderr
-
-
-@pytest.fixture
-def shared_dir():
-    """A sticky, world-writable directory under /tmp (as /tmp itself is)."""
-    import shutil
-    import tempfile
-    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="rf-shared-"))
-    os.chmod(d, 0o1777)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def _victim(tmp_path):
     victim = tmp_path / "victim"
     victim.write_bytes(b"root's secret, not for shards")
@@ -454,16 +430,16 @@ def _small_tree(root, n=60):
         os.chmod(root / ("%03d.bin" % i), 0o644)
 
 
-def test_pack_into_a_shared_sticky_dest_never_writes_through_links_another_user_planted(tmp_path, shared_dir):
-    _need_root_and_setpriv()
+def test_pack_into_a_shared_sticky_dest_never_writes_through_links_another_user_planted(tmp_path, sticky_shared_dir):
+    need_root_and_setpriv()
     victim = _victim(tmp_path)
     src = tmp_path / "src"
     _small_tree(src)
-    dest = shared_dir / "out"
+    dest = sticky_shared_dir / "out"
     dest.mkdir()
     os.chmod(dest, 0o1777)
     # Every name the old pack used for its temporaries, planted for each shard.
-    _as_nobody("cd %s; for i in $(seq 0 40); do n=$(printf %%06d $i);"
+    as_nobody("cd %s; for i in $(seq 0 40); do n=$(printf %%06d $i);"
                " ln -s %s .shard-$n.tar.tmp; ln -s %s .shard-$n.tar.idx.tmp; done;"
                " ln -s %s ..ringfeed-pack.plan.tmp" % (shlex.quote(str(dest)), victim, victim, victim))
     p = pack(src, dest, "--shard-size", "8KiB")
@@ -479,10 +455,10 @@ def test_pack_into_a_shared_sticky_dest_never_writes_through_links_another_user_
     assert os.path.islink(dest / ".shard-000001.tar.tmp")
 
 
-def test_a_world_writable_dest_without_the_sticky_bit_is_refused(tmp_path, shared_dir):
+def test_a_world_writable_dest_without_the_sticky_bit_is_refused(tmp_path, sticky_shared_dir):
     src = tmp_path / "src"
     _small_tree(src, n=4)
-    dest = shared_dir / "open"
+    dest = sticky_shared_dir / "open"
     dest.mkdir()
     os.chmod(dest, 0o777)
     p = pack(src, dest, check=False)
@@ -492,35 +468,35 @@ def test_a_world_writable_dest_without_the_sticky_bit_is_refused(tmp_path, share
     assert not list(dest.iterdir())
 
 
-def test_a_plan_or_shard_planted_by_another_user_in_dest_is_not_trusted(tmp_path, shared_dir):
-    _need_root_and_setpriv()
+def test_a_plan_or_shard_planted_by_another_user_in_dest_is_not_trusted(tmp_path, sticky_shared_dir):
+    need_root_and_setpriv()
     victim = _victim(tmp_path)
     src = tmp_path / "src"
     _small_tree(src, n=8)
-    dest = shared_dir / "out"
+    dest = sticky_shared_dir / "out"
     dest.mkdir()
     os.chmod(dest, 0o1777)
-    _as_nobody("printf 'forged plan' > %s/.ringfeed-pack.plan" % shlex.quote(str(dest)))
+    as_nobody("printf 'forged plan' > %s/.ringfeed-pack.plan" % shlex.quote(str(dest)))
     p = pack(src, dest, check=False)
     assert p.returncode == 1, p.stderr
     assert ".ringfeed-pack.plan belongs to uid 65534" in p.stderr and "not trusted" in p.stderr, p.stderr
     os.unlink(dest / ".ringfeed-pack.plan")
-    _as_nobody("ln -s /dev/zero %s/shard-000000.tar" % shlex.quote(str(dest)))
+    as_nobody("ln -s /dev/zero %s/shard-000000.tar" % shlex.quote(str(dest)))
     p = pack(src, dest, check=False)
     assert p.returncode == 1, p.stderr
     assert "shard-000000.tar is not a regular file (a symlink)" in p.stderr, p.stderr
     assert victim.read_bytes() == b"root's secret, not for shards"
 
 
-def test_a_link_out_of_the_source_is_skipped_naming_it_unless_asked_for(tmp_path, shared_dir):
-    _need_root_and_setpriv()
+def test_a_link_out_of_the_source_is_skipped_naming_it_unless_asked_for(tmp_path, sticky_shared_dir):
+    need_root_and_setpriv()
     victim = _victim(tmp_path)
-    src = shared_dir / "src"
+    src = sticky_shared_dir / "src"
     _small_tree(src, n=4)
     os.chmod(src, 0o777)
     (src / "inside.txt").write_bytes(b"inside")
     os.symlink("inside.txt", src / "ok-link.txt")  # inside the source: packed
-    _as_nobody("ln -s %s %s/leak.txt; ln -s %s %s/leak2.txt" % (victim, src, victim, src))
+    as_nobody("ln -s %s %s/leak.txt; ln -s %s %s/leak2.txt" % (victim, src, victim, src))
     out = tmp_path / "out"
     p = pack(src, out)
     assert "skipped 2 link(s) to files outside it (%s/leak.txt, %s/leak2.txt)" % (src, src) in p.stderr, p.stderr
