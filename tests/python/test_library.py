@@ -55,6 +55,17 @@ def test_every_error_is_a_ringfeed_error_and_a_runtime_error():
     assert issubclass(ringfeed.InvalidArgumentError, ValueError)
 
 
+def test_a_star_import_leaves_the_builtin_timeout_error_alone():
+    # ringfeed.TimeoutError (now FeedTimeoutError) was in __all__, so
+    # `from ringfeed import *` replaced the builtin in the importer's names.
+    names = {}
+    exec("from ringfeed import *", names)
+    assert names.get("TimeoutError", builtins.TimeoutError) is builtins.TimeoutError
+    assert names["FeedTimeoutError"] is ringfeed.FeedTimeoutError
+    assert ringfeed.TimeoutError is ringfeed.FeedTimeoutError  # the old name, for a release
+    assert issubclass(ringfeed.FeedTimeoutError, builtins.TimeoutError)
+
+
 def test_every_error_code_maps_to_its_class():
     from ringfeed.errors import error_for
 

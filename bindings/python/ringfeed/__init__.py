@@ -65,7 +65,8 @@ Errors are ``ringfeed.Error`` (a RuntimeError), one subclass per cause:
 ``VersionMismatchError``, ``RankError`` (also ValueError), ``RankBusyError``,
 ``StaleBatchError``, ``InvalidArgumentError`` (also ValueError),
 ``IOFailureError``, ``InternalError``, ``AllSlotsHeldError``, ``ForkedError``,
-``UntrustedLoaderError`` and ``TimeoutError`` (also the builtin TimeoutError). The message is the
+``UntrustedLoaderError`` and ``FeedTimeoutError`` (also the builtin TimeoutError; its old
+name ``ringfeed.TimeoutError`` stays for a release, outside ``__all__``). The message is the
 library's, and says what to do. ``check_resume`` raises
 ``ResumeMismatchError`` (also ValueError).
 
@@ -84,6 +85,7 @@ from .errors import (
     AllSlotsHeldError,
     CorruptSegmentError,
     Error,
+    FeedTimeoutError,
     ForkedError,
     InternalError,
     InvalidArgumentError,
@@ -109,6 +111,7 @@ __all__ = [
     "Batch",
     "CorruptSegmentError",
     "Error",
+    "FeedTimeoutError",
     "ForkedError",
     "Feed",
     "FeedInfo",
@@ -121,7 +124,6 @@ __all__ = [
     "ResumeMismatchError",
     "StaleBatchError",
     "TarFieldError",
-    "TimeoutError",
     "UntrustedLoaderError",
     "VersionMismatchError",
     "abi_version",

@@ -264,7 +264,7 @@ class Feed:
         """The next batch, or None once the run is over.
 
         Waits up to ``timeout`` seconds (None: as long as it takes, while the
-        loader lives) and raises ringfeed.TimeoutError after that.
+        loader lives) and raises ringfeed.FeedTimeoutError after that.
 
         When the next batch's slot still holds a batch of this process, only
         this process can free it: with ``timeout=None`` next() raises

@@ -76,13 +76,18 @@ class InternalError(Error):
     code = _lib.RF_E_INTERNAL
 
 
-class TimeoutError(Error, builtins.TimeoutError):
+class FeedTimeoutError(Error, builtins.TimeoutError):
     """No loader appeared (attach), or no batch came (next), within the timeout.
 
     Also a builtin ``TimeoutError``, so ``except TimeoutError`` catches it.
     """
 
     code = _lib.RF_TIMEOUT
+
+
+#: The old name of :class:`FeedTimeoutError`, kept for a release. It is not in
+#: ``ringfeed.__all__``: ``from ringfeed import *`` shadowed the builtin with it.
+TimeoutError = FeedTimeoutError
 
 
 class AllSlotsHeldError(Error):
@@ -135,7 +140,7 @@ _BY_CODE = {
         StaleBatchError,
         IOFailureError,
         InternalError,
-        TimeoutError,
+        FeedTimeoutError,
         AllSlotsHeldError,
         ForkedError,
         UntrustedLoaderError,
