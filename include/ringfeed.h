@@ -15,9 +15,9 @@
  *
  * Link with -lringfeed and let the program find libringfeed.so when it runs
  * (-Wl,-rpath,DIR or LD_LIBRARY_PATH), or link libringfeed.a -lpthread -ldl -lm.
- * Ring layout: docs/ring-layout.md (ABI version 1).
+ * Ring layout: docs/ring-layout.md (ABI version 1). Compiles as C99, C11 and
+ * C++11 or later, warning-free under -Wall -Wextra -pedantic.
  */
-
 #ifndef RINGFEED_H
 #define RINGFEED_H
 
@@ -27,90 +27,10 @@
 #include <stddef.h>
 
 /**
- * Success.
+ * The ring ABI version this header describes; `rf_abi_version()` gives the
+ * library's, and a loader of another one is refused with `RF_E_VERSION`.
  */
-#define RF_OK 0
-
-/**
- * The run is over: every batch of this rank was delivered.
- */
-#define RF_END 1
-
-/**
- * Nothing happened within the timeout (rf_next), or no loader appeared (rf_attach).
- */
-#define RF_TIMEOUT 2
-
-/**
- * A bad argument: NULL pointer, invalid name or UTF-8.
- */
-#define RF_E_INVALID -1
-
-/**
- * The segment is corrupt, truncated, or not a ringfeed segment.
- */
-#define RF_E_CORRUPT -2
-
-/**
- * The segment was made by another ABI version of ringfeed.
- */
-#define RF_E_VERSION -3
-
-/**
- * The rank is negative or not below the loader's world size.
- */
-#define RF_E_RANK -4
-
-/**
- * Another live process is attached to this rank (or this one already is).
- */
-#define RF_E_BUSY -5
-
-/**
- * The loader died.
- */
-#define RF_E_LOADER_GONE -6
-
-/**
- * The loader stopped early (signal or error).
- */
-#define RF_E_ABORTED -7
-
-/**
- * A release of a batch that is not (or no longer) held.
- */
-#define RF_E_STALE -8
-
-/**
- * An operating-system call failed.
- */
-#define RF_E_IO -9
-
-/**
- * A bug inside ringfeed (a panic was caught); the message says where.
- */
-#define RF_E_INTERNAL -10
-
-/**
- * rf_next: the next batch goes into a slot that still holds a batch this
- * feed took and did not release, so no wait could end. Nothing was taken;
- * release that batch and call again.
- */
-#define RF_E_HELD -11
-
-/**
- * The feed was attached by the parent of this (forked) process: a child
- * cannot take or release the parent's batches. Attach in the child instead.
- * rf_detach in the child only unmaps its copy.
- */
-#define RF_E_FORKED -12
-
-/**
- * rf_attach: the loader's segment belongs to a user this process does not
- * trust (not itself, not root, not in RINGFEED_TRUST_UID): another user's
- * loader holds the name. Returned at once; the message names the owner.
- */
-#define RF_E_UNTRUSTED -13
+#define RF_ABI_VERSION 1
 
 /**
  * The loader starts where its `--resume` says (or at the beginning); the
@@ -127,6 +47,95 @@
  * The loader waited for its ranks and started where they agreed.
  */
 #define RF_START_DECIDED 2
+
+/**
+ * What every `rf_*` call that can fail returns (as an `int`): `RF_OK` (0) and the other
+ * non-negative codes are outcomes, a negative `RF_E_*` code is an error whose message
+ * `rf_last_error()` gives. An enum in C, so no macro needs parentheses.
+ */
+enum rf_status
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Success.
+   */
+  RF_OK = 0,
+  /**
+   * The run is over: every batch of this rank was delivered.
+   */
+  RF_END = 1,
+  /**
+   * Nothing happened within the timeout (rf_next), or no loader appeared (rf_attach).
+   */
+  RF_TIMEOUT = 2,
+  /**
+   * A bad argument: NULL pointer, invalid name or UTF-8.
+   */
+  RF_E_INVALID = -1,
+  /**
+   * The segment is corrupt, truncated, or not a ringfeed segment.
+   */
+  RF_E_CORRUPT = -2,
+  /**
+   * The segment was made by another ABI version of ringfeed.
+   */
+  RF_E_VERSION = -3,
+  /**
+   * The rank is negative or not below the loader's world size.
+   */
+  RF_E_RANK = -4,
+  /**
+   * Another live process is attached to this rank (or this one already is).
+   */
+  RF_E_BUSY = -5,
+  /**
+   * The loader died.
+   */
+  RF_E_LOADER_GONE = -6,
+  /**
+   * The loader stopped early (signal or error).
+   */
+  RF_E_ABORTED = -7,
+  /**
+   * A release of a batch that is not (or no longer) held.
+   */
+  RF_E_STALE = -8,
+  /**
+   * An operating-system call failed.
+   */
+  RF_E_IO = -9,
+  /**
+   * A bug inside ringfeed (a panic was caught); the message says where.
+   */
+  RF_E_INTERNAL = -10,
+  /**
+   * rf_next: the next batch goes into a slot that still holds a batch this
+   * feed took and did not release, so no wait could end. Nothing was taken;
+   * release that batch and call again.
+   */
+  RF_E_HELD = -11,
+  /**
+   * The feed was attached by the parent of this (forked) process: a child
+   * cannot take or release the parent's batches. Attach in the child instead.
+   * rf_detach in the child only unmaps its copy.
+   */
+  RF_E_FORKED = -12,
+  /**
+   * rf_attach: the loader's segment belongs to a user this process does not
+   * trust (not itself, not root, not in RINGFEED_TRUST_UID): another user's
+   * loader holds the name. Returned at once; the message names the owner.
+   */
+  RF_E_UNTRUSTED = -13,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum rf_status rf_status;
+#else
+typedef int32_t rf_status;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
 /**
  * An attached trainer (opaque). A feed is used by one thread at a time:
@@ -588,14 +597,17 @@ int32_t rf_tar_field_next(const uint8_t *sample,
 }  // extern "C"
 #endif  // __cplusplus
 
-#endif  /* RINGFEED_H */
-
-/* The C view of the ABI must match the Rust one byte for byte (C11
- * _Static_assert; static_assert when the header is read by C++). */
-#ifdef __cplusplus
-#define RF_STATIC_ASSERT static_assert
+/* The C view of the ABI must match the Rust one byte for byte: C11's
+ * _Static_assert, C++'s static_assert, and for C99 an array type whose size
+ * is negative when the condition is false. Inside the include guard. */
+#if defined(__cplusplus)
+#define RF_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#define RF_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #else
-#define RF_STATIC_ASSERT _Static_assert
+#define RF_STATIC_ASSERT_JOIN2(a, b) a##b
+#define RF_STATIC_ASSERT_JOIN(a, b) RF_STATIC_ASSERT_JOIN2(a, b)
+#define RF_STATIC_ASSERT(cond, msg) typedef char RF_STATIC_ASSERT_JOIN(rf_static_assert_, __LINE__)[(cond) ? 1 : -1]
 #endif
 RF_STATIC_ASSERT(sizeof(rf_sample) == 24, "rf_sample is 24 bytes");
 RF_STATIC_ASSERT(offsetof(rf_sample, len) == 8, "rf_sample.len at 8");
@@ -612,3 +624,5 @@ RF_STATIC_ASSERT(sizeof(rf_info) == 48, "rf_info is 48 bytes");
 RF_STATIC_ASSERT(offsetof(rf_info, slot_payload_bytes) == 16, "rf_info.slot_payload_bytes at 16");
 RF_STATIC_ASSERT(offsetof(rf_info, payload_region) == 24, "rf_info.payload_region at 24");
 RF_STATIC_ASSERT(offsetof(rf_info, batches_expected) == 40, "rf_info.batches_expected at 40");
+
+#endif  /* RINGFEED_H */

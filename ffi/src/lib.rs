@@ -21,44 +21,92 @@ pub use tar::{rf_tar_field, rf_tar_field_next};
 
 use ring::{AttachError, AttachOptions, Consumer, Next, NextError, ReleaseError, SampleEntry};
 
-/// Success.
-pub const RF_OK: i32 = 0;
-/// The run is over: every batch of this rank was delivered.
-pub const RF_END: i32 = 1;
-/// Nothing happened within the timeout (rf_next), or no loader appeared (rf_attach).
-pub const RF_TIMEOUT: i32 = 2;
-/// A bad argument: NULL pointer, invalid name or UTF-8.
-pub const RF_E_INVALID: i32 = -1;
-/// The segment is corrupt, truncated, or not a ringfeed segment.
-pub const RF_E_CORRUPT: i32 = -2;
-/// The segment was made by another ABI version of ringfeed.
-pub const RF_E_VERSION: i32 = -3;
-/// The rank is negative or not below the loader's world size.
-pub const RF_E_RANK: i32 = -4;
-/// Another live process is attached to this rank (or this one already is).
-pub const RF_E_BUSY: i32 = -5;
-/// The loader died.
-pub const RF_E_LOADER_GONE: i32 = -6;
-/// The loader stopped early (signal or error).
-pub const RF_E_ABORTED: i32 = -7;
-/// A release of a batch that is not (or no longer) held.
-pub const RF_E_STALE: i32 = -8;
-/// An operating-system call failed.
-pub const RF_E_IO: i32 = -9;
-/// A bug inside ringfeed (a panic was caught); the message says where.
-pub const RF_E_INTERNAL: i32 = -10;
-/// rf_next: the next batch goes into a slot that still holds a batch this
-/// feed took and did not release, so no wait could end. Nothing was taken;
-/// release that batch and call again.
-pub const RF_E_HELD: i32 = -11;
-/// The feed was attached by the parent of this (forked) process: a child
-/// cannot take or release the parent's batches. Attach in the child instead.
-/// rf_detach in the child only unmaps its copy.
-pub const RF_E_FORKED: i32 = -12;
-/// rf_attach: the loader's segment belongs to a user this process does not
-/// trust (not itself, not root, not in RINGFEED_TRUST_UID): another user's
-/// loader holds the name. Returned at once; the message names the owner.
-pub const RF_E_UNTRUSTED: i32 = -13;
+/// What every `rf_*` call that can fail returns (as an `int`): `RF_OK` (0) and the other
+/// non-negative codes are outcomes, a negative `RF_E_*` code is an error whose message
+/// `rf_last_error()` gives. An enum in C, so no macro needs parentheses.
+#[allow(non_camel_case_types)]
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum rf_status {
+    /// Success.
+    RF_OK = 0,
+    /// The run is over: every batch of this rank was delivered.
+    RF_END = 1,
+    /// Nothing happened within the timeout (rf_next), or no loader appeared (rf_attach).
+    RF_TIMEOUT = 2,
+    /// A bad argument: NULL pointer, invalid name or UTF-8.
+    RF_E_INVALID = -1,
+    /// The segment is corrupt, truncated, or not a ringfeed segment.
+    RF_E_CORRUPT = -2,
+    /// The segment was made by another ABI version of ringfeed.
+    RF_E_VERSION = -3,
+    /// The rank is negative or not below the loader's world size.
+    RF_E_RANK = -4,
+    /// Another live process is attached to this rank (or this one already is).
+    RF_E_BUSY = -5,
+    /// The loader died.
+    RF_E_LOADER_GONE = -6,
+    /// The loader stopped early (signal or error).
+    RF_E_ABORTED = -7,
+    /// A release of a batch that is not (or no longer) held.
+    RF_E_STALE = -8,
+    /// An operating-system call failed.
+    RF_E_IO = -9,
+    /// A bug inside ringfeed (a panic was caught); the message says where.
+    RF_E_INTERNAL = -10,
+    /// rf_next: the next batch goes into a slot that still holds a batch this
+    /// feed took and did not release, so no wait could end. Nothing was taken;
+    /// release that batch and call again.
+    RF_E_HELD = -11,
+    /// The feed was attached by the parent of this (forked) process: a child
+    /// cannot take or release the parent's batches. Attach in the child instead.
+    /// rf_detach in the child only unmaps its copy.
+    RF_E_FORKED = -12,
+    /// rf_attach: the loader's segment belongs to a user this process does not
+    /// trust (not itself, not root, not in RINGFEED_TRUST_UID): another user's
+    /// loader holds the name. Returned at once; the message names the owner.
+    RF_E_UNTRUSTED = -13,
+}
+
+// The same codes as `i32`s, for the functions that return a C `int` (not
+// exported to the header: the enum names them there).
+#[doc(hidden)]
+pub const RF_OK: i32 = rf_status::RF_OK as i32;
+#[doc(hidden)]
+pub const RF_END: i32 = rf_status::RF_END as i32;
+#[doc(hidden)]
+pub const RF_TIMEOUT: i32 = rf_status::RF_TIMEOUT as i32;
+#[doc(hidden)]
+pub const RF_E_INVALID: i32 = rf_status::RF_E_INVALID as i32;
+#[doc(hidden)]
+pub const RF_E_CORRUPT: i32 = rf_status::RF_E_CORRUPT as i32;
+#[doc(hidden)]
+pub const RF_E_VERSION: i32 = rf_status::RF_E_VERSION as i32;
+#[doc(hidden)]
+pub const RF_E_RANK: i32 = rf_status::RF_E_RANK as i32;
+#[doc(hidden)]
+pub const RF_E_BUSY: i32 = rf_status::RF_E_BUSY as i32;
+#[doc(hidden)]
+pub const RF_E_LOADER_GONE: i32 = rf_status::RF_E_LOADER_GONE as i32;
+#[doc(hidden)]
+pub const RF_E_ABORTED: i32 = rf_status::RF_E_ABORTED as i32;
+#[doc(hidden)]
+pub const RF_E_STALE: i32 = rf_status::RF_E_STALE as i32;
+#[doc(hidden)]
+pub const RF_E_IO: i32 = rf_status::RF_E_IO as i32;
+#[doc(hidden)]
+pub const RF_E_INTERNAL: i32 = rf_status::RF_E_INTERNAL as i32;
+#[doc(hidden)]
+pub const RF_E_HELD: i32 = rf_status::RF_E_HELD as i32;
+#[doc(hidden)]
+pub const RF_E_FORKED: i32 = rf_status::RF_E_FORKED as i32;
+#[doc(hidden)]
+pub const RF_E_UNTRUSTED: i32 = rf_status::RF_E_UNTRUSTED as i32;
+
+/// The ring ABI version this header describes; `rf_abi_version()` gives the
+/// library's, and a loader of another one is refused with `RF_E_VERSION`.
+pub const RF_ABI_VERSION: u32 = 1;
+const _: () = assert!(RF_ABI_VERSION == ring::layout::ABI_VERSION);
 
 /// One sample of a batch. Its bytes are `batch.data + offset .. + len`.
 #[repr(C)]
@@ -670,5 +718,5 @@ pub extern "C" fn rf_last_error() -> *const c_char {
 /// Version of the ring ABI this library speaks.
 #[no_mangle]
 pub extern "C" fn rf_abi_version() -> u32 {
-    ring::layout::ABI_VERSION
+    RF_ABI_VERSION
 }
