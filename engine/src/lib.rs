@@ -20,5 +20,6 @@ pub mod reader;
 pub mod remote;
 pub use ringfeed_ring as ring;
 pub mod sampler;
+pub mod say;
 pub mod source;
 pub mod tar;

@@ -9,10 +9,8 @@ use std::path::{Path, PathBuf};
 use std::thread::sleep;
 use std::time::Duration;
 
-use ringfeed::manifest::{
-    Manifest, ManifestCache, ManifestError, ManifestOptions, ManifestOrigin, ObjectNames,
-};
-use ringfeed::source::{LocalSource, OpenedSource};
+use ringfeed::manifest::{Manifest, ManifestError, ManifestOptions, ManifestOrigin, ObjectNames};
+use ringfeed::source::{LocalSource, ManifestCache, OpenedSource};
 
 /// Longer than a file-system clock tick (at most 10 ms with HZ=100, or a
 /// whole second on a file system without sub-second times): a change made

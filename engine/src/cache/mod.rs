@@ -28,12 +28,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cli::say::say_err;
 use crate::manifest::FileList;
 use crate::reader::{FileTable, ReadError};
 use crate::remote::RemoteObject;
 use crate::ring;
 use crate::ring::segment::human_bytes;
+use crate::say::say_err;
 
 pub use engine::CachedEngine;
 use entry::{fnv1a64, Identity};

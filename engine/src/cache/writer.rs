@@ -18,9 +18,9 @@ use std::time::Duration;
 use super::entry::{encode_footer, read_footer};
 use super::usage::{flock, DIR_MODE, FILE_MODE, TMP_PREFIX};
 use super::{Shared, STATE_ABSENT, STATE_CACHED};
-use crate::cli::say::say_err;
 use crate::ring::safe_file;
 use crate::ring::segment::human_bytes;
+use crate::say::say_err;
 
 /// Work for the writer thread.
 pub(crate) enum Job {

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::manifest::{is_stale_tmp, ManifestCache, NotACacheFile};
 use crate::ring::gc::{collect, GcOutcome};
 use crate::ring::segment::{human_bytes, SHM_DIR};
+use crate::source::{is_stale_tmp, ManifestCache, NotACacheFile};
 
 /// Removes segments of dead loaders, and cached manifests of directories
 /// that are gone (in `cache_dir`, else the default cache directory), and

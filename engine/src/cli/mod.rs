@@ -5,7 +5,7 @@ pub mod demo;
 pub mod gc;
 pub mod pack;
 pub mod run;
-pub mod say;
+pub use crate::say;
 pub mod serve;
 mod serve_args;
 mod serve_remote;

@@ -8,12 +8,13 @@ use anyhow::{bail, Result};
 use crate::cli::say::say_err;
 use crate::cli::serve_remote::CachedRemote;
 use crate::loader::{signals, Loader, Plan, ServeConfig, ServeError};
-use crate::manifest::{Manifest, ManifestCache, ManifestOptions, ManifestOrigin};
+use crate::manifest::{Manifest, ManifestOptions, ManifestOrigin};
 use crate::metrics::http::METRICS_PATH;
 use crate::metrics::MetricsServer;
 use crate::reader::ReadError;
 use crate::ring::outcome::{Outcome, OutcomeKind};
 use crate::ring::segment::human_bytes;
+use crate::source::ManifestCache;
 use crate::source::OpenedSource;
 
 pub use super::serve_args::*;

@@ -10,10 +10,10 @@ use clap::{Args, ValueEnum};
 use crate::cli::say::say_err;
 use crate::cli::serve_remote::parse_max_age;
 use crate::loader::{Plan, ServeConfig};
-use crate::manifest::ManifestCache;
 use crate::reader::{IoChoice, ReaderConfig};
 use crate::ring::layout::{Job, MAX_RANKS};
 use crate::sampler::{BlockShape, ResumeState, SampleOrder};
+use crate::source::ManifestCache;
 use crate::source::SourceSpec;
 
 /// Arguments of `ringfeed serve`.

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::loader::signals;
-use crate::manifest::{ManifestCache, ManifestOrigin};
+use crate::manifest::ManifestOrigin;
 use crate::source::relist::{self, RelistOutcome};
 use crate::source::remote::human_duration;
+use crate::source::ManifestCache;
 use crate::source::{OpenedSource, RemoteSource};
 
 /// `--manifest-max-age`: a whole number and s, m, h or d (0 alone too).

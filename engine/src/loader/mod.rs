@@ -17,6 +17,7 @@ mod pending;
 mod plan;
 mod run;
 pub mod signals;
+mod stack;
 mod start;
 mod watch;
 
@@ -34,6 +35,7 @@ pub use plan::{
     AUTO_SLOTS_MIN,
 };
 pub use run::Loader;
+pub use stack::{open_engine_for, ReadTarget, RemoteTarget};
 
 /// Why serving failed.
 #[derive(Debug, thiserror::Error)]

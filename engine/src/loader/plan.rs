@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use super::stack::{ReadTarget, RemoteTarget};
 use crate::manifest::{Manifest, ManifestOptions};
-use crate::reader::{FileTable, IoChoice, ReadTarget, ReaderConfig, RemoteTarget};
+use crate::reader::{FileTable, IoChoice, ReaderConfig};
 use crate::remote::FetchConfig;
 use crate::ring::layout::{GeometryError, Job, RunOrder, RunStart};
 use crate::ring::segment::{self, human_bytes};

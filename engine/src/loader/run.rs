@@ -5,8 +5,9 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
+use super::stack::open_engine_for;
 use crate::planner::{self, BatchPlan, Tier};
-use crate::reader::{open_engine_for, Completion, ReadEngine, ReadError, ReadOp};
+use crate::reader::{Completion, ReadEngine, ReadError, ReadOp};
 use crate::ring::segment::human_bytes;
 use crate::ring::{CreateError, Producer, RingGeometry};
 

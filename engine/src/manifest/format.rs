@@ -38,8 +38,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::{DirStamp, LinkStamp};
 use super::{FileList, MAX_FILES};
-use crate::source::{DirStamp, LinkStamp};
 
 /// First bytes of every cache file.
 pub(crate) const MAGIC: &[u8; 8] = b"RFMANIF\0";

@@ -28,13 +28,11 @@
 mod file_list;
 pub(crate) mod format;
 mod ranges;
+mod stamps;
 
-pub use crate::source::cache::{
-    is_stale_tmp, ManifestCache, NotACacheFile, DEFAULT_RACY_WINDOW, DEFAULT_STAT_FILES_MAX,
-    TMP_STALE_AFTER,
-};
 pub use file_list::{FileList, FileRef};
 pub use ranges::SampleRanges;
+pub use stamps::{DirStamp, LinkStamp};
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

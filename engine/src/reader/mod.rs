@@ -63,7 +63,7 @@ use std::time::Duration;
 
 pub use error::ReadError;
 pub use files::FileTable;
-pub use remote::{ReadTarget, RemoteReadEngine, RemoteTarget, REMOTE_BACKEND};
+pub use remote::{RemoteReadEngine, REMOTE_BACKEND};
 
 /// Environment variable that, set to `1` (any value but empty or `0`), makes
 /// the io_uring probe fail, so `--io auto` takes the pread fallback (for CI)
@@ -176,7 +176,8 @@ impl Default for ReaderConfig {
 }
 
 impl ReaderConfig {
-    fn validate(&self) -> Result<(), ReadError> {
+    /// Checks every field against its limit, naming the flag to fix.
+    pub fn validate(&self) -> Result<(), ReadError> {
         let invalid = |reason: String| Err(ReadError::InvalidConfig { reason });
         if !(1..=QUEUE_DEPTH_MAX).contains(&self.queue_depth) {
             return invalid(format!(
@@ -392,63 +393,5 @@ pub fn open_engine(
             }
             Err(other) => Err(other),
         },
-    }
-}
-
-/// Opens the engine for `target`: `open_engine` for local files (`choice`
-/// picks the backend), the remote fetch engine for remote objects (where
-/// `choice` must be `Auto`: `--io` names local backends).
-pub fn open_engine_for(
-    choice: IoChoice,
-    target: &ReadTarget,
-    cfg: &ReaderConfig,
-) -> Result<OpenedEngine, ReadError> {
-    match target {
-        ReadTarget::Files(files) => open_engine(choice, Arc::clone(files), cfg),
-        ReadTarget::Remote(remote) => {
-            let RemoteTarget {
-                runtime,
-                store,
-                objects,
-                fetch,
-                cache,
-                chunk,
-            } = remote.as_ref();
-            if choice != IoChoice::Auto {
-                return Err(ReadError::InvalidConfig {
-                    reason: format!(
-                        "--io {choice} picks a reader of local files, and {} is remote (read by the remote engine); leave --io out",
-                        store.display
-                    ),
-                });
-            }
-            cfg.validate()?;
-            let engine = RemoteReadEngine::start(
-                Arc::clone(runtime),
-                store.clone(),
-                Arc::clone(objects),
-                fetch.clone(),
-                cfg.queue_depth as usize,
-            )?;
-            // A cache that cannot be opened is a warning: the run reads remote.
-            let cache = cache.as_ref().and_then(|c| {
-                crate::cache::DataCache::open(c, &store.display, Arc::clone(objects))
-                    .map_err(|e| {
-                        tracing::warn!(
-                            "{e}; reading everything from remote (fix it, or pass --cache off)"
-                        )
-                    })
-                    .ok()
-            });
-            let mut engine = crate::cache::engine::with_cache(engine, cache, cfg)?;
-            if let Some(chunk) = chunk {
-                let sizes = objects.iter().map(|o| o.size).collect();
-                engine = Box::new(chunked::ChunkedEngine::new(engine, sizes, chunk.clone()));
-            }
-            Ok(OpenedEngine {
-                engine,
-                fallback_warning: None,
-            })
-        }
     }
 }

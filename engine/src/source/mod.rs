@@ -29,40 +29,19 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use crate::manifest::{
-    FileList, Manifest, ManifestCache, ManifestError, ManifestOptions, ManifestOrigin, ObjectNames,
+    FileList, Manifest, ManifestError, ManifestOptions, ManifestOrigin, ObjectNames,
 };
 
+/// The evidence a listing keeps of directories and links: the manifest's
+/// cache format stores it, so it lives there; the local source makes it.
+pub use crate::manifest::{DirStamp, LinkStamp};
+pub use cache::{
+    is_stale_tmp, ManifestCache, NotACacheFile, DEFAULT_RACY_WINDOW, DEFAULT_STAT_FILES_MAX,
+    TMP_STALE_AFTER,
+};
 pub use local::LocalSource;
 pub use remote::RemoteSource;
 pub use spec::{OpenedSource, SourceSpec};
-
-/// A directory as it was when listed. A name added to it, removed or
-/// renamed moves its mtime and ctime.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DirStamp {
-    /// Path relative to the source's root; empty for the root.
-    pub rel_path: PathBuf,
-    /// Device of the directory.
-    pub dev: u64,
-    /// Inode of the directory.
-    pub ino: u64,
-    /// (seconds, nanoseconds) since the Unix epoch.
-    pub mtime: (i64, u32),
-    /// (seconds, nanoseconds) since the Unix epoch.
-    pub ctime: (i64, u32),
-}
-
-/// A symbolic link met by the walk, and what it pointed to: its target can
-/// change without any directory of the tree changing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LinkStamp {
-    /// Path relative to the source's root.
-    pub rel_path: PathBuf,
-    /// `Some(size)`: a regular file of that size (listed); None: anything
-    /// else (a directory, a socket...), or a file outside the root while
-    /// such links are not followed: not listed.
-    pub file_size: Option<u64>,
-}
 
 /// What tells one version of an object from the next, where the source
 /// has such a tag: a fetch can insist on the version the manifest was

@@ -35,8 +35,9 @@ use std::time::{Duration, Instant, SystemTime};
 use indicatif::ProgressBar;
 use object_store::ObjectStoreExt as _;
 
+use super::cache::ManifestCache;
 use super::{Checked, Listing, ObjectMeta, Source, Validity, VersionTag};
-use crate::manifest::{FileList, ManifestCache, ManifestError, ManifestOptions, ObjectNames};
+use crate::manifest::{FileList, ManifestError, ManifestOptions, ObjectNames};
 use crate::remote::{
     self, ListProgress, RemoteError, RemoteObject, RemoteRuntime, Scheme, StoreHandle,
     LIST_WORKERS_MAX,

@@ -5,9 +5,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::cache::ManifestCache;
 use super::remote::{is_remote_url, RemoteSource};
 use super::{build_manifest, build_manifest_cached, LocalSource, Source};
-use crate::manifest::{Manifest, ManifestCache, ManifestError, ManifestOptions, ManifestOrigin};
+use crate::manifest::{Manifest, ManifestError, ManifestOptions, ManifestOrigin};
 
 /// Where a dataset is, as `--source` (and `--keys`) said it.
 #[derive(Clone, Debug, PartialEq, Eq)]

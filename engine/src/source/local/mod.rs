@@ -24,9 +24,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use super::cache::ManifestCache;
 use super::{Checked, LinkStamp, Listing, ObjectMeta, Source, Validity, VersionTag};
 use crate::manifest::{
-    FileList, Manifest, ManifestCache, ManifestError, ManifestOptions, ManifestOrigin, ObjectNames,
+    FileList, Manifest, ManifestError, ManifestOptions, ManifestOrigin, ObjectNames,
     AUTO_LIST_THREADS_MAX, MAX_LIST_THREADS,
 };
 

@@ -19,13 +19,13 @@ pub fn out(args: fmt::Arguments<'_>) {
 
 /// `eprintln!` that ignores a closed stderr.
 macro_rules! say_err {
-    ($($t:tt)*) => { $crate::cli::say::err(format_args!($($t)*)) };
+    ($($t:tt)*) => { $crate::say::err(format_args!($($t)*)) };
 }
 pub(crate) use say_err;
 
 /// `println!` that ignores a closed stdout.
 macro_rules! say_out {
-    ($($t:tt)*) => { $crate::cli::say::out(format_args!($($t)*)) };
+    ($($t:tt)*) => { $crate::say::out(format_args!($($t)*)) };
 }
 pub(crate) use say_out;
 

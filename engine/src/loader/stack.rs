@@ -1,0 +1,125 @@
+//! The reader stack of a run, built in one place: what the loader reads
+//! (`ReadTarget`: local files, or a remote prefix with its disk cache and
+//! chunk layer) and the engine that reads it (`open_engine_for`: io_uring or
+//! pread for files; the remote engine, under the data cache, under the chunk
+//! layer, for objects). The readers and the cache know nothing of each other
+//! above this room: `reader/` opens engines, `cache/` wraps one.
+
+use std::sync::Arc;
+
+use crate::cache::engine::with_cache;
+use crate::cache::{CacheConfig, DataCache};
+use crate::reader::chunked::{ChunkConfig, ChunkedEngine};
+use crate::reader::{
+    open_engine, FileTable, IoChoice, OpenedEngine, ReadError, ReaderConfig, RemoteReadEngine,
+};
+use crate::remote::{FetchConfig, RemoteObject, RemoteRuntime, StoreHandle};
+
+/// What a loader reads: the files of a local directory, or the objects of
+/// a remote prefix.
+#[derive(Clone)]
+pub enum ReadTarget {
+    /// Local files, read by io_uring or pread.
+    Files(Arc<FileTable>),
+    /// Remote objects, read by the fetch engine.
+    Remote(Box<RemoteTarget>),
+}
+
+/// The remote objects a loader reads, and how.
+#[derive(Clone)]
+pub struct RemoteTarget {
+    /// The runtime the source listed on (its connection pool).
+    pub runtime: Arc<RemoteRuntime>,
+    /// The store and prefix.
+    pub store: StoreHandle,
+    /// The manifest's objects, in its order, with the listed ETags.
+    pub objects: Arc<Vec<RemoteObject>>,
+    /// Tuning of the fetch engine.
+    pub fetch: FetchConfig,
+    /// The disk data cache in front of the store, if any.
+    pub cache: Option<CacheConfig>,
+    /// Small reads served out of larger ranged reads (`reader::chunked`),
+    /// if the order clusters its reads (the block order over shards).
+    pub chunk: Option<ChunkConfig>,
+}
+
+impl std::fmt::Debug for ReadTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadTarget::Files(files) => f.debug_tuple("Files").field(&files.len()).finish(),
+            ReadTarget::Remote(remote) => f
+                .debug_struct("Remote")
+                .field("store", &remote.store.display)
+                .field("objects", &remote.objects.len())
+                .finish(),
+        }
+    }
+}
+
+impl ReadTarget {
+    /// The local file table, if the target is one.
+    pub fn files(&self) -> Option<&Arc<FileTable>> {
+        match self {
+            ReadTarget::Files(files) => Some(files),
+            ReadTarget::Remote(_) => None,
+        }
+    }
+}
+
+/// Opens the engine for `target`: `open_engine` for local files (`choice`
+/// picks the backend), the remote fetch engine for remote objects (where
+/// `choice` must be `Auto`: `--io` names local backends).
+pub fn open_engine_for(
+    choice: IoChoice,
+    target: &ReadTarget,
+    cfg: &ReaderConfig,
+) -> Result<OpenedEngine, ReadError> {
+    match target {
+        ReadTarget::Files(files) => open_engine(choice, Arc::clone(files), cfg),
+        ReadTarget::Remote(remote) => {
+            let RemoteTarget {
+                runtime,
+                store,
+                objects,
+                fetch,
+                cache,
+                chunk,
+            } = remote.as_ref();
+            if choice != IoChoice::Auto {
+                return Err(ReadError::InvalidConfig {
+                    reason: format!(
+                        "--io {choice} picks a reader of local files, and {} is remote (read by the remote engine); leave --io out",
+                        store.display
+                    ),
+                });
+            }
+            cfg.validate()?;
+            let engine = RemoteReadEngine::start(
+                Arc::clone(runtime),
+                store.clone(),
+                Arc::clone(objects),
+                fetch.clone(),
+                cfg.queue_depth as usize,
+            )?;
+            // A cache that cannot be opened is a warning: the run reads remote.
+            let cache = cache.as_ref().and_then(|c| {
+                DataCache::open(c, &store.display, Arc::clone(objects))
+                    .map_err(|e| {
+                        tracing::warn!(
+                            "{e}; reading everything from remote (fix it, or pass --cache off)"
+                        )
+                    })
+                    .ok()
+            });
+            let mut engine = with_cache(engine, cache, cfg)?;
+            if let Some(chunk) = chunk {
+                let sizes = objects.iter().map(|o| o.size).collect();
+                engine = Box::new(ChunkedEngine::new(engine, sizes, chunk.clone()));
+            }
+            Ok(OpenedEngine {
+                engine,
+                fallback_warning: None,
+            })
+        }
+    }
+}
