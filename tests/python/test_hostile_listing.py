@@ -38,13 +38,15 @@ class DavServer:
 
     `files`: decoded name -> bytes; `hrefs`: extra raw (encoded) names listed;
     `endless`: PROPFIND answers with a 207 that never ends; `auth`: the
-    "user:password" every request must send as Basic authentication."""
+    "user:password" every request must send as Basic authentication;
+    `get_status` (settable while it runs): every GET answered with it."""
 
     def __init__(self, files=None, hrefs=(), endless=False, auth=None):
         self.files = dict(files or {})
         self.hrefs = list(hrefs)
         self.endless = endless
         self.auth = auth
+        self.get_status = None
         self.gets = []
         self.unauthorized = 0
         self.stop_endless = threading.Event()
@@ -113,6 +115,11 @@ class DavServer:
                 if not self.authorized():
                     return
                 server.gets.append(self.path)
+                if server.get_status is not None:
+                    self.send_response(server.get_status)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 name = urllib.parse.unquote(self.path.split("?")[0][len("/ds/"):])
                 data = server.files.get(name)
                 if data is None:
@@ -300,3 +307,50 @@ def test_an_endless_propfind_answer_is_an_error_naming_the_cap_with_memory_bound
     assert int(max_rss_kib) < 1024 * 1024, max_rss_kib
     assert took < 120, took
     print("endless PROPFIND: failed after %.1f s, max RSS %d MiB" % (took, int(max_rss_kib) // 1024))
+
+
+def serve_cached(source, cache_dir, what):
+    """One run with the manifest cache on (the data cache off), read to its end
+    by one trainer, or until it fails; returns (exit code, stderr)."""
+    name = loader_name(what)
+    loader = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", source, "--name", name, "--batch-size", "1",
+         "--cache", "off", "--cache-dir", str(cache_dir)],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        try:
+            with ringfeed.attach(name, 0, timeout=30) as feed:
+                for batch in feed:
+                    batch.release()
+        except ringfeed.Error:
+            pass  # the loader failed: its stderr says why
+        _, err = loader.communicate(timeout=60)
+    finally:
+        kill_survivors([loader])
+    return loader.returncode, err
+
+
+def test_a_403_on_a_cached_listing_keeps_it_and_a_404_forgets_it(tmp_path):
+    """Issue 28: after any remote read failure on a cached listing the listing
+    was forgotten, though only a 404 (gone) or a 412 (changed) says it is
+    stale; a refused credential says nothing of it."""
+    files = {"f%d.bin" % i: bytes([i]) * (50 + i) for i in range(6)}
+    cache_dir = tmp_path / "cache"
+    with DavServer(files=files) as dav:
+        source = "http://127.0.0.1:%d/ds/" % dav.port
+        rc, err = serve_cached(source, cache_dir, "c403a")
+        assert rc == 0, err
+        manifests = list((cache_dir / "manifests").glob("*.manifest"))
+        assert len(manifests) == 1, (manifests, err)
+        dav.get_status = 403
+        rc, err = serve_cached(source, cache_dir, "c403b")
+        assert rc != 0 and "403" in err, err
+        assert manifests[0].exists(), "a 403 made the cached listing be forgotten: " + err
+        dav.get_status = None
+        rc, err = serve_cached(source, cache_dir, "c403c")
+        assert rc == 0 and "from the cache" in err, err
+        dav.get_status = 404
+        rc, err = serve_cached(source, cache_dir, "c404")
+        assert rc != 0, err
+        assert not manifests[0].exists(), "a 404 on a cached listing kept it: " + err
+

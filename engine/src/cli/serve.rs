@@ -361,11 +361,17 @@ fn run_configured(args: &ServeArgs, cfg: ServeConfig) -> Result<u8> {
             ) || matches!(
                 (&err, &origin),
                 (
-                    // A remote object that changed (412), went (404), or
-                    // cannot be read: a cached listing may be what is stale.
-                    ServeError::SampleTooLarge { .. } | ServeError::Read(ReadError::Remote { .. }),
+                    // A remote object that changed (412) or went (404), or
+                    // one larger than its listing said: a cached listing may
+                    // be what is stale. A refused credential (403), a server
+                    // that failed or a stall says nothing of the listing.
+                    ServeError::SampleTooLarge { .. },
                     Some(ManifestOrigin::Cached { .. })
                 )
+            ) || matches!(
+                (&err, &origin),
+                (ServeError::Read(ReadError::Remote { cause, .. }), Some(ManifestOrigin::Cached { .. }))
+                    if cause.says_the_listing_is_stale()
             ) =>
         {
             // A file changed since it was listed (or, from the cache, may

@@ -274,19 +274,24 @@ impl ChunkedEngine {
                         }
                         Err(e) => {
                             self.held_bytes -= buf.len() as u64;
-                            let (key, message) = match &e {
-                                ReadError::Remote { key, message } => {
-                                    (key.clone(), message.clone())
-                                }
-                                other => (String::new(), other.to_string()),
+                            // Every read that waited on the chunk fails with
+                            // its error: the remote cause shared whole, any
+                            // other as the chunk layer's failure naming it.
+                            let again = |e: &ReadError| match e {
+                                ReadError::Remote { key, cause } => ReadError::Remote {
+                                    key: key.clone(),
+                                    cause: std::sync::Arc::clone(cause),
+                                },
+                                other => ReadError::Engine {
+                                    backend: "chunk",
+                                    op: "the chunk this read waited on",
+                                    source: std::io::Error::other(other.to_string()),
+                                },
                             };
+                            let copy = again(&e);
                             let mut first = Some(e);
                             for op in waiters {
-                                let result =
-                                    Err(first.take().unwrap_or_else(|| ReadError::Remote {
-                                        key: key.clone(),
-                                        message: message.clone(),
-                                    }));
+                                let result = Err(first.take().unwrap_or_else(|| again(&copy)));
                                 self.ready.push_back(Completion {
                                     user_data: op.user_data,
                                     result,

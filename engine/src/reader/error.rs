@@ -153,14 +153,17 @@ pub enum ReadError {
         reason: String,
     },
     /// A read of a remote object failed for good (a 403, a 404, a changed
-    /// object, retries exhausted). `message` is the remote engine's: it
-    /// names the key, the store, the HTTP status and the fix.
-    #[error("{message}")]
+    /// object, retries exhausted). Its message is the remote engine's: it
+    /// names the key, the store, the HTTP status and the fix. The cause is
+    /// kept whole, so a policy can tell a stale listing (404, 412) from a
+    /// refused credential (403); shared, since one chunk's failure is every
+    /// waiting read's.
+    #[error("{cause}")]
     Remote {
         /// The object's key, relative to the source's prefix.
         key: String,
         /// What the remote engine said.
-        message: String,
+        cause: std::sync::Arc<crate::remote::RemoteError>,
     },
     /// The engine itself failed (io_uring_enter, spawning a thread). The
     /// engine should be dropped after this.

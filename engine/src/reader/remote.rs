@@ -103,7 +103,7 @@ impl RemoteReadEngine {
             .map_or_else(|| format!("#{object}"), |o| o.key.clone());
         ReadError::Remote {
             key,
-            message: e.to_string(),
+            cause: Arc::new(e),
         }
     }
 }
@@ -194,7 +194,7 @@ impl ReadEngine for RemoteReadEngine {
             },
             other => ReadError::Remote {
                 key: String::new(),
-                message: other.to_string(),
+                cause: Arc::new(other),
             },
         })?;
         for (i, op) in ops.iter().enumerate() {

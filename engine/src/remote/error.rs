@@ -274,6 +274,18 @@ pub enum RemoteError {
     },
 }
 
+impl RemoteError {
+    /// True for the answers that say a listing is out of date: the object
+    /// is gone (404) or changed since it was listed (412, another size). A
+    /// refused credential, a failing server or a stall says nothing of it.
+    pub fn says_the_listing_is_stale(&self) -> bool {
+        matches!(
+            self,
+            RemoteError::NotFound { .. } | RemoteError::Changed { .. }
+        )
+    }
+}
+
 fn hint_suffix(scheme: Scheme, status: u16) -> String {
     match status {
         401 | 403 => format!("; {}", scheme.permission_fix()),
