@@ -62,8 +62,7 @@ pub use page::s3_page_keys;
 pub use part::SLOW_WARNING_INTERVAL_MS;
 pub use redact::{redact_url, remember_secrets, scrub, REDACTED};
 pub use store::{
-    Scheme, StoreHandle, AWS_INSTANCE_CREDENTIALS_ENV, CONNECT_TIMEOUT_MS, POOL_IDLE_PER_HOST_MAX,
-    SOCKET_READ_TIMEOUT_MS,
+    Scheme, StoreHandle, CONNECT_TIMEOUT_MS, POOL_IDLE_PER_HOST_MAX, SOCKET_READ_TIMEOUT_MS,
 };
 pub use webdav::{
     list_webdav, webdav_answer_keys, PROPFIND_BYTES_MAX, PROPFIND_ENTRIES_MAX,

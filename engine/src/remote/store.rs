@@ -21,12 +21,6 @@ use super::error::RemoteError;
 use super::metrics::{CountingConnector, RemoteMetrics};
 pub use super::scheme::Scheme;
 
-/// Environment variable that once let an s3:// source with no credential
-/// variables use the EC2 instance metadata service. No longer needed (and
-/// ignored): the AWS chain tries instance metadata last, as the AWS CLI
-/// does; `AWS_EC2_METADATA_DISABLED=true` turns that off.
-pub const AWS_INSTANCE_CREDENTIALS_ENV: &str = "RINGFEED_AWS_INSTANCE_CREDENTIALS";
-
 /// Connect timeout of every request (object_store's default is 5 s).
 pub const CONNECT_TIMEOUT_MS: u64 = 5_000;
 /// Longest wait for any one read of the socket (reqwest's read timeout):
