@@ -11,7 +11,7 @@ use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,7 @@ use clap::Args;
 
 use crate::cli::say::say_out;
 use crate::cli::testing::{pattern_fill, pattern_mismatch};
-use crate::loader::{signals, Loader, Plan, ServeConfig, STOP_NOT_A_SIGNAL};
+use crate::loader::{build, signals, JobConfig, ServeConfig, StopToken};
 use crate::reader::{IoChoice, ReaderConfig};
 use crate::ring::layout::Job;
 use crate::ring::segment::human_bytes;
@@ -243,15 +243,17 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
         data_dir.display(),
         t.elapsed().as_secs_f64()
     );
-    let plan = Plan::new(cfg)?;
-    let sampler = plan.sampler().clone();
-    // The consumers start first and wait in attach, as trainers started
-    // before their loader do; the loader's clock then starts with the ring.
+    // The same door as `serve`: the ring is up when this returns, and the
+    // consumers attach to it.
+    let stop = StopToken::new();
+    let built = build(&JobConfig::plain(cfg), &stop)?;
+    let loader = built.loader();
+    let sampler = loader.plan().sampler().clone();
     let exe = std::env::current_exe().context("cannot find the ringfeed executable")?;
     let mut ranks = Vec::new();
     for r in 0..a.world_size {
         let out = dir.join(format!("rank{r}.bin"));
-        let child = Command::new(&exe)
+        let spawned = Command::new(&exe)
             .args([
                 "demo-consumer",
                 "--name",
@@ -265,35 +267,33 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
             .arg(&out)
             .stdout(Stdio::piped())
             .spawn()
-            .context("cannot start a consumer process")?;
-        ranks.push(RankResult { child, out });
-    }
-    let loader = match Loader::start(plan) {
-        Ok(loader) => loader,
-        Err(e) => {
-            // Do not leave the consumers waiting for a ring that never comes.
-            for rank in &mut ranks {
-                let _ = rank.child.kill();
-                let _ = rank.child.wait();
+            .context("cannot start a consumer process");
+        match spawned {
+            Ok(child) => ranks.push(RankResult { child, out }),
+            Err(e) => {
+                // Do not leave the started consumers waiting.
+                for rank in &mut ranks {
+                    let _ = rank.child.kill();
+                    let _ = rank.child.wait();
+                }
+                return Err(e);
             }
-            return Err(e.into());
         }
-    };
+    }
     let ring_bytes = loader.producer().layout().segment_bytes;
     // A consumer that fails (its byte check, a crash) would leave the loader
     // waiting for a new trainer on its rank forever: a watcher stops the run.
-    let stop = Arc::new(AtomicU32::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let watcher = {
-        let (stop, done) = (Arc::clone(&stop), Arc::clone(&done));
+        let (stop, done) = (stop.clone(), Arc::clone(&done));
         let pids: Vec<u32> = ranks.iter().map(|r| r.child.id()).collect();
         std::thread::spawn(move || watch_consumers(&pids, &stop, &done))
     };
-    let result = loader.run(&stop);
+    let result = built.finish(&stop);
     done.store(true, Ordering::Relaxed);
     let failed = watcher.join().unwrap_or(None);
     let report = match (result, failed) {
-        (Ok(report), _) => report,
+        (Ok(finished), _) => finished.report,
         (Err(e), failed) => {
             let mut failed_status = None;
             for (r, rank) in ranks.iter_mut().enumerate() {
@@ -359,7 +359,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     say_out!("demo: time to first batch per rank, from its consumer's start (waiting in attach for the ring included): {fb}");
     if let (Some(first), Some(all)) = (report.first_publish, report.all_first_published) {
         say_out!(
-            "demo: the loader published the first rank's first batch {:.1} ms after creating the ring, and every rank's by {:.1} ms (the consumers were already waiting)",
+            "demo: the loader published the first rank's first batch {:.1} ms after creating the ring, and every rank's by {:.1} ms (the consumers were started just after it)",
             first.as_secs_f64() * 1e3,
             all.as_secs_f64() * 1e3
         );
@@ -372,11 +372,11 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
 /// or a signal, sets `stop` and returns its rank. A consumer that exits 0 has
 /// taken its last batch. `waitid(WNOWAIT)` leaves the child to be reaped by
 /// its `Child`.
-fn watch_consumers(pids: &[u32], stop: &AtomicU32, done: &AtomicBool) -> Option<u32> {
+fn watch_consumers(pids: &[u32], stop: &StopToken, done: &AtomicBool) -> Option<u32> {
     while !done.load(Ordering::Relaxed) {
         let sig = signals::STOP.load(Ordering::Relaxed);
         if sig != 0 {
-            stop.store(sig, Ordering::Relaxed);
+            stop.stop_by_signal(sig);
             return None;
         }
         for (r, &pid) in pids.iter().enumerate() {
@@ -403,7 +403,7 @@ fn watch_consumers(pids: &[u32], stop: &AtomicU32, done: &AtomicBool) -> Option<
                     // SAFETY: a signal to our own child, not yet reaped.
                     unsafe { libc::kill(other as libc::pid_t, libc::SIGKILL) };
                 }
-                stop.store(STOP_NOT_A_SIGNAL, Ordering::Relaxed);
+                stop.stop();
                 return Some(r as u32);
             }
         }

@@ -2,14 +2,12 @@
 
 use std::path::PathBuf;
 
-use std::sync::Arc;
-
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 
-use crate::cli::say::say_err;
-use crate::cli::serve_remote::parse_max_age;
-use crate::loader::{Plan, ServeConfig};
+use crate::cache::CacheSize;
+use crate::cli::max_age::parse_max_age;
+use crate::loader::{DataCachePolicy, JobConfig, ListingPolicy, SampleFormat, ServeConfig};
 use crate::reader::{IoChoice, ReaderConfig};
 use crate::ring::layout::{Job, MAX_RANKS};
 use crate::sampler::{BlockShape, ResumeState, SampleOrder};
@@ -88,7 +86,7 @@ pub struct ServeArgs {
     /// docs/shards.md). Default: records with --record-bytes, tar when every
     /// object is a .tar (or its .tar.idx), else files.
     #[arg(long, value_enum)]
-    pub format: Option<SampleFormat>,
+    pub format: Option<FormatFlag>,
     /// Slots per rank: how many batches each rank may have ready ahead
     /// (default: 2 x queue depth / batch size, 4 to 16; past 256 MiB of a
     /// rank's slots, as many as fit in it, but at least 4).
@@ -164,7 +162,7 @@ pub enum CacheUse {
 
 /// `--format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum SampleFormat {
+pub enum FormatFlag {
     /// Each object is one sample.
     Files,
     /// Objects are N-byte records (`--record-bytes N`).
@@ -320,9 +318,11 @@ pub fn source_spec(source: &str, keys: Option<&std::path::Path>) -> Result<Sourc
 }
 
 impl ServeArgs {
-    /// Checks the flags that need no dataset, so that a mistake is reported
-    /// before a long listing, in the flag's own name.
-    pub(super) fn check_before_listing(&self, cfg: &ServeConfig) -> Result<()> {
+    /// The job these flags describe, every flag checked here, once, so that
+    /// a mistake is reported before a long listing, in the flag's own name.
+    /// Nothing after this line reads a flag.
+    pub fn into_config(&self) -> Result<JobConfig> {
+        let serve = self.serve_config()?;
         if self.epochs == 0 {
             bail!("--epochs 0 serves nothing; pass at least 1");
         }
@@ -333,27 +333,48 @@ impl ServeArgs {
                 crate::reader::QUEUE_DEPTH_MAX
             );
         }
-        match (self.format, self.record_bytes) {
-            (Some(SampleFormat::Records), None) => {
+        let format = match (self.format, self.record_bytes) {
+            (Some(FormatFlag::Records), None) => {
                 bail!("--format records needs --record-bytes N, the size of one record")
             }
-            (Some(format @ (SampleFormat::Tar | SampleFormat::Files)), Some(n)) => bail!(
+            (Some(format @ (FormatFlag::Tar | FormatFlag::Files)), Some(n)) => bail!(
                 "--record-bytes {n} with --format {}: records are their own format; leave one of them out",
-                if format == SampleFormat::Tar { "tar" } else { "files" }
+                if format == FormatFlag::Tar { "tar" } else { "files" }
             ),
-            _ => {}
-        }
-        cfg.check_ring_flags()?;
+            (Some(FormatFlag::Records), Some(_)) | (None, Some(_)) => SampleFormat::Records,
+            (Some(FormatFlag::Tar), None) => SampleFormat::Tar,
+            (Some(FormatFlag::Files), None) => SampleFormat::Files,
+            (None, None) => SampleFormat::Auto,
+        };
+        serve.check_ring_flags()?;
         crate::ring::segment::validate_name(&self.name)?;
-        crate::sampler::check_shape(self.batch_size, cfg.job.job_world_size)?;
-        // Before a listing that can take minutes; create checks again.
+        crate::sampler::check_shape(self.batch_size, serve.job.job_world_size)?;
+        // Before a listing that can take minutes; the ring's creation
+        // checks again.
         crate::ring::Producer::check_name_free(&self.name)?;
-        Ok(())
+        Ok(JobConfig {
+            serve,
+            format,
+            listing: ListingPolicy {
+                cache: self.manifest_cache(),
+                refresh: self.manifest_cache == CacheUse::Refresh,
+                follow_links_outside: self.follow_links_outside,
+            },
+            data_cache: match self.cache {
+                DataCacheUse::Off => DataCachePolicy::Off,
+                DataCacheUse::On => DataCachePolicy::On {
+                    root: crate::cache::data_root(self.cache_dir.as_deref()),
+                    size: self.cache_size.map_or(CacheSize::Auto, CacheSize::Bytes),
+                    size_given: self.cache_size.is_some(),
+                },
+            },
+            metrics: self.metrics.clone(),
+        })
     }
 
     /// The manifest cache these arguments ask for; None when off or when no
     /// cache directory is known.
-    pub fn manifest_cache(&self) -> Option<ManifestCache> {
+    fn manifest_cache(&self) -> Option<ManifestCache> {
         if self.manifest_cache == CacheUse::Off {
             return None;
         }
@@ -367,47 +388,9 @@ impl ServeArgs {
         })
     }
 
-    /// Puts the data cache these arguments ask for in front of `plan`'s
-    /// reads, and returns its counters; None when off, or for a local
-    /// source (said when --cache-size asked for one).
-    pub fn attach_data_cache(&self, plan: &mut Plan) -> Option<Arc<crate::cache::CacheStats>> {
-        if !plan.is_remote() {
-            if self.cache_size.is_some() {
-                tracing::warn!(
-                    "--cache-size {} is ignored: {} is a local directory, read in place and never cached",
-                    self.cache_size.unwrap_or(0),
-                    self.source
-                );
-            }
-            return None;
-        }
-        if self.cache == DataCacheUse::Off {
-            say_err!(
-                "ringfeed: data cache off (--cache off): every epoch reads from {}",
-                self.source
-            );
-            return None;
-        }
-        let Some(root) = crate::cache::data_root(self.cache_dir.as_deref()) else {
-            tracing::warn!("no data cache: neither RINGFEED_CACHE_DIR, XDG_CACHE_HOME nor HOME is set (pass --cache-dir)");
-            return None;
-        };
-        let stats = Arc::new(crate::cache::CacheStats::default());
-        plan.set_data_cache(crate::cache::CacheConfig {
-            root,
-            size: self.cache_size.map_or(
-                crate::cache::CacheSize::Auto,
-                crate::cache::CacheSize::Bytes,
-            ),
-            stats: Arc::clone(&stats),
-        });
-        crate::metrics::watch_cache(Arc::clone(&stats));
-        Some(stats)
-    }
-
     /// The order `--shuffle`, `--shuffle-block`, `--shuffle-window` and
     /// `--no-shuffle` ask for; refuses flags that contradict each other.
-    pub fn sample_order(&self) -> Result<SampleOrder> {
+    fn sample_order(&self) -> Result<SampleOrder> {
         let block_flags_given = self.shuffle_block != BlockShape::DEFAULT_BLOCK_SAMPLES
             || self.shuffle_window != BlockShape::DEFAULT_WINDOW_BLOCKS;
         if self.no_shuffle && self.shuffle == ShuffleFlag::Block {
@@ -429,8 +412,8 @@ impl ServeArgs {
         })
     }
 
-    /// The loader configuration these arguments describe.
-    pub fn config(&self) -> Result<ServeConfig> {
+    /// The run's shape these arguments describe.
+    fn serve_config(&self) -> Result<ServeConfig> {
         let (world_size, job) = ranks_from(self.world_size, self.nnodes, self.node_rank)?;
         let (start, awaits_start) = match self.resume {
             None => (ResumeState::default(), false),
@@ -462,19 +445,4 @@ impl ServeArgs {
             progress: true,
         })
     }
-}
-
-/// "8 rank(s)", or for a job on several machines which of its ranks.
-pub(super) fn ranks_words(world_size: u32, job: Job) -> String {
-    if job.is_single_machine(world_size) {
-        return format!("{world_size} rank(s)");
-    }
-    let (first, nnodes) = (job.first_rank, job.job_world_size / world_size);
-    format!(
-        "{world_size} rank(s), job ranks {first} to {} of {} (machine {} of {nnodes}; LOCAL_RANK r is job rank {first} + r; plan {:016x}, the same on every machine)",
-        first + world_size - 1,
-        job.job_world_size,
-        first / world_size,
-        job.plan_digest
-    )
 }

@@ -14,7 +14,7 @@ use crate::ring::{CreateError, Layout, RingGeometry};
 use crate::sampler::{ResumeState, SampleOrder, Sampler, SamplerConfig};
 use crate::source::{LocalSource, OpenedSource, SourceSpec};
 
-use super::ServeError;
+use super::PlanError;
 
 /// Everything `ringfeed serve` needs.
 #[derive(Clone, Debug)]
@@ -141,9 +141,9 @@ pub fn auto_slots_per_rank(batch_size: u32, queue_depth: u32, slot_bytes: u64) -
 impl ServeConfig {
     /// Checks the ring flags that need no dataset (`--slots-per-rank`,
     /// `--slot-bytes`) against the ring's limits, naming the flag.
-    pub fn check_ring_flags(&self) -> Result<(), ServeError> {
+    pub fn check_ring_flags(&self) -> Result<(), PlanError> {
         use crate::ring::layout::{MAX_SLOTS_PER_RANK, MAX_SLOT_PAYLOAD_BYTES};
-        let bad = |m: String| Err(ServeError::Shape(m));
+        let bad = |m: String| Err(PlanError::Shape(m));
         match self.slots_per_rank {
             Some(0) => return bad("--slots-per-rank 0: each rank needs at least 1 slot (2 or more lets the loader read ahead)".into()),
             Some(k) if k > MAX_SLOTS_PER_RANK => return bad(format!("--slots-per-rank {k}: a rank can have at most {MAX_SLOTS_PER_RANK} slots")),
@@ -161,32 +161,35 @@ impl ServeConfig {
 
 impl Plan {
     /// Lists the dataset and plans the run.
-    pub fn new(cfg: ServeConfig) -> Result<Plan, ServeError> {
+    pub fn new(cfg: ServeConfig) -> Result<Plan, PlanError> {
         let source = cfg.source.open()?;
         let manifest = source.build_manifest(&ManifestOptions {
             record_bytes: cfg.record_bytes,
             threads: 0,
             progress: cfg.progress,
         })?;
-        Self::with_source(cfg, source, Arc::new(manifest))
+        Self::with_source(cfg, source, Arc::new(manifest), None)
     }
 
     /// Plans the run over an already built manifest of `cfg.source`.
-    pub fn with_manifest(cfg: ServeConfig, manifest: Arc<Manifest>) -> Result<Plan, ServeError> {
+    pub fn with_manifest(cfg: ServeConfig, manifest: Arc<Manifest>) -> Result<Plan, PlanError> {
         let source = match &cfg.source {
             SourceSpec::Local(path) => OpenedSource::Local(LocalSource::at(path)),
             remote => remote.open()?,
         };
-        Self::with_source(cfg, source, manifest)
+        Self::with_source(cfg, source, manifest, None)
     }
 
     /// Plans the run over a manifest built from `source` (which reads it:
-    /// a remote source's runtime serves listing and fetching alike).
+    /// a remote source's runtime serves listing and fetching alike), with
+    /// `data_cache` in front of a remote source's reads (a local one is
+    /// never cached).
     pub fn with_source(
         cfg: ServeConfig,
         source: OpenedSource,
         manifest: Arc<Manifest>,
-    ) -> Result<Plan, ServeError> {
+        data_cache: Option<crate::cache::CacheConfig>,
+    ) -> Result<Plan, PlanError> {
         cfg.check_ring_flags()?;
         let sampler = Sampler::new(SamplerConfig {
             n_samples: manifest.len(),
@@ -208,7 +211,7 @@ impl Plan {
                 (0..manifest.len()).find(|&i| manifest.sample(i).len_bytes > slot_bytes)
             {
                 let loc = manifest.sample(index);
-                return Err(ServeError::SlotTooSmall {
+                return Err(PlanError::SlotTooSmall {
                     index,
                     path: source
                         .source()
@@ -222,7 +225,7 @@ impl Plan {
             }
         }
         if slot_bytes < derived {
-            return Err(ServeError::SlotSmallerThanBatch {
+            return Err(PlanError::SlotSmallerThanBatch {
                 slot_bytes,
                 batch_size: cfg.batch_size,
                 derived,
@@ -266,7 +269,7 @@ impl Plan {
             slot_payload_bytes: slot_bytes,
         };
         if let Err(e) = Layout::compute(geometry) {
-            return Err(ServeError::Shape(shape_problem(
+            return Err(PlanError::Shape(shape_problem(
                 &cfg,
                 geometry,
                 manifest.max_sample_bytes(),
@@ -284,7 +287,7 @@ impl Plan {
                 store: remote.store().clone(),
                 objects: Arc::new(remote.objects_for(manifest.files())),
                 fetch: FetchConfig::default(),
-                cache: None,
+                cache: data_cache,
                 chunk: super::chunks::block_chunks(&manifest, sampler.config().order),
             })),
         };
@@ -367,18 +370,6 @@ impl Plan {
         self.source
             .source()
             .object_name(self.manifest.files().path_bytes(file as usize))
-    }
-
-    /// Puts the disk data cache `cache` in front of a remote source's
-    /// reads; false (nothing done) for a local source, which is not cached.
-    pub fn set_data_cache(&mut self, cache: crate::cache::CacheConfig) -> bool {
-        match &mut self.target {
-            ReadTarget::Remote(remote) => {
-                remote.cache = Some(cache);
-                true
-            }
-            ReadTarget::Files(_) => false,
-        }
     }
 
     /// The data cache's counters, when one is in front of the reads (for

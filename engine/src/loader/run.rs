@@ -2,7 +2,6 @@
 //! the engine, publish the batch once every read has landed.
 
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
 use super::stack::open_engine_for;
@@ -13,7 +12,7 @@ use crate::ring::{CreateError, Producer, RingGeometry};
 
 use super::pending::{Pending, RankCursor};
 use super::watch::PROGRESS_EVERY;
-use super::{check_stop, Plan, ServeError, ServeReport};
+use super::{Plan, RunError, ServeReport, StartError, StopToken};
 
 /// How often the loader rewrites the counters block in the ring header
 /// (counters.rs).
@@ -84,7 +83,7 @@ pub struct Loader {
 
 impl Loader {
     /// Creates the ring and opens the reader. Consumers may attach from now on.
-    pub fn start(plan: Plan) -> Result<Loader, ServeError> {
+    pub fn start(plan: Plan) -> Result<Loader, StartError> {
         let cfg = &plan.cfg;
         let geometry = RingGeometry {
             world_size: cfg.world_size,
@@ -100,7 +99,7 @@ impl Loader {
             Err(e @ CreateError::ShmTooSmall { .. }) => {
                 // The ring layer does not know the flags.
                 let advice = plan.smaller_ring_advice(&e);
-                return Err(ServeError::RingDoesNotFit { source: e, advice });
+                return Err(StartError::RingDoesNotFit { source: e, advice });
             }
             other => other?,
         };
@@ -162,22 +161,22 @@ impl Loader {
         &self.producer
     }
 
-    /// Serves every batch, then waits until all are released. `stop` holds a
-    /// signal number once the process was asked to stop.
+    /// Serves every batch, then waits until all are released. `stop` ends it early
+    /// (a signal, its caller, a changed source).
     ///
     /// On a stop or an error the trainers are told and the ring's name is
     /// removed at once. A read that does not return within `READS_GRACE`
     /// after that is left under way, and so are the ring's mapping, its
     /// memory, its descriptor and the reader's threads, until the process
     /// exits: the caller should exit soon after an error.
-    pub fn run(mut self, stop: &AtomicU32) -> Result<ServeReport, ServeError> {
+    pub fn run(mut self, stop: &StopToken) -> Result<ServeReport, RunError> {
         let result = self.run_inner(stop);
         if let Err(err) = &result {
             // Trainers learn it now, and the name is free for a new loader,
             // whether or not the reads under way ever return.
             // The loader's own words (what failed, the fix) reach every
             // trainer, not just this process's log.
-            let code = if let ServeError::Signal(sig) = err {
+            let code = if let RunError::Signal(sig) = err {
                 *sig
             } else {
                 0
@@ -237,7 +236,7 @@ impl Loader {
         std::mem::forget(producer);
     }
 
-    fn run_inner(&mut self, stop: &AtomicU32) -> Result<(), ServeError> {
+    fn run_inner(&mut self, stop: &StopToken) -> Result<(), RunError> {
         let world = self.plan.cfg.world_size;
         let mut last_reclaim = Instant::now();
         let mut last_progress = Instant::now();
@@ -248,7 +247,7 @@ impl Loader {
             self.await_start(stop)?;
         }
         loop {
-            check_stop(stop)?;
+            stop.check()?;
             let blocked = self.fill_ranks(&mut batch)?;
             self.submit_queued()?;
             if !self.warming && !self.reserving {
@@ -311,7 +310,7 @@ impl Loader {
         tracing::debug!("every batch published; waiting for the trainers to release the last ones");
         let all: Vec<u32> = (0..world).collect();
         while !self.producer.all_released() {
-            check_stop(stop)?;
+            stop.check()?;
             if last_reclaim.elapsed() >= RECLAIM_EVERY {
                 self.reclaim();
                 last_reclaim = Instant::now();
@@ -344,7 +343,7 @@ impl Loader {
     /// every rank's first batch is read early (time to first batch does not
     /// grow with the number of ranks). Stops once a full queue depth of reads
     /// waits to be submitted. Returns the unfinished ranks with no free slot.
-    fn fill_ranks(&mut self, batch: &mut Vec<u64>) -> Result<Vec<u32>, ServeError> {
+    fn fill_ranks(&mut self, batch: &mut Vec<u64>) -> Result<Vec<u32>, RunError> {
         let world = self.plan.cfg.world_size;
         let mut blocked = vec![false; world as usize];
         // Warm-up: until every rank has its first batch published, claim only
@@ -393,7 +392,7 @@ impl Loader {
 
     /// Claims one free slot of rank r, plans its batch (`planner`) and
     /// queues the plan's reads. Returns false when the rank has no free slot.
-    fn fill_one(&mut self, r: u32, batch: &mut Vec<u64>) -> Result<bool, ServeError> {
+    fn fill_one(&mut self, r: u32, batch: &mut Vec<u64>) -> Result<bool, RunError> {
         let Some(claim) = self.producer.try_claim(r)? else {
             return Ok(false);
         };
@@ -424,7 +423,7 @@ impl Loader {
             slot_bytes,
         }) = planned
         {
-            return Err(ServeError::SampleTooLarge {
+            return Err(RunError::SampleTooLarge {
                 index,
                 path: self.plan.object_name(object).display().to_string(),
                 len: len_bytes,
@@ -468,7 +467,7 @@ impl Loader {
         Ok(true)
     }
 
-    fn submit_queued(&mut self) -> Result<(), ServeError> {
+    fn submit_queued(&mut self) -> Result<(), RunError> {
         // While first batches are outstanding, keep about one batch of reads
         // in flight, so that they complete one rank after the other: with a
         // full queue depth the kernel interleaves the reads of several
@@ -501,7 +500,7 @@ impl Loader {
         Ok(())
     }
 
-    fn complete(&mut self) -> Result<(), ServeError> {
+    fn complete(&mut self) -> Result<(), RunError> {
         if !self.completions.is_empty() {
             self.reads_moved = Instant::now();
         }
@@ -517,7 +516,7 @@ impl Loader {
         Ok(())
     }
 
-    fn publish_ready(&mut self) -> Result<(), ServeError> {
+    fn publish_ready(&mut self) -> Result<(), RunError> {
         for r in 0..self.plan.cfg.world_size {
             while let Some(done) = self.pending.pop_ready(r, self.producer.published(r)) {
                 let n = done.samples.len() as u64;

@@ -2,57 +2,11 @@
 //! started under `nohup`) turn into a flag the loader polls, so it can tell
 //! the trainers, remove its segment and exit instead of dying mid-write.
 
-use std::sync::atomic::{fence, AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::{ServeError, STOP_NOT_A_SIGNAL};
-
-/// The signal number received, or 0.
+/// The signal number received, or 0 (read by a run through its
+/// [`StopToken::on_signals`](super::StopToken::on_signals)).
 pub static STOP: AtomicU32 = AtomicU32::new(0);
-
-/// Why [`stop_with`] stopped the run (the trainers are told this).
-static STOP_REASON: Mutex<Option<String>> = Mutex::new(None);
-
-/// Stops the loader serving on [`STOP`] with an error of its own (a
-/// background check found the dataset changed): the run ends as on a
-/// signal, but the trainers and the exit are told `reason`. A signal that
-/// came first wins.
-pub fn stop_with(reason: String) {
-    if let Ok(mut slot) = STOP_REASON.lock() {
-        slot.get_or_insert(reason);
-    }
-    // SYNC POINT: Release; the reason above is visible to a loader whose
-    // relaxed load of STOP saw this store and then took the Acquire fence
-    // in `stopped_error`.
-    let _ = STOP.compare_exchange(0, STOP_NOT_A_SIGNAL, Ordering::Release, Ordering::Relaxed);
-}
-
-/// The reason given to [`stop_with`], if [`STOP`] holds one (and no signal
-/// came first): for a check that ends after the loader has served its last
-/// batch.
-pub fn stop_reason() -> Option<String> {
-    if STOP.load(Ordering::Relaxed) != STOP_NOT_A_SIGNAL {
-        return None;
-    }
-    match stopped_error(&STOP) {
-        ServeError::SourceChanged(reason) => Some(reason),
-        _ => None,
-    }
-}
-
-/// The error for a `stop` found at STOP_NOT_A_SIGNAL: the reason given to
-/// [`stop_with`] when `stop` is [`STOP`], else a plain stop.
-pub(crate) fn stopped_error(stop: &AtomicU32) -> ServeError {
-    if !std::ptr::eq(stop, &STOP) {
-        return ServeError::Stopped;
-    }
-    // SYNC POINT: Acquire; pairs with the Release store in `stop_with`.
-    fence(Ordering::Acquire);
-    match STOP_REASON.lock().ok().and_then(|r| r.clone()) {
-        Some(reason) => ServeError::SourceChanged(reason),
-        None => ServeError::Stopped,
-    }
-}
 
 extern "C" fn on_signal(sig: libc::c_int) {
     // Only an atomic store: async-signal-safe.

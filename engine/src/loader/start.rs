@@ -2,7 +2,6 @@
 //! the run starts (a trainer's `load_state_dict`, or its first batch for a
 //! fresh run), and start there (see `ring::start`).
 
-use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
 use crate::ring::layout::RunStart;
@@ -12,7 +11,7 @@ use crate::sampler::{ResumeState, Sampler, SamplerConfig};
 use super::pending::RankCursor;
 use super::run::Loader;
 use super::watch::PROGRESS_EVERY;
-use super::{check_stop, ServeError};
+use super::{RunError, StopToken};
 
 /// How often the loader looks at the ranks' requests while it waits: a
 /// trainer's first batch waits for this at most, once every rank asked.
@@ -23,11 +22,11 @@ impl Loader {
     /// where they agree, or fails naming each rank's request. Before any
     /// batch is claimed; trainers may take minutes to come (imports, model
     /// set-up), so there is no time limit, only the stop signals.
-    pub(super) fn await_start(&mut self, stop: &AtomicU32) -> Result<(), ServeError> {
+    pub(super) fn await_start(&mut self, stop: &StopToken) -> Result<(), RunError> {
         let waiting_since = Instant::now();
         let mut last_note = Instant::now();
         let requests = loop {
-            check_stop(stop)?;
+            stop.check()?;
             let requests = self.producer.start_requests();
             let missing: Vec<u32> = requests
                 .iter()
@@ -52,7 +51,7 @@ impl Loader {
         };
         let own = self.plan.cfg.start;
         let (epoch, samples_consumed) = agree(&requests, (own.epoch, own.samples_consumed))
-            .map_err(ServeError::StartDisagreement)?;
+            .map_err(RunError::StartDisagreement)?;
         let start = ResumeState {
             epoch,
             samples_consumed,
@@ -78,7 +77,7 @@ impl Loader {
 
     /// Serves from `start` instead of the plan's start: a new sampler (which
     /// checks the state against the dataset and the epochs) and cursors.
-    fn restart_at(&mut self, start: ResumeState) -> Result<(), ServeError> {
+    fn restart_at(&mut self, start: ResumeState) -> Result<(), RunError> {
         let sampler = Sampler::new(SamplerConfig {
             start,
             ..*self.plan.sampler.config()

@@ -6,7 +6,7 @@ use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Loader, ServeError};
+use super::{Loader, RunError};
 
 /// How often a progress line is logged.
 pub(super) const PROGRESS_EVERY: Duration = Duration::from_secs(5);
@@ -52,7 +52,7 @@ impl Loader {
     /// loader that waits in silence. Once per stall, on a thread of its own:
     /// on a hung network filesystem the stats block too, and this thread
     /// must go on acting on a stop.
-    pub(super) fn probe_stalled_files(&mut self) -> Result<(), ServeError> {
+    pub(super) fn probe_stalled_files(&mut self) -> Result<(), RunError> {
         if let Some(outcome) = &self.stall_probe {
             match outcome.try_recv() {
                 Ok(found) => {

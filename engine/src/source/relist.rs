@@ -8,7 +8,7 @@
 //! under the run is an error, never other bytes.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
 use super::cache::{forget_entry, ManifestCache};
@@ -36,12 +36,57 @@ pub enum RelistOutcome {
     Failed(String),
 }
 
+/// The cache file a run's manifest came from, shared by the run and its
+/// background re-list: once the run forgot it (a read proved it stale), a
+/// re-list that ends later must not write it back, and the two never cross
+/// (a refresh and a forget take the same lock).
+#[derive(Clone, Debug)]
+pub struct CachedEntry {
+    path: PathBuf,
+    forgotten: Arc<Mutex<bool>>,
+}
+
+impl CachedEntry {
+    /// The cache file at `path`.
+    pub fn new(path: PathBuf) -> CachedEntry {
+        CachedEntry {
+            path,
+            forgotten: Arc::new(Mutex::new(false)),
+        }
+    }
+
+    /// The cache file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes the cache file, for good: no refresh writes it again.
+    /// `Ok(true)`: it was there and is gone.
+    pub fn forget(&self) -> std::io::Result<bool> {
+        let mut forgotten = self
+            .forgotten
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *forgotten = true;
+        forget_entry(&self.path)
+    }
+
+    /// Runs `store` (which writes the file again) unless it was forgotten.
+    fn refresh<T>(&self, store: impl FnOnce() -> T) -> Option<T> {
+        let forgotten = self
+            .forgotten
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        (!*forgotten).then(store)
+    }
+}
+
 /// Lists `remote` again (its manifest came from `cache`'s file `entry`)
 /// on a thread of its own, and hands the outcome to `done`.
 pub fn spawn(
     remote: Arc<RemoteSource>,
     cache: ManifestCache,
-    entry: PathBuf,
+    entry: CachedEntry,
     done: impl FnOnce(RelistOutcome) + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
@@ -50,7 +95,7 @@ pub fn spawn(
 }
 
 /// The re-list itself (see the module docs).
-pub fn relist(remote: &RemoteSource, cache: &ManifestCache, entry: &Path) -> RelistOutcome {
+pub fn relist(remote: &RemoteSource, cache: &ManifestCache, entry: &CachedEntry) -> RelistOutcome {
     let started = Instant::now();
     let listed_at = SystemTime::now();
     let Some(before) = remote.listed_objects() else {
@@ -69,11 +114,11 @@ pub fn relist(remote: &RemoteSource, cache: &ManifestCache, entry: &Path) -> Rel
     let (total, named) = differences(&before, &after, DIFFERENCES_NAMED_MAX);
     let name = remote.source_name();
     if total > 0 {
-        let removed = match forget_entry(entry) {
-            Ok(_) => format!("the cache file {} is removed", entry.display()),
+        let removed = match entry.forget() {
+            Ok(_) => format!("the cache file {} is removed", entry.path().display()),
             Err(err) => format!(
                 "the cache file {} cannot be removed ({err}): remove it",
-                entry.display()
+                entry.path().display()
             ),
         };
         let age = cached_at
@@ -89,12 +134,20 @@ pub fn relist(remote: &RemoteSource, cache: &ManifestCache, entry: &Path) -> Rel
     }
     let (files, etags) = files_and_etags(&after);
     let validity = Validity::Remote { listed_at, etags };
-    let stored = remote.cache_identity().and_then(|identity| {
-        cache
-            .store(remote, &identity, listed_at, &validity, &files)
-            .map_err(|err| err.to_string())
+    let stored = entry.refresh(|| {
+        remote.cache_identity().and_then(|identity| {
+            cache
+                .store(remote, &identity, listed_at, &validity, &files)
+                .map_err(|err| err.to_string())
+        })
     });
-    if let Err(why) = stored {
+    if stored.is_none() {
+        tracing::info!(
+            "{} is unchanged, but the run forgot its cached listing meanwhile: not stored again",
+            name.display()
+        );
+    }
+    if let Some(Err(why)) = stored {
         tracing::warn!(
             "{} is unchanged, but its cache cannot be refreshed ({why})",
             name.display()
@@ -180,6 +233,25 @@ mod tests {
             size,
             etag: Some(etag.to_string()),
         }
+    }
+
+    #[test]
+    fn a_forgotten_entry_is_never_refreshed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.manifest");
+        std::fs::write(&path, b"cached").unwrap();
+        let entry = CachedEntry::new(path.clone());
+        assert_eq!(entry.refresh(|| 1), Some(1));
+        assert!(entry.clone().forget().unwrap());
+        assert!(!path.exists());
+        assert_eq!(
+            entry.refresh(|| std::fs::write(&path, b"again").unwrap()),
+            None
+        );
+        assert!(
+            !path.exists(),
+            "a re-list that ended after the forget wrote it back"
+        );
     }
 
     #[test]
