@@ -215,23 +215,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     check(a)?;
     let data_dir = dir.join("data");
     let name = format!("demo-{}", std::process::id());
-    let cfg = ServeConfig {
-        source: data_dir.clone().into(),
-        name: name.clone(),
-        batch_size: a.batch_size,
-        world_size: a.world_size,
-        job: Job::single(a.world_size),
-        epochs: a.epochs,
-        seed: 42,
-        order: crate::sampler::SampleOrder::Exact,
-        record_bytes: None,
-        slots_per_rank: a.slots_per_rank,
-        slot_bytes: None,
-        io: a.io,
-        reader: ReaderConfig::default(),
-        start: ResumeState::default(),
-        progress: false,
-    };
+    let cfg = demo_config(a, &data_dir, &name);
     // `serve`'s own check of its ring flags, before anything is written.
     cfg.check_ring_flags()?;
     let t = Instant::now();
@@ -249,37 +233,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     let built = build(&JobConfig::plain(cfg), &stop)?;
     let loader = built.loader();
     let sampler = loader.plan().sampler().clone();
-    let exe = std::env::current_exe().context("cannot find the ringfeed executable")?;
-    let mut ranks = Vec::new();
-    for r in 0..a.world_size {
-        let out = dir.join(format!("rank{r}.bin"));
-        let spawned = Command::new(&exe)
-            .args([
-                "demo-consumer",
-                "--name",
-                &name,
-                "--rank",
-                &r.to_string(),
-                "--max-sample-bytes",
-                &a.max_sample_bytes.to_string(),
-                "--out",
-            ])
-            .arg(&out)
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("cannot start a consumer process");
-        match spawned {
-            Ok(child) => ranks.push(RankResult { child, out }),
-            Err(e) => {
-                // Do not leave the started consumers waiting.
-                for rank in &mut ranks {
-                    let _ = rank.child.kill();
-                    let _ = rank.child.wait();
-                }
-                return Err(e);
-            }
-        }
-    }
+    let mut ranks = spawn_consumers(a, dir, &name)?;
     let ring_bytes = loader.producer().layout().segment_bytes;
     // A consumer that fails (its byte check, a crash) would leave the loader
     // waiting for a new trainer on its rank forever: a watcher stops the run.
@@ -314,24 +268,7 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
             bail!("the consumer of rank {r} failed ({status}){said}; the loader stopped");
         }
     };
-    let mut first_batch_us = Vec::new();
-    for (r, rank) in ranks.iter_mut().enumerate() {
-        let stdout = rank.child.stdout.take().context("consumer stdout")?;
-        let line = BufReader::new(stdout)
-            .lines()
-            .next()
-            .transpose()?
-            .unwrap_or_default();
-        let status = rank.child.wait()?;
-        if !status.success() {
-            bail!("consumer of rank {r} failed ({status})");
-        }
-        let fields: Vec<u64> = line
-            .split_whitespace()
-            .filter_map(|f| f.parse().ok())
-            .collect();
-        first_batch_us.push(fields.get(2).copied().unwrap_or(0));
-    }
+    let first_batch_us = consumer_results(&mut ranks)?;
     check_exactly_once(&sampler, &ranks)?;
     let secs = report.elapsed.as_secs_f64();
     say_out!(
@@ -366,6 +303,86 @@ fn run_in(a: &DemoArgs, dir: &Path) -> Result<()> {
     }
     std::io::stdout().flush()?;
     Ok(())
+}
+
+/// The run `demo` serves: its dataset, every rank on this machine.
+fn demo_config(a: &DemoArgs, data_dir: &Path, name: &str) -> ServeConfig {
+    ServeConfig {
+        source: data_dir.to_path_buf().into(),
+        name: name.to_string(),
+        batch_size: a.batch_size,
+        world_size: a.world_size,
+        job: Job::single(a.world_size),
+        epochs: a.epochs,
+        seed: 42,
+        order: crate::sampler::SampleOrder::Exact,
+        record_bytes: None,
+        slots_per_rank: a.slots_per_rank,
+        slot_bytes: None,
+        io: a.io,
+        reader: ReaderConfig::default(),
+        start: ResumeState::default(),
+        progress: false,
+    }
+}
+
+/// Starts one consumer process per rank; on a failure, stops those started.
+fn spawn_consumers(a: &DemoArgs, dir: &Path, name: &str) -> Result<Vec<RankResult>> {
+    let exe = std::env::current_exe().context("cannot find the ringfeed executable")?;
+    let mut ranks = Vec::new();
+    for r in 0..a.world_size {
+        let out = dir.join(format!("rank{r}.bin"));
+        let spawned = Command::new(&exe)
+            .args([
+                "demo-consumer",
+                "--name",
+                name,
+                "--rank",
+                &r.to_string(),
+                "--max-sample-bytes",
+                &a.max_sample_bytes.to_string(),
+                "--out",
+            ])
+            .arg(&out)
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("cannot start a consumer process");
+        match spawned {
+            Ok(child) => ranks.push(RankResult { child, out }),
+            Err(e) => {
+                // Do not leave the started consumers waiting.
+                for rank in &mut ranks {
+                    let _ = rank.child.kill();
+                    let _ = rank.child.wait();
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(ranks)
+}
+
+/// Waits for every consumer; each one's time to its first batch, in µs.
+fn consumer_results(ranks: &mut [RankResult]) -> Result<Vec<u64>> {
+    let mut first_batch_us = Vec::new();
+    for (r, rank) in ranks.iter_mut().enumerate() {
+        let stdout = rank.child.stdout.take().context("consumer stdout")?;
+        let line = BufReader::new(stdout)
+            .lines()
+            .next()
+            .transpose()?
+            .unwrap_or_default();
+        let status = rank.child.wait()?;
+        if !status.success() {
+            bail!("consumer of rank {r} failed ({status})");
+        }
+        let fields: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        first_batch_us.push(fields.get(2).copied().unwrap_or(0));
+    }
+    Ok(first_batch_us)
 }
 
 /// Polls the consumers until `done`; on the first that exits with an error

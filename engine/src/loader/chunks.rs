@@ -27,7 +27,7 @@ pub(super) fn lookahead_slots(
     }
     let window = u64::from(shape.block_samples()) * u64::from(shape.window_blocks());
     let want = (LOOKAHEAD_WINDOWS * window).div_ceil(u64::from(batch_size.max(1)));
-    let fit = super::plan::AUTO_RANK_BYTES_MAX / slot_bytes.max(1);
+    let fit = super::slots::AUTO_RANK_BYTES_MAX / slot_bytes.max(1);
     let most = u64::from(crate::ring::layout::MAX_SLOTS_PER_RANK);
     Some(want.min(fit).min(most) as u32)
 }

@@ -15,7 +15,7 @@
 //! ranks back.
 //!
 //! Rooms: `job` (the configuration), `build` (composition), `plan` (slot
-//! sizing, the run's plan), `stack` (the reader stack), `relisting` (the
+//! sizing, the run's plan), `slots` (how many per rank), `stack` (the reader stack), `relisting` (the
 //! background re-list), `run`, `pending`, `chunks`, `start` (the loop:
 //! claim, read, publish), `watch` (stalls, trainers that do not come),
 //! `stop` and `signals` (what ends a run), `errors` (one enum per
@@ -32,6 +32,7 @@ mod relisting;
 mod run;
 mod said;
 pub mod signals;
+mod slots;
 mod stack;
 mod start;
 mod stop;
@@ -43,11 +44,11 @@ pub use build::{build, BuildError, Built, FinishError, Finished};
 pub use counters::write_remote_counters;
 pub use errors::{PlanError, RunError, StartError};
 pub use job::{DataCachePolicy, JobConfig, ListingPolicy, SampleFormat};
-pub use plan::{
-    auto_slots_per_rank, Plan, ServeConfig, AUTO_RANK_BYTES_MAX, AUTO_SLOTS_FLOOR, AUTO_SLOTS_MAX,
-    AUTO_SLOTS_MIN,
-};
+pub use plan::{Plan, ServeConfig};
 pub use run::Loader;
+pub use slots::{
+    auto_slots_per_rank, AUTO_RANK_BYTES_MAX, AUTO_SLOTS_FLOOR, AUTO_SLOTS_MAX, AUTO_SLOTS_MIN,
+};
 pub use stack::{open_engine_for, ReadTarget, RemoteTarget};
 pub use stop::StopToken;
 

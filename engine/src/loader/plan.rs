@@ -14,6 +14,7 @@ use crate::ring::{CreateError, Layout, RingGeometry};
 use crate::sampler::{ResumeState, SampleOrder, Sampler, SamplerConfig};
 use crate::source::{LocalSource, OpenedSource, SourceSpec};
 
+use super::slots::{auto_slots_per_rank, fit_auto_slots, AUTO_SLOTS_FLOOR};
 use super::PlanError;
 
 /// Everything `ringfeed serve` needs.
@@ -68,74 +69,13 @@ pub struct Plan {
     /// The slot size the data needs: the batch-size largest samples together.
     derived_slot_bytes: u64,
     pub(super) slots_per_rank: u32,
+    /// The ring's shape, settled once.
+    pub(super) geometry: RingGeometry,
     /// The manifest's objects as the readers open them: a local file table,
     /// or the remote store and its objects.
     pub(super) target: ReadTarget,
     /// `cfg.job` with its [`Job::plan_digest`], as the header holds it.
     pub(super) job: Job,
-}
-
-/// Fewest slots per rank the default falls back to when /dev/shm is short.
-pub const AUTO_SLOTS_FLOOR: u32 = 2;
-
-/// The default K, lowered (with a warning) while the ring would not fit in
-/// `free_bytes` of /dev/shm, down to `AUTO_SLOTS_FLOOR`: a default that fits
-/// beats one that fails. A ring that does not fit even then is left to
-/// `Producer::create`, which says how much room it needs.
-fn fit_auto_slots(geometry: RingGeometry, free_bytes: Option<u64>) -> u32 {
-    let Some(free) = free_bytes else {
-        return geometry.slots_per_rank;
-    };
-    let bytes = |k| {
-        Layout::compute(RingGeometry {
-            slots_per_rank: k,
-            ..geometry
-        })
-        .map_or(u64::MAX, |l| l.segment_bytes)
-    };
-    let want = geometry.slots_per_rank;
-    let mut k = want;
-    while k > AUTO_SLOTS_FLOOR && bytes(k) > free {
-        k -= 1;
-    }
-    if k < want && bytes(k) <= free {
-        tracing::warn!(
-            "/dev/shm has {} of room (free, less what other running loaders' rings will still take), too little for the default {want} slots per rank ({}): using {k} ({}); \
-             give shared memory more room for more prefetch, or pass --slots-per-rank",
-            human_bytes(free),
-            human_bytes(bytes(want)),
-            human_bytes(bytes(k))
-        );
-        k
-    } else {
-        want
-    }
-}
-
-/// Fewest slots per rank chosen by default.
-pub const AUTO_SLOTS_MIN: u32 = 4;
-/// Most slots per rank chosen by default.
-pub const AUTO_SLOTS_MAX: u32 = 16;
-/// Payload bytes per rank above which the default stops adding slots past
-/// `AUTO_SLOTS_MIN`.
-pub const AUTO_RANK_BYTES_MAX: u64 = 256 << 20;
-
-/// The default slots per rank: enough that a full queue depth of reads can be
-/// in flight twice over while a rank's trainer holds a batch and another
-/// waits to be taken, i.e. 2·queue_depth/B, at least 4 and at most 16, and,
-/// where a rank's slots would pass 256 MiB, only as many as fit in it (but
-/// still at least 4). A batch is published
-/// only when its last read lands; with fewer slots the queue drains at every
-/// batch boundary. Measured on 2 cores, 100 KB files, B=64, queue depth 256:
-/// 4 slots 5.1 GB/s, 6 slots 5.9, 8 slots 6.2–6.6 (bench/RESULTS.md).
-pub fn auto_slots_per_rank(batch_size: u32, queue_depth: u32, slot_bytes: u64) -> u32 {
-    let want = (2 * u64::from(queue_depth)).div_ceil(u64::from(batch_size.max(1)));
-    let mut k = want.clamp(u64::from(AUTO_SLOTS_MIN), u64::from(AUTO_SLOTS_MAX)) as u32;
-    let fit = AUTO_RANK_BYTES_MAX / slot_bytes.max(1);
-    if u64::from(k) > fit {
-        k = fit.clamp(u64::from(AUTO_SLOTS_MIN), u64::from(k)) as u32;
-    }
-    k
 }
 
 impl ServeConfig {
@@ -200,37 +140,7 @@ impl Plan {
             epochs: cfg.epochs,
             start: cfg.start,
         })?;
-        let derived = manifest
-            .largest_samples_total_bytes(cfg.batch_size as usize)
-            .max(1);
-        let slot_bytes = cfg.slot_bytes.unwrap_or(derived);
-        // A sample larger than a slot fails whichever batch it lands in:
-        // say so now, not after the ring is made and hours of training.
-        if manifest.max_sample_bytes() > slot_bytes {
-            if let Some(index) =
-                (0..manifest.len()).find(|&i| manifest.sample(i).len_bytes > slot_bytes)
-            {
-                let loc = manifest.sample(index);
-                return Err(PlanError::SlotTooSmall {
-                    index,
-                    path: source
-                        .source()
-                        .object_name(manifest.files().path_bytes(loc.file as usize))
-                        .display()
-                        .to_string(),
-                    len: loc.len_bytes,
-                    slot_bytes,
-                    derived,
-                });
-            }
-        }
-        if slot_bytes < derived {
-            return Err(PlanError::SlotSmallerThanBatch {
-                slot_bytes,
-                batch_size: cfg.batch_size,
-                derived,
-            });
-        }
+        let (slot_bytes, derived) = slot_bytes(&cfg, &source, &manifest)?;
         let batches_per_rank = sampler.total_steps().unwrap_or(u64::MAX);
         if cfg.slots_per_rank == Some(1) && batches_per_rank > 1 {
             tracing::warn!(
@@ -239,6 +149,13 @@ impl Plan {
                  at the second batch unless each batch is released first (batch.release()); 2 or more avoids both"
             );
         }
+        // The ring's one geometry: its slot count is settled below.
+        let unsized_geometry = RingGeometry {
+            world_size: cfg.world_size,
+            slots_per_rank: 0,
+            max_samples_per_slot: cfg.batch_size,
+            slot_payload_bytes: slot_bytes,
+        };
         let slots_per_rank = cfg.slots_per_rank.unwrap_or_else(|| {
             let k = auto_slots_per_rank(cfg.batch_size, cfg.reader.queue_depth, slot_bytes);
             let k = match &source {
@@ -255,18 +172,14 @@ impl Plan {
             // `for batch in feed` (one batch held, one asked for) working.
             let k = u32::try_from(batches_per_rank.max(2)).map_or(k, |most| k.min(most));
             let g = RingGeometry {
-                world_size: cfg.world_size,
                 slots_per_rank: k,
-                max_samples_per_slot: cfg.batch_size,
-                slot_payload_bytes: slot_bytes,
+                ..unsized_geometry
             };
             fit_auto_slots(g, segment::shm_room_for(&cfg.name).map(|room| room.left()))
         });
         let geometry = RingGeometry {
-            world_size: cfg.world_size,
             slots_per_rank,
-            max_samples_per_slot: cfg.batch_size,
-            slot_payload_bytes: slot_bytes,
+            ..unsized_geometry
         };
         if let Err(e) = Layout::compute(geometry) {
             return Err(PlanError::Shape(shape_problem(
@@ -276,21 +189,7 @@ impl Plan {
                 &e,
             )));
         }
-        let target = match &source {
-            OpenedSource::Local(local) => ReadTarget::Files(Arc::new(FileTable::over(
-                local.root(),
-                Arc::clone(manifest.files()),
-                cfg.record_bytes.is_some() || manifest.sample_ranges().is_some(),
-            )?)),
-            OpenedSource::Remote(remote) => ReadTarget::Remote(Box::new(RemoteTarget {
-                runtime: Arc::clone(remote.runtime()),
-                store: remote.store().clone(),
-                objects: Arc::new(remote.objects_for(manifest.files())),
-                fetch: FetchConfig::default(),
-                cache: data_cache,
-                chunk: super::chunks::block_chunks(&manifest, sampler.config().order),
-            })),
-        };
+        let target = read_target(&cfg, &source, &manifest, &sampler, data_cache)?;
         let start = Some(RunStart {
             epoch: cfg.start.epoch,
             samples_consumed: cfg.start.samples_consumed,
@@ -317,6 +216,7 @@ impl Plan {
             slot_bytes,
             derived_slot_bytes: derived,
             slots_per_rank,
+            geometry,
             target,
             job,
         })
@@ -335,16 +235,10 @@ impl Plan {
             );
         }
         let left = room.left();
-        let geometry = RingGeometry {
-            world_size: self.cfg.world_size,
-            slots_per_rank: self.slots_per_rank,
-            max_samples_per_slot: self.cfg.batch_size,
-            slot_payload_bytes: self.slot_bytes,
-        };
         let bytes = |k| {
             Layout::compute(RingGeometry {
                 slots_per_rank: k,
-                ..geometry
+                ..self.geometry
             })
             .map_or(u64::MAX, |l| l.segment_bytes)
         };
@@ -419,6 +313,73 @@ impl Plan {
     }
 }
 
+/// The slot size (given, or the batch-size largest samples together) and
+/// the one the data needs; refuses a given size that a sample, or a batch
+/// of the largest samples, does not fit: said now, not after the ring is
+/// made and hours of training.
+fn slot_bytes(
+    cfg: &ServeConfig,
+    source: &OpenedSource,
+    manifest: &Manifest,
+) -> Result<(u64, u64), PlanError> {
+    let derived = manifest
+        .largest_samples_total_bytes(cfg.batch_size as usize)
+        .max(1);
+    let slot_bytes = cfg.slot_bytes.unwrap_or(derived);
+    if manifest.max_sample_bytes() > slot_bytes {
+        if let Some(index) =
+            (0..manifest.len()).find(|&i| manifest.sample(i).len_bytes > slot_bytes)
+        {
+            let loc = manifest.sample(index);
+            return Err(PlanError::SlotTooSmall {
+                index,
+                path: source
+                    .source()
+                    .object_name(manifest.files().path_bytes(loc.file as usize))
+                    .display()
+                    .to_string(),
+                len: loc.len_bytes,
+                slot_bytes,
+                derived,
+            });
+        }
+    }
+    if slot_bytes < derived {
+        return Err(PlanError::SlotSmallerThanBatch {
+            slot_bytes,
+            batch_size: cfg.batch_size,
+            derived,
+        });
+    }
+    Ok((slot_bytes, derived))
+}
+
+/// What the readers read: the local file table over the manifest's file
+/// list, or the remote objects with the data cache and chunk layer.
+fn read_target(
+    cfg: &ServeConfig,
+    source: &OpenedSource,
+    manifest: &Arc<Manifest>,
+    sampler: &Sampler,
+    data_cache: Option<crate::cache::CacheConfig>,
+) -> Result<ReadTarget, PlanError> {
+    Ok(match source {
+        OpenedSource::Local(local) => ReadTarget::Files(Arc::new(FileTable::over(
+            local.root(),
+            Arc::clone(manifest.files()),
+            cfg.record_bytes.is_some() || manifest.sample_ranges().is_some(),
+        )?)),
+        OpenedSource::Remote(remote) => ReadTarget::Remote(Box::new(RemoteTarget {
+            runtime: Arc::clone(remote.runtime()),
+            store: remote.store().clone(),
+            objects: Arc::new(remote.objects_for(manifest.files())),
+            fetch: FetchConfig::default(),
+            cache: data_cache,
+            chunk: super::chunks::block_chunks(manifest, sampler.config().order),
+        })),
+    })
+}
+
 /// [`Job::plan_digest`] of a run: the manifest's digest and every flag that
 /// decides which samples job rank r gets at (epoch, step). Never 0 (0 means
 /// "not known" in the header).
@@ -487,25 +448,6 @@ fn shape_problem(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn auto_slots_cover_twice_the_queue_depth_within_bounds() {
-        let mb = 1_000_000;
-        // 2·256/64 = 8 slots of 6.4 MB.
-        assert_eq!(auto_slots_per_rank(64, 256, 64 * 100_000), 8);
-        // Large batches: never fewer than 4.
-        assert_eq!(auto_slots_per_rank(256, 256, 256 * 4096), 4);
-        // Tiny batches: at most 16.
-        assert_eq!(auto_slots_per_rank(1, 256, 4096), 16);
-        // 2·256/48 = 10.67, rounded up.
-        assert_eq!(auto_slots_per_rank(48, 256, mb), 11);
-        // 64 MB slots: 8 would be 512 MB per rank; 4 is the floor.
-        assert_eq!(auto_slots_per_rank(64, 256, 64 * mb), 4);
-        // 40 MB slots: 6 fit in 256 MiB.
-        assert_eq!(auto_slots_per_rank(32, 256, 40 * mb), 6);
-        // Degenerate inputs do not panic.
-        assert_eq!(auto_slots_per_rank(0, 1, 0), 4);
-    }
 
     #[test]
     fn the_readers_share_the_manifests_file_list() {
@@ -579,29 +521,5 @@ mod tests {
         assert_eq!(plan_over(200, 1, 1, 1, None).slots_per_rank(), 16);
         // A given K is kept as given.
         assert_eq!(plan_over(200, 1, 128, 1, Some(9)).slots_per_rank(), 9);
-    }
-
-    #[test]
-    fn the_default_slots_shrink_to_fit_dev_shm_down_to_two() {
-        let g = RingGeometry {
-            world_size: 8,
-            slots_per_rank: 8,
-            max_samples_per_slot: 64,
-            slot_payload_bytes: 1 << 20,
-        };
-        let size = |k| {
-            Layout::compute(RingGeometry {
-                slots_per_rank: k,
-                ..g
-            })
-            .unwrap()
-            .segment_bytes
-        };
-        assert_eq!(fit_auto_slots(g, None), 8, "unknown or unlimited /dev/shm");
-        assert_eq!(fit_auto_slots(g, Some(size(8))), 8);
-        assert_eq!(fit_auto_slots(g, Some(size(8) - 1)), 7);
-        assert_eq!(fit_auto_slots(g, Some(size(3) + 100)), 3);
-        // Not even 2 fit: keep the default and let create say how much is needed.
-        assert_eq!(fit_auto_slots(g, Some(size(2) - 1)), 8);
     }
 }

@@ -8,7 +8,7 @@ use super::stack::open_engine_for;
 use crate::planner::{self, BatchPlan, Tier};
 use crate::reader::{Completion, ReadEngine, ReadError, ReadOp};
 use crate::ring::segment::human_bytes;
-use crate::ring::{CreateError, Producer, RingGeometry};
+use crate::ring::{CreateError, Producer};
 
 use super::pending::{Pending, RankCursor};
 use super::watch::PROGRESS_EVERY;
@@ -85,12 +85,7 @@ impl Loader {
     /// Creates the ring and opens the reader. Consumers may attach from now on.
     pub fn start(plan: Plan) -> Result<Loader, StartError> {
         let cfg = &plan.cfg;
-        let geometry = RingGeometry {
-            world_size: cfg.world_size,
-            slots_per_rank: plan.slots_per_rank,
-            max_samples_per_slot: cfg.batch_size,
-            slot_payload_bytes: plan.slot_bytes,
-        };
+        let geometry = plan.geometry;
         let opened = open_engine_for(cfg.io, &plan.target, &cfg.reader)?;
         if let Some(w) = &opened.fallback_warning {
             tracing::warn!("{w}");
