@@ -246,27 +246,7 @@ impl Consumer {
         };
         let size = segment::file_size(&fd).map_err(|e| io_err("cannot stat", e))?;
         if size < HEADER_BYTES {
-            // A loader names its segment only once it is locked and sized
-            // (`Producer::create`): one this small is garbage, or, unlocked,
-            // left by a loader that died (of a version that named it before
-            // locking it). Empty, it is reported once GONE_GRACE has passed,
-            // which lets a loader being restarted replace it.
-            let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
-            if alive {
-                return Err(Retry::Later(Some(corrupt(
-                    &path,
-                    format!("it is {size} bytes, smaller than a ring header ({HEADER_BYTES})"),
-                ))));
-            }
-            let e = corrupt(
-                &path,
-                format!("it is {size} bytes with no loader behind it (one died creating it); remove it with `ringfeed gc`"),
-            );
-            return Err(if size == 0 {
-                Retry::Gone(e)
-            } else {
-                Retry::Never(e)
-            });
+            return Err(too_small(&fd, size, &path));
         }
         // Not through `fd`: the rank lock taken on `fd` below must end when
         // the descriptor is closed, even in a forked child that keeps the
@@ -280,28 +260,7 @@ impl Consumer {
         let header = unsafe { &*(map.as_ptr() as *const crate::layout::Header) };
         // SYNC POINT: Acquire pairs with the loader's Release store of READY:
         // every header field written before it is visible now.
-        let st = header.state.load(Ordering::Acquire);
-        // A loader still creating the segment has written no magic yet; any
-        // other magic is a foreign file, refused at once.
-        let magic = header.magic.load(Ordering::Relaxed);
-        if magic != 0 && magic != MAGIC {
-            return Err(Retry::Never(corrupt(
-                &path,
-                "bad magic (not made by ringfeed)",
-            )));
-        }
-        if st == state::CREATING {
-            let alive = segment::byte_is_locked(&fd, LOADER_LOCK_BYTE).unwrap_or(false);
-            let e = corrupt(
-                &path,
-                "the loader died before it finished creating the segment; remove it with `ringfeed gc`",
-            );
-            return Err(if alive {
-                Retry::Later(None)
-            } else {
-                Retry::Never(e)
-            });
-        }
+        ready_or_retry(header, &fd, &path)?;
         let (layout, job) = validate_header(bytes, &path).map_err(Retry::Never)?;
         let world_size = layout.geometry.world_size;
         if rank >= world_size {
@@ -326,29 +285,10 @@ impl Consumer {
             return Err(Retry::Gone(gone));
         }
         let block = view.rank(rank);
-        match segment::try_lock_byte(&fd, segment::rank_lock_byte(rank)) {
-            Ok(true) => {}
-            Ok(false) => {
-                let pid = block.consumer_pid.load(Ordering::Relaxed);
-                // The pid alone could be another PID namespace's process (a
-                // trainer in another container sharing /dev/shm), or the dead
-                // consumer whose pid we were given again while the loader
-                // reclaims its slots: only an attachment on record here is ours.
-                if pid == std::process::id() && held_here(&fd, rank) {
-                    return Err(Retry::Never(AttachError::RankHeldByThisProcess {
-                        name: name.to_string(),
-                        rank,
-                        pid,
-                    }));
-                }
-                return Err(Retry::Later(Some(AttachError::RankBusy {
-                    name: name.to_string(),
-                    rank,
-                    pid,
-                })));
-            }
-            Err(e) => return Err(io_err("cannot lock", e)),
-        }
+        lock_rank(&fd, name, rank, block).map_err(|e| match e {
+            Ok(retry) => retry,
+            Err(source) => io_err("cannot lock", source),
+        })?;
         // We hold the rank lock: we are now the writer of the consumer fields.
         // Give back whatever a previous consumer of this rank took and never
         // released, then continue with the next batch it did not take.
@@ -383,6 +323,94 @@ impl Consumer {
             last_liveness: None,
         })
     }
+}
+
+/// Ok once the header's loader finished creating the segment (read with
+/// Acquire: every header field written before READY is visible); a foreign
+/// magic is refused at once, a segment still being created is retried
+/// while its loader lives.
+fn ready_or_retry(header: &crate::layout::Header, fd: &OwnedFd, path: &str) -> Result<(), Retry> {
+    let st = header.state.load(Ordering::Acquire);
+    // A loader still creating the segment has written no magic yet; any
+    // other magic is a foreign file, refused at once.
+    let magic = header.magic.load(Ordering::Relaxed);
+    if magic != 0 && magic != MAGIC {
+        return Err(Retry::Never(corrupt(
+            path,
+            "bad magic (not made by ringfeed)",
+        )));
+    }
+    if st == state::CREATING {
+        let alive = segment::byte_is_locked(fd, LOADER_LOCK_BYTE).unwrap_or(false);
+        let e = corrupt(
+            path,
+            "the loader died before it finished creating the segment; remove it with `ringfeed gc`",
+        );
+        return Err(if alive {
+            Retry::Later(None)
+        } else {
+            Retry::Never(e)
+        });
+    }
+    Ok(())
+}
+
+/// A segment smaller than its header. A loader names its segment only once
+/// it is locked and sized (`Producer::create`): one this small is garbage,
+/// or, unlocked, left by a loader that died (of a version that named it
+/// before locking it). Empty, it is reported once GONE_GRACE has passed,
+/// which lets a loader being restarted replace it.
+fn too_small(fd: &OwnedFd, size: u64, path: &str) -> Retry {
+    let alive = segment::byte_is_locked(fd, LOADER_LOCK_BYTE).unwrap_or(false);
+    if alive {
+        return Retry::Later(Some(corrupt(
+            path,
+            format!("it is {size} bytes, smaller than a ring header ({HEADER_BYTES})"),
+        )));
+    }
+    let e = corrupt(
+        path,
+        format!("it is {size} bytes with no loader behind it (one died creating it); remove it with `ringfeed gc`"),
+    );
+    if size == 0 {
+        Retry::Gone(e)
+    } else {
+        Retry::Never(e)
+    }
+}
+
+/// Takes rank `rank`'s lock on `fd`: `Err(Ok(retry))` when another
+/// consumer holds it, `Err(Err(e))` when it cannot be taken.
+fn lock_rank(
+    fd: &OwnedFd,
+    name: &str,
+    rank: u32,
+    block: &crate::layout::RankBlock,
+) -> Result<(), Result<Retry, std::io::Error>> {
+    match segment::try_lock_byte(fd, segment::rank_lock_byte(rank)) {
+        Ok(true) => {}
+        Ok(false) => {
+            let pid = block.consumer_pid.load(Ordering::Relaxed);
+            // The pid alone could be another PID namespace's process (a
+            // trainer in another container sharing /dev/shm), or the dead
+            // consumer whose pid we were given again while the loader
+            // reclaims its slots: only an attachment on record here is ours.
+            if pid == std::process::id() && held_here(fd, rank) {
+                return Err(Ok(Retry::Never(AttachError::RankHeldByThisProcess {
+                    name: name.to_string(),
+                    rank,
+                    pid,
+                })));
+            }
+            return Err(Ok(Retry::Later(Some(AttachError::RankBusy {
+                name: name.to_string(),
+                rank,
+                pid,
+            }))));
+        }
+        Err(e) => return Err(Err(e)),
+    }
+    Ok(())
 }
 
 /// The ranks this process has attached and not detached, by segment file
