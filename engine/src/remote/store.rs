@@ -152,67 +152,19 @@ impl StoreHandle {
             max_retries: 0,
             ..RetryConfig::default()
         };
-        let build = |retry: RetryConfig| -> Result<Arc<dyn ObjectStore>, RemoteError> {
-            let connector = CountingConnector::new(Arc::clone(&metrics));
-            let options = client_options(scheme, scheme_str == "http")
-                .with_default_headers(http_headers.clone());
-            let base = format!("{scheme_str}://{authority}");
-            let config_err = |e: object_store::Error| RemoteError::Config {
-                url: shown.clone(),
-                scheme,
-                detail: e.to_string(),
-                fix: scheme.env_fix(),
-            };
-            Ok(match scheme {
-                Scheme::S3 => Arc::new(
-                    match &aws_credentials {
-                        Some(provider) => {
-                            AmazonS3Builder::from_env().with_credentials(Arc::clone(provider))
-                        }
-                        None => AmazonS3Builder::from_env(),
-                    }
-                    .with_url(base)
-                    .with_client_options(options)
-                    .with_retry(retry)
-                    .with_http_connector(connector)
-                    .build()
-                    .map_err(config_err)?,
-                ),
-                Scheme::Gcs => Arc::new(
-                    GoogleCloudStorageBuilder::from_env()
-                        .with_url(base)
-                        .with_client_options(options)
-                        .with_retry(retry)
-                        .with_http_connector(connector)
-                        .build()
-                        .map_err(config_err)?,
-                ),
-                Scheme::Azure => Arc::new(
-                    // Only ever turned on here: AZURE_USE_AZURE_CLI=true stays.
-                    match azure_cli {
-                        true => MicrosoftAzureBuilder::from_env().with_use_azure_cli(true),
-                        false => MicrosoftAzureBuilder::from_env(),
-                    }
-                    .with_url(base)
-                    .with_client_options(options)
-                    .with_retry(retry)
-                    .with_http_connector(connector)
-                    .build()
-                    .map_err(config_err)?,
-                ),
-                Scheme::Http | Scheme::Custom => Arc::new(
-                    HttpBuilder::new()
-                        .with_url(url.trim_end_matches('/'))
-                        .with_client_options(options)
-                        .with_retry(retry)
-                        .with_http_connector(connector)
-                        .build()
-                        .map_err(config_err)?,
-                ),
-            })
+        let recipe = StoreRecipe {
+            scheme,
+            scheme_str,
+            authority,
+            url,
+            shown: &shown,
+            headers: &http_headers,
+            aws_credentials: aws_credentials.as_ref(),
+            azure_cli,
+            metrics: &metrics,
         };
-        let fetch = build(fetch_retry)?;
-        let meta = build(RetryConfig::default())?;
+        let fetch = recipe.build(fetch_retry)?;
+        let meta = recipe.build(RetryConfig::default())?;
         let (prefix, http_base) = match scheme {
             // The HTTP store is rooted at the URL itself: keys are relative to it.
             Scheme::Http => (Path::default(), Some(http_base_url(url))),
@@ -227,6 +179,85 @@ impl StoreHandle {
             http_base,
             http_headers,
             metrics,
+        })
+    }
+}
+
+/// What the stores of one URL are built from (one for fetches, without
+/// object_store's retries, one for metadata, with them).
+struct StoreRecipe<'a> {
+    scheme: Scheme,
+    scheme_str: &'a str,
+    authority: &'a str,
+    /// The URL without its user:password@.
+    url: &'a str,
+    /// The URL as shown (redacted).
+    shown: &'a str,
+    headers: &'a http::HeaderMap,
+    aws_credentials: Option<&'a object_store::aws::AwsCredentialProvider>,
+    azure_cli: bool,
+    metrics: &'a Arc<RemoteMetrics>,
+}
+
+impl StoreRecipe<'_> {
+    /// A store with `retry`.
+    fn build(&self, retry: RetryConfig) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+        let connector = CountingConnector::new(Arc::clone(self.metrics));
+        let options = client_options(self.scheme, self.scheme_str == "http")
+            .with_default_headers(self.headers.clone());
+        let base = format!("{}://{}", self.scheme_str, self.authority);
+        let config_err = |e: object_store::Error| RemoteError::Config {
+            url: self.shown.to_string(),
+            scheme: self.scheme,
+            detail: e.to_string(),
+            fix: self.scheme.env_fix(),
+        };
+        Ok(match self.scheme {
+            Scheme::S3 => Arc::new(
+                match self.aws_credentials {
+                    Some(provider) => {
+                        AmazonS3Builder::from_env().with_credentials(Arc::clone(provider))
+                    }
+                    None => AmazonS3Builder::from_env(),
+                }
+                .with_url(base)
+                .with_client_options(options)
+                .with_retry(retry)
+                .with_http_connector(connector)
+                .build()
+                .map_err(config_err)?,
+            ),
+            Scheme::Gcs => Arc::new(
+                GoogleCloudStorageBuilder::from_env()
+                    .with_url(base)
+                    .with_client_options(options)
+                    .with_retry(retry)
+                    .with_http_connector(connector)
+                    .build()
+                    .map_err(config_err)?,
+            ),
+            Scheme::Azure => Arc::new(
+                // Only ever turned on here: AZURE_USE_AZURE_CLI=true stays.
+                match self.azure_cli {
+                    true => MicrosoftAzureBuilder::from_env().with_use_azure_cli(true),
+                    false => MicrosoftAzureBuilder::from_env(),
+                }
+                .with_url(base)
+                .with_client_options(options)
+                .with_retry(retry)
+                .with_http_connector(connector)
+                .build()
+                .map_err(config_err)?,
+            ),
+            Scheme::Http | Scheme::Custom => Arc::new(
+                HttpBuilder::new()
+                    .with_url(self.url.trim_end_matches('/'))
+                    .with_client_options(options)
+                    .with_retry(retry)
+                    .with_http_connector(connector)
+                    .build()
+                    .map_err(config_err)?,
+            ),
         })
     }
 }
