@@ -1,9 +1,11 @@
 //! Which samples exist, and where each one's bytes are (object, offset,
 //! length): a source's objects in key order plus the sample index over them.
 //!
-//! The manifest knows no file system and no network: a [`Source`] lists the
-//! objects (`crate::source`), and [`Manifest::from_objects`] makes the
-//! index. Its cache file's format is `format`; storing and checking it is
+//! The manifest knows no file system and talks to no network: a [`Source`]
+//! lists the objects (`crate::source`), and [`Manifest::from_objects`]
+//! makes the index. (A listing's failure is a [`ManifestError`], which may
+//! carry the remote layer's error as its cause: the only name it takes
+//! from `crate::remote`.) Its cache file's format is `format`; storing and checking it is
 //! the source layer's (`crate::source::cache`).
 //!
 //! Contract (stable; docs/manifest.md says it at length):

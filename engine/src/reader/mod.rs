@@ -1,9 +1,15 @@
-//! Readers: byte ranges of local files land straight in caller-owned memory.
+//! Readers: byte ranges of files and objects land straight in caller-owned
+//! memory.
 //!
 //! The loader owns slot memory in the shared-memory ring and asks a
 //! [`ReadEngine`] to fill it: "read `len_bytes` at `offset_bytes` of file F
-//! into `dest`". The bytes go from the page cache (or the disk) into `dest`
-//! with no buffer in between. Two backends sit behind the one trait:
+//! into `dest`". The bytes go from the page cache (or the disk, or the
+//! network) into `dest` with no buffer in between. Behind the one trait:
+//! two local backends (below), the remote engine (`remote.rs`: object_store
+//! GETs on tokio, response chunks streamed into `dest`), and the chunk layer
+//! (`chunked.rs`: small reads served out of larger ranged reads). The data
+//! cache (`crate::cache`) wraps an engine from above; this module builds no
+//! wrapper (`crate::loader`'s stack does). The local backends:
 //!
 //! - `io_uring` (`uring/`): up to `queue_depth` reads in flight, spread over
 //!   `uring_threads` rings, each driven by a thread of its own. A read opens,

@@ -1,5 +1,5 @@
 //! Sources: WHERE a dataset's objects live. The only layer that knows
-//! paths, listing and (later) URLs and credentials.
+//! paths, listing, URLs and (through `crate::remote`) credentials.
 //!
 //! A [`Source`] lists its objects, says whether a listing kept in the
 //! manifest cache still describes it, and names itself and its objects in
