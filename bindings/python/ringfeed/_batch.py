@@ -1,6 +1,6 @@
 """Batch: one taken slot, its metadata copied out and its bytes viewed in
 place. Every view keeps the slot's base alive; the base's finalizer
-(``_handle._give_back``) gives the slot back when the last one dies."""
+(``_handle.give_back``) gives the slot back when the last one dies."""
 
 import ctypes
 import functools
@@ -8,8 +8,8 @@ import weakref
 
 import numpy as np
 
-from . import _handle, _lib, _tar
-from ._handle import _give_back
+from . import _handle, _lib, tar
+from ._lib import LIB
 
 _SAMPLE_DTYPE = np.dtype([("offset", "<u8"), ("len", "<u8"), ("index", "<u8")])
 assert _SAMPLE_DTYPE.itemsize == ctypes.sizeof(_lib.rf_sample)
@@ -47,7 +47,7 @@ class Batch:
         self.data_ptr = raw.data or 0
         self._resume = handle.resume
         self._base = _base_type(raw.data_len).from_address(self.data_ptr)
-        self._finalizer = weakref.finalize(self._base, _give_back, handle, raw, claim)
+        self._finalizer = weakref.finalize(self._base, _handle.give_back, handle, raw, claim)
         self._finalizer.atexit = False
         handle.claims.add(claim)
 
@@ -103,9 +103,7 @@ class Batch:
         if self.epoch < start_epoch:
             return None  # not a batch of this loader
         before = start_samples if self.epoch == start_epoch else 0
-        return _lib.resume_rule(
-            _handle._LIB, "rf_resume_after", self.epoch, before, self.step + 1, dataset_samples, per_step
-        )
+        return LIB.resume_rule("rf_resume_after", self.epoch, before, self.step + 1, dataset_samples, per_step)
 
     @property
     def indices(self):
@@ -163,14 +161,14 @@ class Batch:
         shards (``--format tar``): each member's data, zero-copy, keyed by its
         extension lowercased as WebDataset does (``000123.jpg`` -> ``"jpg"``,
         ``s1.JPG`` -> ``"jpg"``; ``lowercase=False`` keeps it as stored;
-        ``ringfeed.tar_members(batch.sample(i))`` gives the members' names).
+        ``ringfeed.tar.members(batch.sample(i))`` gives the members' names).
         ``np.frombuffer(view, np.uint8)`` is a numpy view of the same bytes.
-        Raises ``ringfeed.TarFieldError`` when the sample is not tar members."""
-        return _tar.tar_fields(self.sample(i), lowercase)
+        Raises ``ringfeed.tar.FieldError`` when the sample is not tar members."""
+        return tar.fields(self.sample(i), lowercase)
 
     def key(self, i):
         """The WebDataset key of tar sample ``i`` (``"a/b/000123"``)."""
-        return _tar.tar_key(self.sample(i))
+        return tar.key(self.sample(i))
 
     def array(self, dtype="uint8", shape=None):
         """Zero-copy numpy view of the payload as ``shape`` items of ``dtype``.
@@ -215,6 +213,16 @@ class Batch:
                 % (i, int(self._table["offset"][i]), int(expected[i]))
             )
         return sample_bytes
+
+
+def disown(batch):
+    """Disarms ``batch``'s give-back (next() hands its slot out again):
+    ``(raw, claim)`` of the slot, or None if it was given back already."""
+    gone = batch._finalizer.detach()  # (base, give_back, (handle, raw, claim), {}), or None
+    if gone is None:
+        return None
+    _, _, (_, raw, claim), _ = gone
+    return raw, claim
 
 
 def _check_shape(shape, count, dt, total):

@@ -438,7 +438,7 @@ class Loader:
             return None
         job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
         per_step = job_world_size * info.max_samples_per_slot
-        return _resume._advance(info.start, self._feed.taken or 0, info.dataset_samples, per_step)
+        return _resume.advance(info.start, self._feed.taken or 0, info.dataset_samples, per_step)
 
     def load_state_dict(self, state):
         """Goes on from ``state`` (a ``state_dict()``), before the first
@@ -501,7 +501,7 @@ def _check_state(state):
         raise errors.InvalidArgumentError(
             "state holds no resume state: it was saved with a loader too old to say where it was; resume with "
             "`ringfeed serve --resume EPOCH:SAMPLES` and ringfeed.check_resume instead")
-    resume_state = _resume._two_counts(state["resume_state"], "state['resume_state']", "(epoch, samples)")
+    resume_state = _resume.two_counts(state["resume_state"], "state['resume_state']", "(epoch, samples)")
     order = state["order"]
     if order is not None:
         try:
