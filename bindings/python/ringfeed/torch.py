@@ -342,8 +342,9 @@ class Loader:
     def _make(self, batch):
         """The batch as the loop gets it on the CPU: zero-copy views."""
         if self._collate is not None:
-            samples = [np.frombuffer(batch.sample(i), dtype=np.uint8) for i in range(len(batch))]
-            return self._collate(samples)
+            # One vectorised pass over the sample table (batch.samples), not a
+            # Python call per sample: microseconds for 64 small samples.
+            return self._collate(batch.samples(numpy=True))
         if self._batch_shape is not None:
             shape = self._batch_shape
         elif self._shape is not None:
