@@ -215,7 +215,7 @@ class Library:
 
     def has(self, name):
         """True when the loaded library has the C function ``name``."""
-        return getattr(self, name, None) is not None
+        return name.startswith("rf_") and getattr(self, name, None) is not None
 
     def last_error(self):
         """rf_last_error() as text; call it right after the failing call, same thread."""
