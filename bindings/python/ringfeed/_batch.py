@@ -180,11 +180,11 @@ class Batch:
     def stack(self, dtype="uint8"):
         """The samples as one ``(samples, length // itemsize)`` numpy array of
         ``dtype``, when every sample has the same length: a zero-copy view
-        when they lie at a constant stride in the slot (end to end, or evenly
-        spaced: ``copied`` False below), else one vectorised copy, which
-        holds no slot. Raises ValueError naming the first sample that differs
-        in size, or a length that is not a whole number of ``dtype`` items.
-        ``batch.array()`` is the stricter view of the whole payload."""
+        (which keeps the slot) when they lie at a constant stride in the slot,
+        end to end or evenly spaced; else one vectorised copy (which does not).
+        Raises ValueError naming the first sample that differs in size, or
+        when a sample is not a whole number of ``dtype`` items. ``array()`` is
+        the stricter view of the whole payload, in any shape."""
         base = self._live_base()
         dt = np.dtype(dtype)
         if dt.itemsize == 0 or dt.hasobject:
@@ -225,7 +225,7 @@ class Batch:
         offsets = self._table["offset"]
         steps = offsets[1:] - offsets[:-1]  # uint64: a step back wraps to a huge one
         stride = int(steps[0])
-        if stride < length or stride > self.nbytes or (steps != steps[0]).any():
+        if stride < length or int(offsets[0]) + (n - 1) * stride + length > self.nbytes or (steps != steps[0]).any():
             return length, None
         return length, stride
 
