@@ -64,8 +64,14 @@ pub const CHUNK_BYTES_MIN: u64 = 64 << 10;
 pub const CHUNK_BYTES_MAX: u64 = 8 << 20;
 /// Reads accepted per read slot of the inner engine: waiting on a chunk
 /// costs no GET, so the caller may queue this many more (reads past the
-/// inner engine's room wait in `deferred`).
-const WAITERS_PER_INNER_SLOT: usize = 8;
+/// inner engine's room wait in `deferred`). A chunk of the block order
+/// serves a block of samples (64 by default), each a read of its own: at 8
+/// per slot the loader's default queue depth of 256 let 2,048 small reads
+/// (32 batches of 64, about 32 chunk GETs) be in flight, which bounded 4
+/// KiB samples at 85k/s on a 20 ms path whatever the slots (issue 29). At
+/// 64, one full block per inner slot: the loader's slots bound the
+/// lookahead, not this. A waiting read costs one `ReadOp` (40 bytes).
+const WAITERS_PER_INNER_SLOT: usize = 64;
 
 enum Chunk {
     /// Its read is with the inner engine; these small reads wait for it.
