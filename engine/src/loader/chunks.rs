@@ -9,8 +9,15 @@ use crate::ring::segment::human_bytes;
 /// GETs, so a lookahead of the default 8 slots (2 windows of 64-sample
 /// batches) kept only a few GETs in flight. Measured on the 20 ms path,
 /// 4 KiB samples in shards, batch 64: 8 slots 18k samples/s, 64 slots 91k,
-/// 256 slots 85-95k (bench/RESULTS-shards.md).
-const LOOKAHEAD_WINDOWS: u64 = 16;
+/// 256 slots 85-95k (bench/RESULTS-shards.md) while the chunk layer took
+/// only 8 small reads per inner slot (2,048 reads: 32 batches in flight
+/// whatever the slots); with that cap raised (`reader::chunked`), 64 slots
+/// 85k, 128 slots 136-185k, 256 slots 150-240k (issue 29). At the default
+/// block of 64 samples and window of 4 blocks that is 256 slots of 64
+/// samples: 256 chunk GETs (64 windows) in flight, about 72 MiB of chunks
+/// on their way at 4 KiB samples, which is what 200k samples/s over a
+/// 20 ms round trip needs (4,000 samples in flight at least).
+const LOOKAHEAD_WINDOWS: u64 = 64;
 
 /// The slots per rank a chunked block-order run wants for its lookahead
 /// (see `LOOKAHEAD_WINDOWS`), within `AUTO_RANK_BYTES_MAX` of slots per

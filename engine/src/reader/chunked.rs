@@ -24,6 +24,10 @@
 //! - A chunk read that fails fails every read waiting on it (the first
 //!   with the inner error, the others with its message), and the chunk is
 //!   forgotten: the next read of it fetches it again.
+//! - The buffer of a dropped chunk is kept for the next chunk that fits in
+//!   it, up to a quarter of the budget: a chunk fetched is then no new
+//!   allocation (at 256 KiB a fresh `mmap`, a page fault per 4 KiB sample
+//!   when the GET's bytes land, and an `munmap` when it goes).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -64,8 +68,14 @@ pub const CHUNK_BYTES_MIN: u64 = 64 << 10;
 pub const CHUNK_BYTES_MAX: u64 = 8 << 20;
 /// Reads accepted per read slot of the inner engine: waiting on a chunk
 /// costs no GET, so the caller may queue this many more (reads past the
-/// inner engine's room wait in `deferred`).
-const WAITERS_PER_INNER_SLOT: usize = 8;
+/// inner engine's room wait in `deferred`). A chunk of the block order
+/// serves a block of samples (64 by default), each a read of its own: at 8
+/// per slot the loader's default queue depth of 256 let 2,048 small reads
+/// (32 batches of 64, about 32 chunk GETs) be in flight, which bounded 4
+/// KiB samples at 85k/s on a 20 ms path whatever the slots (issue 29). At
+/// 64, one full block per inner slot: the loader's slots bound the
+/// lookahead, not this. A waiting read costs one `ReadOp` (40 bytes).
+const WAITERS_PER_INNER_SLOT: usize = 64;
 
 enum Chunk {
     /// Its read is with the inner engine; these small reads wait for it.
@@ -107,6 +117,12 @@ pub struct ChunkedEngine {
     inner_out: Vec<Completion>,
     /// Inner reads (tagged) not handed to the inner engine yet: it was full.
     deferred: VecDeque<ReadOp>,
+    /// Buffers of dropped chunks, for the next chunks (see the module notes).
+    spare: Vec<Box<[u8]>>,
+    /// Bytes of `spare`.
+    spare_bytes: u64,
+    /// Chunk buffers allocated so far (not taken from `spare`).
+    allocated: u64,
 }
 
 // SAFETY: the raw pointers it keeps (in the ReadOps waiting on chunks and
@@ -149,6 +165,41 @@ impl ChunkedEngine {
             clock: 0,
             inner_out: Vec::new(),
             deferred: VecDeque::new(),
+            spare: Vec::new(),
+            spare_bytes: 0,
+            allocated: 0,
+        }
+    }
+
+    /// Chunk buffers allocated so far: a chunk fetched into the buffer of
+    /// a dropped one allocates none.
+    pub fn buffers_allocated(&self) -> u64 {
+        self.allocated
+    }
+
+    /// A buffer of at least `len` bytes for a chunk: a spare one that fits
+    /// (and is at most twice as long), else a new one.
+    fn buffer(&mut self, len: usize) -> Box<[u8]> {
+        let fits = self
+            .spare
+            .iter()
+            .position(|b| b.len() >= len && b.len() / 2 <= len);
+        if let Some(i) = fits {
+            let buf = self.spare.swap_remove(i);
+            self.spare_bytes -= buf.len() as u64;
+            return buf;
+        }
+        self.allocated += 1;
+        vec![0u8; len].into_boxed_slice()
+    }
+
+    /// Keeps the buffer of a chunk that no read writes any more for a next
+    /// chunk, while the spares stay within a quarter of the budget.
+    fn keep_spare(&mut self, buf: Box<[u8]>) {
+        let len = buf.len() as u64;
+        if self.spare_bytes + len <= self.cfg.budget_bytes / 4 {
+            self.spare_bytes += len;
+            self.spare.push(buf);
         }
     }
 
@@ -240,6 +291,8 @@ impl ChunkedEngine {
             let Some((_, key)) = oldest else { return };
             if let Some(Chunk::Resident { buf, .. }) = self.chunks.remove(&key) {
                 self.held_bytes -= buf.len() as u64;
+                // Resident: its read is settled, nothing writes it.
+                self.keep_spare(buf);
             }
         }
     }
@@ -274,6 +327,8 @@ impl ChunkedEngine {
                         }
                         Err(e) => {
                             self.held_bytes -= buf.len() as u64;
+                            // Its read is settled (failed): nothing writes it.
+                            self.keep_spare(buf);
                             // Every read that waited on the chunk fails with
                             // its error: the remote cause shared whole, any
                             // other as the chunk layer's failure naming it.
@@ -355,7 +410,8 @@ impl ReadEngine for ChunkedEngine {
                     self.waiting += 1;
                 }
                 None => {
-                    let mut buf = vec![0u8; (range.end - range.start) as usize].into_boxed_slice();
+                    // A spare may be longer: the read fills its first bytes.
+                    let mut buf = self.buffer((range.end - range.start) as usize);
                     let tag = self.tag(Origin::Chunk(op.file, range.start));
                     self.deferred.push_back(ReadOp {
                         file: op.file,

@@ -247,3 +247,93 @@ fn a_chunk_layer_over_budget_drops_old_chunks_and_fetches_them_again_byte_exact(
         "every chunk fetched again in the second pass"
     );
 }
+
+#[test]
+fn a_chunk_fetched_after_one_was_dropped_lands_in_its_buffer_byte_exact() {
+    use crate::support::{check_bytes, make_files, ops_into, run_all, table};
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    // 32 chunks of 64 KiB, with room for 8 (spares: a quarter, 2 buffers).
+    let size = 32 << 16;
+    let (paths, contents) = make_files(dir.path(), &[size]);
+    let files = table(&paths, &[size], false);
+    let cfg = ReaderConfig {
+        queue_depth: 4,
+        ..ReaderConfig::default()
+    };
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inner = CountingInner {
+        inner: RemoteMemory::open(Arc::clone(&files), &cfg).unwrap(),
+        reads: Arc::clone(&reads),
+        bytes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+    };
+    let chunk = ringfeed::reader::chunked::ChunkConfig {
+        geometry: ringfeed::reader::chunked::ChunkGeometry::Aligned {
+            chunk_bytes: 64 << 10,
+        },
+        small_read_max: 4096,
+        budget_bytes: 512 << 10,
+    };
+    let mut engine =
+        ringfeed::reader::chunked::ChunkedEngine::new(Box::new(inner), vec![size], chunk);
+    // Two reads in each chunk, at its start and at its end, two chunks at
+    // a time: the later chunks reuse the buffers of the first ones.
+    let ranges: Vec<(u32, u64, u64)> = (0..64u64)
+        .map(|i| (0, (i / 2) * (64 << 10) + (i % 2) * (60 << 10), 4096))
+        .collect();
+    let mut buf = vec![0u8; 64 * 4096];
+    let ops = ops_into(&mut buf, &ranges);
+    for op in ops.chunks(4) {
+        let (results, _) = run_all(&mut engine, op);
+        assert!(results.values().all(Result::is_ok));
+    }
+    check_bytes(&buf, &ranges, &contents);
+    assert_eq!(reads.load(Relaxed), 32, "each chunk fetched once");
+    let allocated = engine.buffers_allocated();
+    assert!(
+        allocated <= 8 + 2 + 2,
+        "{allocated} chunk buffers allocated for 32 chunks with room for 8 and 2 spares"
+    );
+}
+
+#[test]
+fn a_chunk_layer_takes_a_whole_block_of_small_reads_per_read_slot_of_its_inner_engine() {
+    use crate::support::{check_bytes, make_files, ops_into, run_all, table};
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let size = 256 << 10;
+    let (paths, contents) = make_files(dir.path(), &[size]);
+    let files = table(&paths, &[size], false);
+    // One read slot below: at 8 small reads per slot (the old cap) a block
+    // of 64 could not even be submitted, and the loader kept 2,048 small
+    // reads (32 batches of 64) in flight whatever its slots.
+    let cfg = ReaderConfig {
+        queue_depth: 1,
+        ..ReaderConfig::default()
+    };
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inner = CountingInner {
+        inner: RemoteMemory::open(Arc::clone(&files), &cfg).unwrap(),
+        reads: Arc::clone(&reads),
+        bytes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+    };
+    let chunk = ringfeed::reader::chunked::ChunkConfig {
+        geometry: ringfeed::reader::chunked::ChunkGeometry::Aligned {
+            chunk_bytes: 256 << 10,
+        },
+        small_read_max: 4096,
+        budget_bytes: 1 << 20,
+    };
+    let mut engine =
+        ringfeed::reader::chunked::ChunkedEngine::new(Box::new(inner), vec![size], chunk);
+    assert!(engine.max_in_flight() >= 64, "{}", engine.max_in_flight());
+    // 64 samples of 4 KiB, one chunk, submitted at once.
+    let ranges: Vec<(u32, u64, u64)> = (0..64u64).map(|i| (0, (63 - i) * 4096, 4096)).collect();
+    let mut buf = vec![0u8; 64 * 4096];
+    let ops = ops_into(&mut buf, &ranges);
+    let (results, peak) = run_all(&mut engine, &ops);
+    assert_eq!(peak, 64, "the whole block in flight at once");
+    assert!(results.values().all(Result::is_ok), "{results:?}");
+    check_bytes(&buf, &ranges, &contents);
+    assert_eq!(reads.load(Relaxed), 1, "one GET for the block");
+}
