@@ -3,7 +3,7 @@
 //! then the whole stage (decode + RandomResizedCrop(224) + flip) through
 //! `Decoder`. Prints µs per image, the best of 5 rounds of N.
 //!
-//! cargo run --release -p ringfeed-decode --example jpeg_decoders -- IMAGE.jpg [N]
+//! cargo run --release -p ringfeed-decode --example jpeg_decoders -- IMAGE.jpg [N [DUMP_PREFIX]]
 
 use std::time::Instant;
 
@@ -31,6 +31,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = args.next().ok_or("usage: jpeg_decoders IMAGE.jpg [N]")?;
     let n: u32 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(100);
     let bytes = std::fs::read(&path)?;
+    // A third argument: write each decoder's full RGB to PREFIX.{zune,jd}.rgb
+    // (for comparing their pixels with Pillow's).
+    if let Some(prefix) = args.next() {
+        let opts = DecoderOptions::default().jpeg_set_out_colorspace(ColorSpace::RGB);
+        let zune = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(&bytes), opts).decode()?;
+        std::fs::write(format!("{prefix}.zune.rgb"), zune)?;
+        std::fs::write(format!("{prefix}.jd.rgb"), jpeg_decoder::Decoder::new(&bytes[..]).decode()?)?;
+    }
     let mut buf = Vec::new();
     let zune = best_us(n, |_| {
         let opts = DecoderOptions::default().jpeg_set_out_colorspace(ColorSpace::RGB);
