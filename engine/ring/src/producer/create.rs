@@ -247,6 +247,15 @@ impl Producer {
             );
             h.flags.fetch_or(crate::layout::flags::ORDER_KNOWN, r);
         }
+        if let Some(images) = job.images {
+            h.image_shape
+                .store((u64::from(images.height) << 32) | u64::from(images.width), r);
+            h.image_flags
+                .store((u64::from(images.classes) << 32) | u64::from(images.chw), r);
+            h.labels_offset.store(images.labels_offset, r);
+            h.bad_offset.store(images.bad_offset, r);
+            h.flags.fetch_or(crate::layout::flags::IMAGES_KNOWN, r);
+        }
         for rank in 0..g.world_size {
             view.rank(rank).batches_expected.store(u64::MAX, r);
         }
