@@ -154,18 +154,18 @@ def test_a_rank_this_process_holds_through_the_c_library_alone_is_refused_at_onc
     # binding's own bookkeeping does not know: no retry loop until the timeout.
     import ctypes
 
-    import ringfeed._feed as feed_module
+    from ringfeed._lib import LIB
 
     p = producer(world_size=1)
     ptr = ctypes.c_void_p()
-    assert feed_module._LIB.rf_attach(p.name.encode(), 0, 5000, ctypes.byref(ptr)) == 0
+    assert LIB.rf_attach(p.name.encode(), 0, 5000, ctypes.byref(ptr)) == 0
     try:
         start = time.monotonic()
         with pytest.raises(ringfeed.RankBusyError, match="already attached by this process"):
             ringfeed.attach(p.name, 0, timeout=10)
         assert time.monotonic() - start < 2
     finally:
-        feed_module._LIB.rf_detach(ptr.value)
+        LIB.rf_detach(ptr.value)
     with ringfeed.attach(p.name, 0, timeout=5) as feed:
         assert feed.rank == 0
 
@@ -187,10 +187,10 @@ def test_a_feed_in_a_reference_cycle_does_not_block_the_next_attach(producer):
 
 @pytest.mark.parametrize("where", ["before the _Handle", "inside the _Handle, after its finalizer"])
 def test_ctrl_c_as_attach_returns_leaves_the_rank_free(producer, monkeypatch, where):
-    import ringfeed._feed as feed_module
+    import ringfeed._handle as handle_module
 
     p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=2)
-    real = feed_module._Handle
+    real = handle_module.Handle
 
     class Interrupted(real):
         __slots__ = ()
@@ -200,10 +200,10 @@ def test_ctrl_c_as_attach_returns_leaves_the_rank_free(producer, monkeypatch, wh
                 super().__init__(*args)
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(feed_module, "_Handle", Interrupted)
+    monkeypatch.setattr(handle_module, "Handle", Interrupted)
     with pytest.raises(KeyboardInterrupt):
         ringfeed.attach(p.name, 0, timeout=5)
-    monkeypatch.setattr(feed_module, "_Handle", real)
+    monkeypatch.setattr(handle_module, "Handle", real)
     import gc
 
     gc.collect()  # a half-made handle dies; its finalizer must not detach twice

@@ -426,7 +426,7 @@ def test_a_ctrl_c_in_a_give_back_queues_only_a_slot_that_finalizer_took(producer
     p = producer(world_size=1, batches=2, batch_size=2, sample_bytes=32, slots_per_rank=2)
     with ringfeed.attach(p.name, 0, timeout=5) as feed:
         handle = feed._handle
-        claim = feed_module._Claim()
+        claim = feed_module.Claim()
         if taken_back_by_next:
             claim.take_back(handle)
 
@@ -438,7 +438,7 @@ def test_a_ctrl_c_in_a_give_back_queues_only_a_slot_that_finalizer_took(producer
         monkeypatch.setattr(feed_module, "_give_back_now", strike)
         raw = object()
         with pytest.raises(KeyboardInterrupt):
-            feed_module._give_back(handle, raw, claim)  # returns: a finalizer does not raise
+            feed_module.give_back(handle, raw, claim)  # returns: a finalizer does not raise
             for _ in range(1000):  # the Ctrl-C, raised again where the main thread runs
                 time.sleep(0.001)
         assert list(handle.pending) == ([] if taken_back_by_next else [raw])

@@ -146,7 +146,7 @@ def test_trainers_restarted_while_the_loader_runs_on_go_on_after_what_was_taken(
         batch.release()
     # The helper's arithmetic is the batches' own, across the epoch boundary.
     start, per_step = (0, 16), B
-    assert [_resume._advance(start, k, N, per_step) for k in range(1, 16)] == states
+    assert [_resume.advance(start, k, N, per_step) for k in range(1, 16)] == states
     name = feed.name
     feed.close()
     feed = ringfeed.attach(name, rank=0, timeout=30)
@@ -162,5 +162,5 @@ def test_trainers_restarted_while_the_loader_runs_on_go_on_after_what_was_taken(
             ringfeed.check_resume(feed, state)
         assert "after the 15 batch(es) this rank took" in str(e.value)
     batch = feed.next()
-    assert batch.resume_state == _resume._advance(start, 16, N, per_step)
+    assert batch.resume_state == _resume.advance(start, 16, N, per_step)
     batch.release()

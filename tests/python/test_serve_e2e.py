@@ -817,7 +817,7 @@ def _take_every_batch(name, world_size):
     import ctypes
 
     import ringfeed
-    from ringfeed import _feed, _lib
+    from ringfeed import _lib
 
     feeds = [ringfeed.attach(name, r, timeout=30) for r in range(world_size)]
     steps = []
@@ -831,8 +831,8 @@ def _take_every_batch(name, world_size):
             b = batches[0]
             raw = _lib.rf_batch(epoch=b.epoch, step=b.step)
             epoch, samples = ctypes.c_uint64(), ctypes.c_uint64()
-            rc = _feed._LIB.rf_resume_state(feeds[0]._handle.ptr, ctypes.byref(raw), ctypes.byref(epoch), ctypes.byref(samples))
-            assert rc == 0, _lib.last_error(_feed._LIB)
+            rc = _lib.LIB.rf_resume_state(feeds[0]._handle.ptr, ctypes.byref(raw), ctypes.byref(epoch), ctypes.byref(samples))
+            assert rc == 0, _lib.LIB.last_error()
             steps.append((b.epoch, b.step, [list(x.indices) for x in batches], b.resume_state, (epoch.value, samples.value)))
             for x in batches:
                 x.release()

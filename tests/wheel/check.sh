@@ -36,6 +36,10 @@ LIB=$WORK/unpacked/ringfeed/libringfeed.so
 BIN=$(echo "$WORK"/unpacked/ringfeed-*.data/scripts/ringfeed)
 [ -f "$LIB" ] || fail "the wheel has no ringfeed/libringfeed.so"
 [ -f "$BIN" ] || fail "the wheel has no ringfeed-*.data/scripts/ringfeed"
+# Every module of the package, the ringfeed.tar submodule included.
+for module in __init__ _batch _feed _handle _lib tar torch errors; do
+    [ -f "$WORK/unpacked/ringfeed/$module.py" ] || fail "the wheel has no ringfeed/$module.py"
+done
 glibc=$(objdump -T "$LIB" "$BIN" | grep -o 'GLIBC_2\.[0-9]*' | sort -u -t. -k2,2n | tail -1)
 want="manylinux_2_${glibc#GLIBC_2.}_$(uname -m)"
 case "$(basename "$WHEEL")" in

@@ -11,6 +11,7 @@ and reads its batches in place::
         batch.epoch, batch.step         # ints
         batch.indices                   # numpy uint64, one manifest index per sample
         batch.sample(i)                 # zero-copy memoryview of sample i
+        batch.samples()                 # all of them at once (microseconds for 64 small ones)
         x = torch.from_numpy(batch.array("uint16", (B, L)))   # zero-copy
         x = x.cuda(non_blocking=False)  # copy out of the ring ...
         batch.release()                 # ... then give the slot back
@@ -18,6 +19,8 @@ and reads its batches in place::
 For torch, ``ringfeed.torch.Loader`` (the one module that imports torch)
 gives each batch as a tensor, on the CPU without a copy or on a GPU through
 the pinned ring, with torchdata's ``state_dict`` / ``load_state_dict``.
+For WebDataset tar shards (``ringfeed serve --format tar``), ``ringfeed.tar``
+reads a sample's fields in place (``batch.fields(i)`` on a batch).
 
 Lifetime of views (the one rule to know)
 ----------------------------------------
@@ -74,12 +77,12 @@ library's, and says what to do. ``check_resume`` raises
 its own).
 """
 
-from . import _lib
+from . import _version, errors, tar
 from ._batch import Batch
 from ._feed import Feed, FeedInfo, abi_version, attach
 from ._job import check_same_plan
+from ._lib import LIB as _LIB
 from ._resume import check_resume
-from ._tar import TarFieldError, tar_fields, tar_key, tar_members
 from .errors import (
     AbortedError,
     AllSlotsHeldError,
@@ -95,15 +98,23 @@ from .errors import (
     RankError,
     ResumeMismatchError,
     StaleBatchError,
-    TimeoutError,
     UntrustedLoaderError,
     VersionMismatchError,
 )
 
-from ._version import __version__
+__version__ = _version.__version__
 
 #: Path the C library was loaded from.
-library_path = _lib.library_path()
+library_path = _LIB.path
+
+# Old names kept for a release, outside __all__ (``import *`` leaves the
+# builtin TimeoutError alone): FeedTimeoutError's, and the tar helpers'
+# before ``ringfeed.tar``.
+TimeoutError = errors.TimeoutError
+TarFieldError = tar.FieldError
+tar_fields = tar.fields
+tar_key = tar.key
+tar_members = tar.members
 
 __all__ = [
     "AbortedError",
@@ -123,7 +134,6 @@ __all__ = [
     "RankError",
     "ResumeMismatchError",
     "StaleBatchError",
-    "TarFieldError",
     "UntrustedLoaderError",
     "VersionMismatchError",
     "abi_version",
@@ -131,7 +141,4 @@ __all__ = [
     "check_resume",
     "check_same_plan",
     "library_path",
-    "tar_fields",
-    "tar_key",
-    "tar_members",
 ]

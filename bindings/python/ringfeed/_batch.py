@@ -1,6 +1,6 @@
 """Batch: one taken slot, its metadata copied out and its bytes viewed in
 place. Every view keeps the slot's base alive; the base's finalizer
-(``_handle._give_back``) gives the slot back when the last one dies."""
+(``_handle.give_back``) gives the slot back when the last one dies."""
 
 import ctypes
 import functools
@@ -8,8 +8,8 @@ import weakref
 
 import numpy as np
 
-from . import _handle, _lib, _tar
-from ._handle import _give_back
+from . import _handle, _lib, tar
+from ._lib import LIB
 
 _SAMPLE_DTYPE = np.dtype([("offset", "<u8"), ("len", "<u8"), ("index", "<u8")])
 assert _SAMPLE_DTYPE.itemsize == ctypes.sizeof(_lib.rf_sample)
@@ -31,7 +31,8 @@ class Batch:
     dangling view: while views are alive it only defers.
     """
 
-    __slots__ = ("_base", "_finalizer", "_table", "_resume", "epoch", "step", "slot", "generation", "nbytes", "data_ptr")
+    __slots__ = ("_base", "_finalizer", "_table", "_spans", "_resume", "epoch", "step", "slot", "generation", "nbytes",
+                 "data_ptr")
 
     def __init__(self, handle, raw, claim):
         n = raw.n_samples
@@ -39,6 +40,8 @@ class Batch:
         # this slot is reused: copy it (24 bytes a sample).
         table_bytes = ctypes.string_at(raw.samples, n * _SAMPLE_DTYPE.itemsize) if n else b""
         self._table = np.frombuffer(table_bytes, dtype=_SAMPLE_DTYPE)
+        # (offsets, lengths) as lists of ints, made on first use (_sample_spans).
+        self._spans = None
         self.epoch = raw.epoch
         self.step = raw.step
         self.slot = raw.slot
@@ -47,7 +50,7 @@ class Batch:
         self.data_ptr = raw.data or 0
         self._resume = handle.resume
         self._base = _base_type(raw.data_len).from_address(self.data_ptr)
-        self._finalizer = weakref.finalize(self._base, _give_back, handle, raw, claim)
+        self._finalizer = weakref.finalize(self._base, _handle.give_back, handle, raw, claim)
         self._finalizer.atexit = False
         handle.claims.add(claim)
 
@@ -103,9 +106,7 @@ class Batch:
         if self.epoch < start_epoch:
             return None  # not a batch of this loader
         before = start_samples if self.epoch == start_epoch else 0
-        return _lib.resume_rule(
-            _handle._LIB, "rf_resume_after", self.epoch, before, self.step + 1, dataset_samples, per_step
-        )
+        return LIB.resume_rule("rf_resume_after", self.epoch, before, self.step + 1, dataset_samples, per_step)
 
     @property
     def indices(self):
@@ -149,28 +150,98 @@ class Batch:
         return memoryview(self._live_base()).cast("B")
 
     def sample(self, i):
-        """Zero-copy memoryview of sample ``i``'s bytes."""
+        """Zero-copy memoryview of sample ``i``'s bytes. For every sample of a
+        batch at once, ``samples()`` costs a fraction of a loop over this."""
         base = self._live_base()
-        n = len(self._table)
+        offsets, lengths = self._sample_spans()
+        n = len(offsets)
         if not -n <= i < n:
             raise IndexError("sample %d out of range: the batch has %d samples" % (i, n))
-        entry = self._table[i]
-        start = int(entry["offset"])
-        return memoryview(base).cast("B")[start : start + int(entry["len"])]
+        start = offsets[i]
+        return memoryview(base).cast("B")[start : start + lengths[i]]
+
+    @property
+    def data(self):
+        """Zero-copy numpy uint8 array of the whole payload (``nbytes``
+        bytes): sample ``i`` is ``data[offsets[i] : offsets[i] + lengths[i]]``.
+        Like every view, it keeps the slot while it lives."""
+        return np.frombuffer(self._live_base(), dtype=np.uint8)
+
+    def samples(self, numpy=False):
+        """Every sample's bytes at once, zero-copy: a list of memoryviews, the
+        same as ``[batch.sample(i) for i in range(len(batch))]`` at a fraction
+        of its cost; ``numpy=True`` gives numpy uint8 arrays instead (views of
+        ``data``). Samples may differ in size."""
+        base = self._live_base()
+        whole = np.frombuffer(base, dtype=np.uint8) if numpy else memoryview(base).cast("B")
+        offsets, lengths = self._sample_spans()
+        return [whole[o : o + n] for o, n in zip(offsets, lengths)]
+
+    def stack(self, dtype="uint8"):
+        """The samples as one ``(samples, length // itemsize)`` numpy array of
+        ``dtype``, when every sample has the same length: a zero-copy view
+        (which keeps the slot) when they lie at a constant stride in the slot,
+        end to end or evenly spaced; else one vectorised copy (which does not).
+        Raises ValueError naming the first sample that differs in size, or
+        when a sample is not a whole number of ``dtype`` items. ``array()`` is
+        the stricter view of the whole payload, in any shape."""
+        base = self._live_base()
+        dt = np.dtype(dtype)
+        if dt.itemsize == 0 or dt.hasobject:
+            raise ValueError("dtype %s cannot view raw bytes" % dt)
+        n = len(self._table)
+        length, stride = self._layout()
+        if length % dt.itemsize:
+            raise ValueError("a sample of %d bytes is not a whole number of %s items (%d bytes each)" % (length, dt, dt.itemsize))
+        shape = (n, length // dt.itemsize)
+        if n == 0:
+            return np.empty(shape, dtype=dt)
+        if stride is not None:
+            return np.ndarray(shape, dtype=dt, buffer=base, offset=int(self._table["offset"][0]), strides=(stride, dt.itemsize))
+        whole = np.frombuffer(base, dtype=np.uint8)
+        offsets, _ = self._sample_spans()
+        return np.concatenate([whole[o : o + length] for o in offsets]).view(dt).reshape(shape)
+
+    def _sample_spans(self):
+        if self._spans is None:
+            self._spans = (self._table["offset"].tolist(), self._table["len"].tolist())
+        return self._spans
+
+    def _layout(self):
+        """``(length, stride)`` of equal-sized samples: ``stride`` the bytes
+        from one sample's start to the next's when constant (and the samples
+        do not overlap), else None. ValueError when the sizes differ."""
+        n = len(self._table)
+        if n == 0:
+            return 0, None
+        lens = self._table["len"]
+        length = int(lens[0])
+        unequal = np.flatnonzero(lens != lens[0])
+        if unequal.size:
+            i = int(unequal[0])
+            raise ValueError("samples differ in size (sample 0 has %d bytes, sample %d has %d): use samples() or sample(i)" % (length, i, int(lens[i])))
+        if n == 1:
+            return length, max(length, 1)
+        offsets = self._table["offset"]
+        steps = offsets[1:] - offsets[:-1]  # uint64: a step back wraps to a huge one
+        stride = int(steps[0])
+        if stride < length or int(offsets[0]) + (n - 1) * stride + length > self.nbytes or (steps != steps[0]).any():
+            return length, None
+        return length, stride
 
     def fields(self, i, lowercase=True):
         """``{field: memoryview}`` of sample ``i`` when the loader serves tar
         shards (``--format tar``): each member's data, zero-copy, keyed by its
         extension lowercased as WebDataset does (``000123.jpg`` -> ``"jpg"``,
         ``s1.JPG`` -> ``"jpg"``; ``lowercase=False`` keeps it as stored;
-        ``ringfeed.tar_members(batch.sample(i))`` gives the members' names).
+        ``ringfeed.tar.members(batch.sample(i))`` gives the members' names).
         ``np.frombuffer(view, np.uint8)`` is a numpy view of the same bytes.
-        Raises ``ringfeed.TarFieldError`` when the sample is not tar members."""
-        return _tar.tar_fields(self.sample(i), lowercase)
+        Raises ``ringfeed.tar.FieldError`` when the sample is not tar members."""
+        return tar.fields(self.sample(i), lowercase)
 
     def key(self, i):
         """The WebDataset key of tar sample ``i`` (``"a/b/000123"``)."""
-        return _tar.tar_key(self.sample(i))
+        return tar.key(self.sample(i))
 
     def array(self, dtype="uint8", shape=None):
         """Zero-copy numpy view of the payload as ``shape`` items of ``dtype``.
@@ -200,21 +271,26 @@ class Batch:
         """The common sample length, checking samples are equal-sized and end to end."""
         if len(self._table) == 0:
             return 0
-        lens = self._table["len"]
-        sample_bytes = int(lens[0])
-        unequal = np.flatnonzero(lens != sample_bytes)
-        if unequal.size:
-            i = int(unequal[0])
-            raise ValueError("samples differ in size (sample 0 has %d bytes, sample %d has %d): use sample(i)" % (sample_bytes, i, int(lens[i])))
-        expected = np.arange(len(lens), dtype=np.uint64) * np.uint64(sample_bytes)
-        apart = np.flatnonzero(self._table["offset"] != expected)
-        if apart.size:
-            i = int(apart[0])
-            raise ValueError(
-                "samples are not laid end to end (sample %d is at offset %d, not %d): use sample(i)"
-                % (i, int(self._table["offset"][i]), int(expected[i]))
-            )
-        return sample_bytes
+        sample_bytes, stride = self._layout()
+        offsets = self._table["offset"]
+        if int(offsets[0]) == 0 and (stride == sample_bytes or len(offsets) == 1):
+            return sample_bytes
+        expected = np.arange(len(offsets), dtype=np.uint64) * np.uint64(sample_bytes)
+        i = int(np.flatnonzero(offsets != expected)[0])
+        raise ValueError(
+            "samples are not laid end to end (sample %d is at offset %d, not %d): use stack() or sample(i)"
+            % (i, int(offsets[i]), int(expected[i]))
+        )
+
+
+def disown(batch):
+    """Disarms ``batch``'s give-back (next() hands its slot out again):
+    ``(raw, claim)`` of the slot, or None if it was given back already."""
+    gone = batch._finalizer.detach()  # (base, give_back, (handle, raw, claim), {}), or None
+    if gone is None:
+        return None
+    _, _, (_, raw, claim), _ = gone
+    return raw, claim
 
 
 def _check_shape(shape, count, dt, total):

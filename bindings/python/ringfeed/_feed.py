@@ -14,11 +14,10 @@ import time
 
 import numpy as np
 
-from . import _lib
+from . import _batch, _handle, _job, _lib
 from . import errors
 from ._batch import Batch
-from ._handle import _HELD_BY_THIS_PROCESS, _LIB, _LIVE_HANDLES, _Claim, _detach, _Handle, _undeliver, _unqueue
-from ._job import _check_job, _rank_from_env
+from ._lib import LIB
 
 # Longest single rf_next call. Between calls, Python delivers signals (Ctrl-C
 # works while waiting) and gives back slots whose last view died on another
@@ -187,15 +186,15 @@ class Feed:
         if handle.awaited_start:
             _learn_start(handle, self)
         mode = ctypes.c_uint32(0)
-        if not hasattr(_LIB, "rf_request_start") or _LIB.rf_get_start_mode(handle.ptr, ctypes.byref(mode)) != _lib.RF_OK:
+        if not LIB.has("rf_request_start") or LIB.rf_get_start_mode(handle.ptr, ctypes.byref(mode)) != _lib.RF_OK:
             mode.value = _lib.RF_START_FIXED
         if mode.value != _lib.RF_START_AWAITING:
             return _resume.check_resume(self, (epoch, samples), order)
         if order is not None:
-            _resume._check_order(self, order)
+            _resume.check_order(self, order)
         with handle.call_lock:
-            rc = _LIB.rf_request_start(handle.ptr, 1, epoch, samples)
-            message = _lib.last_error(_LIB) if rc < 0 else ""
+            rc = LIB.rf_request_start(handle.ptr, 1, epoch, samples)
+            message = LIB.last_error() if rc < 0 else ""
         if rc != _lib.RF_OK:
             raise errors.error_for(rc, message)
 
@@ -221,13 +220,13 @@ class Feed:
             raise ValueError("the feed of %r rank %d is closed" % (self._name, self._rank))
         if handle.pid != os.getpid():
             raise errors.error_for(_lib.RF_E_FORKED, "this feed was attached by the parent of this forked process; attach in the child")
-        if not hasattr(_LIB, "rf_get_taken"):
+        if not LIB.has("rf_get_taken"):
             return None
         taken = ctypes.c_uint64()
         with handle.call_lock:
-            rc = _LIB.rf_get_taken(handle.ptr, ctypes.byref(taken))
+            rc = LIB.rf_get_taken(handle.ptr, ctypes.byref(taken))
             if rc != _lib.RF_OK:
-                raise errors.error_for(rc, _lib.last_error(_LIB))
+                raise errors.error_for(rc, LIB.last_error())
             # A batch an interrupted next() took is this process's next one.
             return taken.value - (handle.undelivered is not None)
 
@@ -280,8 +279,8 @@ class Feed:
             # touching the ring. Not under call_lock, which a thread of the
             # parent may have held at the fork, and not the parent's
             # undelivered batch either.
-            rc = _LIB.rf_next(handle.ptr, ctypes.byref(_lib.rf_batch()), 0)
-            raise errors.error_for(rc, _lib.last_error(_LIB) if rc < 0 else "this feed was attached by the parent of this forked process (rf_next returned %d)" % rc)
+            rc = LIB.rf_next(handle.ptr, ctypes.byref(_lib.rf_batch()), 0)
+            raise errors.error_for(rc, LIB.last_error() if rc < 0 else "this feed was attached by the parent of this forked process (rf_next returned %d)" % rc)
         timeout_ms = _timeout_ms(timeout)
         deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
         while True:
@@ -311,7 +310,7 @@ class Feed:
         returns: never lost, never skipped. rf_next writes the batch only on
         success, and a real batch has generation >= 1."""
         raw = _lib.rf_batch()
-        claim = _Claim()
+        claim = _handle.Claim()
         batch = None
         with handle.call_lock:
             try:
@@ -321,8 +320,8 @@ class Feed:
                     handle.undelivered = None
                     rc, message = _lib.RF_OK, ""
                 else:
-                    rc = _LIB.rf_next(handle.ptr, ctypes.byref(raw), timeout_ms)
-                    message = _lib.last_error(_LIB) if rc < 0 else ""
+                    rc = LIB.rf_next(handle.ptr, ctypes.byref(raw), timeout_ms)
+                    message = LIB.last_error() if rc < 0 else ""
                 if rc == _lib.RF_OK:
                     if handle.resume is None and handle.awaited_start:
                         _learn_start(handle, self)
@@ -332,7 +331,7 @@ class Feed:
                 # Either no Batch was armed (take_back wins), or one was and
                 # died while the exception unwound, its finalizer queueing the
                 # slot because we hold call_lock: take it off the queue.
-                if raw.generation != 0 and (claim.take_back(handle) or _unqueue(handle.pending, raw)):
+                if raw.generation != 0 and (claim.take_back(handle) or _handle.unqueue(handle.pending, raw)):
                     handle.undelivered = raw
                 raise
         return rc, batch, message
@@ -354,6 +353,19 @@ class Feed:
                 % (handle.held, self._rank)
             )
         raise errors.error_for(rc, message)
+
+
+def _undeliver(handle):
+    """Puts the batch in transit back (see ``Handle.in_transit``): the next
+    next() returns it."""
+    batch, handle.in_transit = handle.in_transit, None
+    if batch is None:
+        return
+    taken = _batch.disown(batch)
+    if taken is not None:
+        raw, claim = taken
+        if claim.take_back(handle):
+            handle.undelivered = raw
 
 
 def attach(name=None, rank=None, timeout=30.0):
@@ -381,7 +393,7 @@ def attach(name=None, rank=None, timeout=30.0):
         raise errors.InvalidArgumentError("invalid loader name %r: it contains a NUL character" % name)
     rank_from_env = rank is None
     if rank_from_env:
-        rank = _rank_from_env()
+        rank = _job.env_rank()
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
         raise errors.RankError("rank must be an int, not %r" % (rank,))
     rank = int(rank)
@@ -395,19 +407,19 @@ def attach(name=None, rank=None, timeout=30.0):
         # segment (a rank held on a dead loader's segment, replaced since,
         # does not count). A Feed or batch that only a reference cycle keeps
         # alive is freed by a collection; otherwise say what holds it.
-        if _HELD_BY_THIS_PROCESS not in str(e):
+        if _handle.HELD_BY_THIS_PROCESS not in str(e):
             raise
         gc.collect()
         try:
             handle = _attach_in_slices(name, rank, timeout_ms)
         except errors.RankBusyError as again:
-            if _HELD_BY_THIS_PROCESS in str(again):
+            if _handle.HELD_BY_THIS_PROCESS in str(again):
                 _raise_held_here(name, rank, again)
             raise
     raw = _lib.rf_info()
-    rc = _LIB.rf_get_info(handle.ptr, ctypes.byref(raw))
+    rc = LIB.rf_get_info(handle.ptr, ctypes.byref(raw))
     if rc != _lib.RF_OK:
-        raise errors.error_for(rc, _lib.last_error(_LIB))
+        raise errors.error_for(rc, LIB.last_error())
     info = FeedInfo(
         world_size=raw.world_size,
         rank=raw.rank,
@@ -426,15 +438,15 @@ def attach(name=None, rank=None, timeout=30.0):
         shuffled=None,
         shuffle_block=None,
     )
-    if hasattr(_LIB, "rf_get_job"):
+    if LIB.has("rf_get_job"):
         job = _lib.rf_job()
-        rc = _LIB.rf_get_job(handle.ptr, ctypes.byref(job))
+        rc = LIB.rf_get_job(handle.ptr, ctypes.byref(job))
         if rc != _lib.RF_OK:
-            raise errors.error_for(rc, _lib.last_error(_LIB))
+            raise errors.error_for(rc, LIB.last_error())
         info = info._replace(first_rank=job.first_rank, job_world_size=job.job_world_size, plan_digest=job.plan_digest or None)
-    if hasattr(_LIB, "rf_get_start"):
+    if LIB.has("rf_get_start"):
         epoch, samples, dataset_samples = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
-        rc = _LIB.rf_get_start(handle.ptr, ctypes.byref(epoch), ctypes.byref(samples), ctypes.byref(dataset_samples))
+        rc = LIB.rf_get_start(handle.ptr, ctypes.byref(epoch), ctypes.byref(samples), ctypes.byref(dataset_samples))
         if rc == _lib.RF_OK:
             info = info._replace(start=(epoch.value, samples.value), dataset_samples=dataset_samples.value)
         elif rc == _lib.RF_TIMEOUT:
@@ -443,25 +455,25 @@ def attach(name=None, rank=None, timeout=30.0):
             info = info._replace(dataset_samples=dataset_samples.value)
             handle.awaited_start = True
         elif rc != _lib.RF_E_VERSION:
-            raise errors.error_for(rc, _lib.last_error(_LIB))
-    if hasattr(_LIB, "rf_get_order"):
+            raise errors.error_for(rc, LIB.last_error())
+    if LIB.has("rf_get_order"):
         seed, shuffled = ctypes.c_uint64(), ctypes.c_uint32()
-        rc = _LIB.rf_get_order(handle.ptr, ctypes.byref(seed), ctypes.byref(shuffled))
+        rc = LIB.rf_get_order(handle.ptr, ctypes.byref(seed), ctypes.byref(shuffled))
         if rc == _lib.RF_OK:
             info = info._replace(seed=seed.value, shuffled=bool(shuffled.value))
         elif rc != _lib.RF_E_VERSION:
-            raise errors.error_for(rc, _lib.last_error(_LIB))
-    if hasattr(_LIB, "rf_get_order_block") and info.seed is not None:
+            raise errors.error_for(rc, LIB.last_error())
+    if LIB.has("rf_get_order_block") and info.seed is not None:
         block, window = ctypes.c_uint32(), ctypes.c_uint32()
-        rc = _LIB.rf_get_order_block(handle.ptr, ctypes.byref(block), ctypes.byref(window))
+        rc = LIB.rf_get_order_block(handle.ptr, ctypes.byref(block), ctypes.byref(window))
         if rc != _lib.RF_OK:
-            raise errors.error_for(rc, _lib.last_error(_LIB))
+            raise errors.error_for(rc, LIB.last_error())
         if block.value:
             info = info._replace(shuffle_block=(block.value, window.value))
     if info.start is not None:
         job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
         handle.resume = (info.start, info.dataset_samples, job_world_size * info.max_samples_per_slot)
-    _check_job(info, name, rank_from_env)
+    _job.check_job(info, name, rank_from_env)
     return Feed(handle, info)
 
 
@@ -470,7 +482,7 @@ def _raise_held_here(name, rank, error):
     open Feed, or batches (or their views) of a closed one; else ``error``,
     the library's own message."""
     pid = os.getpid()
-    handle = next((h for h in list(_LIVE_HANDLES) if (h.name, h.rank, h.pid) == (name, rank, pid)), None)
+    handle = next((h for h in list(_handle.LIVE_HANDLES) if (h.name, h.rank, h.pid) == (name, rank, pid)), None)
     if handle is None:
         raise error
     if len(handle.feeds):
@@ -490,7 +502,7 @@ def _raise_held_here(name, rank, error):
 def _attach_in_slices(name, rank, timeout_ms):
     """rf_attach in calls of at most _NEXT_SLICE_S, so that Ctrl-C stops a
     trainer waiting for its loader (Python runs signal handlers between
-    calls), and returns the _Handle. Retries a missing loader and a busy
+    calls), and returns the Handle. Retries a missing loader and a busy
     rank until the deadline; the error then says how long the whole wait
     was. A loader that is gone (it died, failed or served its run: the
     library says which, in the loader's words) is raised at once. Logs
@@ -504,19 +516,19 @@ def _attach_in_slices(name, rank, timeout_ms):
         ptr = ctypes.c_void_p()
         cell = [None]
         try:
-            rc = _LIB.rf_attach(encoded, rank, _ms(_slice_s(deadline)), ctypes.byref(ptr))
+            rc = LIB.rf_attach(encoded, rank, _ms(_slice_s(deadline)), ctypes.byref(ptr))
             if rc == _lib.RF_OK:
                 cell[0] = ptr.value
-                return _Handle(cell, name, rank)
+                return _handle.Handle(cell, name, rank)
         except BaseException:
             # Ctrl-C after rf_attach attached: the rank must not stay held
-            # by nobody. Once the _Handle holds the cell, its finalizer may
+            # by nobody. Once the Handle holds the cell, its finalizer may
             # have detached already; the cell makes it happen once.
-            _detach(cell, ptr.value)
+            _handle.detach(cell, ptr.value)
             raise
-        message = _lib.last_error(_LIB)
+        message = LIB.last_error()
         gone_grace = rc == _lib.RF_E_LOADER_GONE and time.monotonic() - start < _GONE_GRACE_S
-        waiting = (rc in (_lib.RF_TIMEOUT, _lib.RF_E_BUSY) or gone_grace) and _HELD_BY_THIS_PROCESS not in message
+        waiting = (rc in (_lib.RF_TIMEOUT, _lib.RF_E_BUSY) or gone_grace) and _handle.HELD_BY_THIS_PROCESS not in message
         now = time.monotonic()
         if not waiting or (deadline is not None and now >= deadline):
             if rc == _lib.RF_TIMEOUT:
@@ -548,14 +560,14 @@ def _seconds(s):
 
 def abi_version():
     """The ring ABI version the loaded library speaks."""
-    return int(_LIB.rf_abi_version())
+    return int(LIB.rf_abi_version())
 
 
 def _learn_start(handle, feed):
     """Under --resume auto: once a batch came, the loader's start is decided
     and in the header; the batch's resume_state needs it."""
     epoch, samples, dataset_samples = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
-    rc = _LIB.rf_get_start(handle.ptr, ctypes.byref(epoch), ctypes.byref(samples), ctypes.byref(dataset_samples))
+    rc = LIB.rf_get_start(handle.ptr, ctypes.byref(epoch), ctypes.byref(samples), ctypes.byref(dataset_samples))
     if rc != _lib.RF_OK:
         return
     info = feed._info._replace(start=(epoch.value, samples.value), dataset_samples=dataset_samples.value)

@@ -3,13 +3,13 @@ zero-copy view valid.
 
 Ownership, from the bottom up:
 
-- ``_Handle`` owns one ``rf_feed*``. A ``weakref.finalize`` on it calls
+- ``Handle`` owns one ``rf_feed*``. A ``weakref.finalize`` on it calls
   ``rf_detach`` (which unmaps the ring) when the last strong reference goes.
 - Each taken batch has one *base*: a ctypes byte array laid over the slot
   payload. Every view (``sample()``, ``array()``, ``buffer()``, and anything
   numpy or torch derives from them) keeps the base alive through the buffer
   protocol. A ``weakref.finalize`` on the base releases the slot when the base
-  dies (``_give_back``), and holds the handle strongly until then: the
+  dies (``give_back``), and holds the handle strongly until then: the
   mapping outlives every view, and the slot outlives every view.
 - ``Batch`` (``_batch.py``) and ``Feed`` (``_feed.py``) only hold references;
   ``release()`` and ``close()`` drop them, so the real release or detach
@@ -27,9 +27,7 @@ import warnings
 import weakref
 
 from . import _lib
-
-# The library, loaded once for the whole package.
-_LIB = _lib.load()
+from ._lib import LIB
 
 
 # A collection of a reference cycle runs the weakref callbacks (the
@@ -66,14 +64,14 @@ def _deferred_by_gc(finalizer, *args):
     return True
 
 
-def _detach(cell, fallback=None):
+def detach(cell, fallback=None):
     """Detaches (unmaps the ring) the feed in ``cell``, a one-item list that
     whoever detaches empties (list.pop is atomic), so that it happens once:
-    by the finalizer of the _Handle, or by attach() when an exception (Ctrl-C)
-    struck between rf_attach and the _Handle. ``fallback`` is the pointer
+    by the finalizer of the Handle, or by attach() when an exception (Ctrl-C)
+    struck between rf_attach and the Handle. ``fallback`` is the pointer
     rf_attach returned, for an exception before it reached the cell. Never
     raises. In a forked child the library only unmaps the child's copy."""
-    if _deferred_by_gc(_detach, cell, fallback):
+    if _deferred_by_gc(detach, cell, fallback):
         return
     try:
         ptr = cell.pop()
@@ -83,7 +81,7 @@ def _detach(cell, fallback=None):
     if not ptr or sys.is_finalizing():
         return  # nothing attached; or at exit the OS drops mapping and lock
     try:
-        _LIB.rf_detach(ptr)
+        LIB.rf_detach(ptr)
     except Exception:  # noqa: BLE001 - a finalizer must not raise
         pass
 
@@ -92,14 +90,14 @@ def _detach(cell, fallback=None):
 # (AttachError::RankHeldByThisProcess, returned at once): the one RF_E_BUSY
 # that retrying cannot end, and would only spin on. The code alone does not
 # tell it apart without a new return code in the C ABI.
-_HELD_BY_THIS_PROCESS = "already attached by this process"
+HELD_BY_THIS_PROCESS = "already attached by this process"
 
 # The _Handles of this process, to tell a trainer that attaches a rank it
 # still holds what holds it (waiting would wait on itself).
-_LIVE_HANDLES = weakref.WeakSet()
+LIVE_HANDLES = weakref.WeakSet()
 
 
-class _Handle:
+class Handle:
     """One attached ``rf_feed*``, shared by the Feed and every live batch base.
 
     ``call_lock`` serialises the C calls on the feed (the library allows one
@@ -121,7 +119,7 @@ class _Handle:
         self.pending = collections.deque()
         # Set when a slot is queued in `pending`: wakes a next() that waits for it.
         self.queued = threading.Event()
-        # One _Claim per batch taken and not yet given back (or queued).
+        # One Claim per batch taken and not yet given back (or queued).
         self.claims = set()
         # A batch rf_next took that never reached the caller (an exception,
         # such as Ctrl-C, struck first): the next next() returns it.
@@ -141,8 +139,8 @@ class _Handle:
         self.awaited_start = False
         # atexit=False: at interpreter exit the OS unmaps; unmapping earlier
         # could pull memory from under a daemon thread still reading a view.
-        weakref.finalize(self, _detach, cell).atexit = False
-        _LIVE_HANDLES.add(self)
+        weakref.finalize(self, detach, cell).atexit = False
+        LIVE_HANDLES.add(self)
 
     @property
     def held(self):
@@ -150,8 +148,8 @@ class _Handle:
 
     def release_now(self, raw):
         """rf_release under call_lock (held by the caller). Returns (rc, message)."""
-        rc = _LIB.rf_release(self.ptr, ctypes.byref(raw))
-        return rc, (_lib.last_error(_LIB) if rc != _lib.RF_OK else "")
+        rc = LIB.rf_release(self.ptr, ctypes.byref(raw))
+        return rc, (LIB.last_error() if rc != _lib.RF_OK else "")
 
     def drain_pending(self):
         """Gives back queued slots; the caller holds call_lock. An entry
@@ -164,20 +162,7 @@ class _Handle:
             _warn_if_failed(rc, message)
 
 
-def _undeliver(handle):
-    """Puts the batch in transit back (see ``_Handle.in_transit``): the next
-    next() returns it."""
-    batch, handle.in_transit = handle.in_transit, None
-    if batch is None:
-        return
-    gone = batch._finalizer.detach()  # (base, _give_back, (handle, raw, claim), {}), or None
-    if gone is not None:
-        _, _, (_, raw, claim), _ = gone
-        if claim.take_back(handle):
-            handle.undelivered = raw
-
-
-def _unqueue(queue, raw):
+def unqueue(queue, raw):
     """Removes ``raw`` (by identity) from the pending queue; True if it was there."""
     for i, queued in enumerate(queue):
         if queued is raw:
@@ -192,7 +177,7 @@ def _warn_if_failed(rc, message):
         warnings.warn("ringfeed: giving back a slot failed: %s" % message, RuntimeWarning, stacklevel=2)
 
 
-class _Claim:
+class Claim:
     """One batch taken by rf_next, given back exactly once: by the finalizer of
     its base, or by next() itself when an exception (Ctrl-C) struck between
     rf_next and the Batch reaching the caller."""
@@ -214,18 +199,18 @@ class _Claim:
         return True
 
 
-# Marks a claim its batch's finalizer took back (see _Claim.given_back).
+# Marks a claim its batch's finalizer took back (see Claim.given_back).
 _BY_FINALIZER = object()
 
 
-def _give_back(handle, raw, claim):
+def give_back(handle, raw, claim):
     """Finalizer of a batch base: the last view died, release the slot.
 
     Runs on whichever thread dropped the last view, possibly in the middle of
     another call on this feed (garbage collection: then after the collection,
     see _on_gc); it never blocks and never raises.
     """
-    if sys.is_finalizing() or _deferred_by_gc(_give_back, handle, raw, claim):
+    if sys.is_finalizing() or _deferred_by_gc(give_back, handle, raw, claim):
         return
     try:
         _give_back_now(handle, raw, claim)

@@ -10,7 +10,7 @@ from . import errors
 _LOG = logging.getLogger("ringfeed")
 
 
-def _rank_from_env():
+def env_rank():
     """LOCAL_RANK, else RANK, else 0."""
     for var in ("LOCAL_RANK", "RANK"):
         rank = _env_count(var)
@@ -33,7 +33,7 @@ def _env_count(var):
         raise errors.RankError("%s=%r is not a number" % (var, text)) from None
 
 
-def _check_job(info, name, rank_from_env):
+def check_job(info, name, rank_from_env):
     """torchrun's variables must match the ranks the loader serves: otherwise
     some ranks would never be served, DDP would wait forever for ranks the
     loader does not know, or two machines would train on the same samples.

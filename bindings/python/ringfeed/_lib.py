@@ -1,8 +1,11 @@
-"""The C ABI of ``libringfeed.so`` in ctypes: loading, structs, prototypes.
+"""The C ABI of ``libringfeed.so`` in ctypes: loading, structs, prototypes,
+and ``LIB``, the one handle the rest of the package calls the library through.
 
 Mirrors ``ffi/src/lib.rs`` (the source of truth) and ``include/ringfeed.h``.
 Nothing here has logic of its own; ``_handle.py``, ``_batch.py`` and
-``_feed.py`` build the Python API on it.
+``_feed.py`` build the Python API on it. The package's modules depend on
+this file's names without a leading underscore (the return codes, the
+structs, ``Library`` and ``LIB``), never on its private ones.
 """
 
 import ctypes
@@ -109,6 +112,15 @@ def library_path():
     return os.environ.get(LIBRARY_ENV) or bundled_path()
 
 
+# The functions of the first library: every library has them.
+_REQUIRED = ("rf_attach", "rf_next", "rf_release", "rf_get_info", "rf_detach", "rf_last_error", "rf_abi_version")
+# Newer ones: None on a Library whose file lacks them (an older RINGFEED_LIB).
+_OPTIONAL = (
+    "rf_get_job", "rf_resume_state", "rf_get_taken", "rf_get_start", "rf_resume_normal", "rf_resume_after",
+    "rf_resume_advance", "rf_request_start", "rf_get_start_mode", "rf_get_order", "rf_get_order_block",
+)
+
+
 def _declare(lib):
     """Declares argtypes and restype of every function we call."""
     lib.rf_attach.argtypes = [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int64, ctypes.POINTER(_feed_p)]
@@ -161,7 +173,7 @@ def _declare(lib):
 
 
 def load():
-    """Loads and declares the library, or raises ImportError saying where it looked."""
+    """Loads and declares the library (a ``Library``), or raises ImportError saying where it looked."""
     path = library_path()
     if not os.path.exists(path):
         hint = (
@@ -172,30 +184,59 @@ def load():
     try:
         # ctypes.CDLL releases the GIL during every call, so a blocking rf_next
         # does not stop other Python threads.
-        lib = ctypes.CDLL(path)
-        _declare(lib)
+        cdll = ctypes.CDLL(path)
+        _declare(cdll)
+        return Library(cdll, path)
     except (OSError, AttributeError) as e:
         raise ImportError("ringfeed: cannot load the C library %s: %s" % (path, e)) from e
-    return lib
 
 
-def resume_rule(lib, name, *args):
-    """Calls the library's resume rule ``name`` (rf_resume_normal, _after or
-    _advance) and returns its ``(epoch, samples)``, or None where it has no
-    state (a step of 0 samples or larger than the dataset, an overflow)."""
-    fn = getattr(lib, name, None)
-    if fn is None:
-        raise ImportError(
-            "ringfeed: the C library %s predates %s; reinstall the package or point %s at a newer libringfeed.so"
-            % (library_path(), name, LIBRARY_ENV)
-        )
-    epoch, samples = ctypes.c_uint64(), ctypes.c_uint64()
-    if fn(*args, ctypes.byref(epoch), ctypes.byref(samples)) != RF_OK:
-        return None
-    return (epoch.value, samples.value)
+class Library:
+    """The loaded ``libringfeed.so``: the package's one handle on it.
+
+    Its ``rf_*`` attributes are the C functions, prototypes declared; one
+    newer than the first library is None when the loaded file lacks it
+    (``has(name)`` says). The methods are the calls every module makes the
+    same way. ``path`` is the file it was loaded from.
+    """
+
+    def __init__(self, cdll, path):
+        self.path = path
+        for name in _REQUIRED:
+            setattr(self, name, getattr(cdll, name))
+        for name in _OPTIONAL:
+            setattr(self, name, getattr(cdll, name, None))
+        if self.rf_request_start is None:
+            # Declared (and used) only beside rf_request_start, see _declare.
+            self.rf_get_start_mode = None
+
+    def __repr__(self):
+        return "<ringfeed library %s>" % self.path
+
+    def has(self, name):
+        """True when the loaded library has the C function ``name``."""
+        return name.startswith("rf_") and getattr(self, name, None) is not None
+
+    def last_error(self):
+        """rf_last_error() as text; call it right after the failing call, same thread."""
+        raw = self.rf_last_error()
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def resume_rule(self, name, *args):
+        """Calls the library's resume rule ``name`` (rf_resume_normal, _after or
+        _advance) and returns its ``(epoch, samples)``, or None where it has no
+        state (a step of 0 samples or larger than the dataset, an overflow)."""
+        fn = getattr(self, name, None)
+        if fn is None:
+            raise ImportError(
+                "ringfeed: the C library %s predates %s; reinstall the package or point %s at a newer libringfeed.so"
+                % (self.path, name, LIBRARY_ENV)
+            )
+        epoch, samples = ctypes.c_uint64(), ctypes.c_uint64()
+        if fn(*args, ctypes.byref(epoch), ctypes.byref(samples)) != RF_OK:
+            return None
+        return (epoch.value, samples.value)
 
 
-def last_error(lib):
-    """rf_last_error() as text; call it right after the failing call, same thread."""
-    raw = lib.rf_last_error()
-    return raw.decode("utf-8", "replace") if raw else ""
+# The library, loaded once for the whole package (ImportError if it cannot be).
+LIB = load()

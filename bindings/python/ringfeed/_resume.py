@@ -4,8 +4,9 @@ only with a loader that starts where it does, under the same sample order."""
 import logging
 import operator
 
-from . import _handle, _lib
+from . import _lib
 from . import errors
+from ._lib import LIB
 
 _LOG = logging.getLogger("ringfeed")
 
@@ -42,12 +43,12 @@ def check_resume(feed, state, order=None):
     n = info.dataset_samples
     job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
     per_step = job_world_size * info.max_samples_per_slot
-    want = (0, 0) if state is None else _two_counts(state, "state", "(epoch, samples), a Batch.resume_state")
+    want = (0, 0) if state is None else two_counts(state, "state", "(epoch, samples), a Batch.resume_state")
     if order is not None:
-        _check_order(feed, order)
+        check_order(feed, order)
     start = info.start
     taken = feed.taken or 0
-    at = _advance(start, taken, n, per_step)
+    at = advance(start, taken, n, per_step)
     wanted = _normal(want, n, per_step)
     if wanted == at:
         return
@@ -78,7 +79,7 @@ def check_resume(feed, state, order=None):
     )
 
 
-def _two_counts(value, what, shape):
+def two_counts(value, what, shape):
     """``value`` as a pair of ints >= 0 (a tuple or list, as a checkpoint
     gives it back), or InvalidArgumentError naming ``what``."""
     try:
@@ -91,7 +92,7 @@ def _two_counts(value, what, shape):
     return (a, b)
 
 
-def _check_order(feed, order):
+def check_order(feed, order):
     """Raises ResumeMismatchError when ``order`` (a saved Feed.order) is not
     the loader's."""
     try:
@@ -145,12 +146,12 @@ def _normal(state, n, per_step):
     """A state as the loader goes on from it: one with less than a step left
     of its epoch goes on with the next epoch (rf_resume_normal: the
     loader's own rule, ring::resume)."""
-    return _lib.resume_rule(_handle._LIB, "rf_resume_normal", state[0], state[1], n, per_step)
+    return LIB.resume_rule("rf_resume_normal", state[0], state[1], n, per_step)
 
 
-def _advance(start, steps, n, per_step):
+def advance(start, steps, n, per_step):
     """The state ``steps`` steps after ``start`` (rf_resume_advance)."""
-    return _lib.resume_rule(_handle._LIB, "rf_resume_advance", start[0], start[1], steps, n, per_step)
+    return LIB.resume_rule("rf_resume_advance", start[0], start[1], steps, n, per_step)
 
 
 def _steps_between(a, b, n, per_step):

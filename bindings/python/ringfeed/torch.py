@@ -342,8 +342,9 @@ class Loader:
     def _make(self, batch):
         """The batch as the loop gets it on the CPU: zero-copy views."""
         if self._collate is not None:
-            samples = [np.frombuffer(batch.sample(i), dtype=np.uint8) for i in range(len(batch))]
-            return self._collate(samples)
+            # One vectorised pass over the sample table (batch.samples), not a
+            # Python call per sample: microseconds for 64 small samples.
+            return self._collate(batch.samples(numpy=True))
         if self._batch_shape is not None:
             shape = self._batch_shape
         elif self._shape is not None:
@@ -438,7 +439,7 @@ class Loader:
             return None
         job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
         per_step = job_world_size * info.max_samples_per_slot
-        return _resume._advance(info.start, self._feed.taken or 0, info.dataset_samples, per_step)
+        return _resume.advance(info.start, self._feed.taken or 0, info.dataset_samples, per_step)
 
     def load_state_dict(self, state):
         """Goes on from ``state`` (a ``state_dict()``), before the first
@@ -501,7 +502,7 @@ def _check_state(state):
         raise errors.InvalidArgumentError(
             "state holds no resume state: it was saved with a loader too old to say where it was; resume with "
             "`ringfeed serve --resume EPOCH:SAMPLES` and ringfeed.check_resume instead")
-    resume_state = _resume._two_counts(state["resume_state"], "state['resume_state']", "(epoch, samples)")
+    resume_state = _resume.two_counts(state["resume_state"], "state['resume_state']", "(epoch, samples)")
     order = state["order"]
     if order is not None:
         try:

@@ -22,8 +22,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::timeout;
 
-use crate::metrics::text::CONTENT_TYPE;
-use crate::metrics::{render, HTTP_REQUESTS_TOTAL};
+use crate::metrics::{Metrics, CONTENT_TYPE};
 use crate::ring::observer::Observer;
 
 /// The most bytes of request head read: a scraper's is a few hundred.
@@ -154,13 +153,18 @@ impl MetricsServer {
             tokio::net::TcpListener::from_std(listener).map_err(other)?
         };
         let stop = Arc::new(Notify::new());
-        let ring = Arc::new(OnceLock::new());
-        let (t_stop, t_ring, t_name) = (stop.clone(), ring.clone(), Arc::<str>::from(name));
+        let ring = Arc::new(OnceLock::<Observer>::new());
+        let read_ring = {
+            let ring = ring.clone();
+            move || ring.get().map(Observer::snapshot)
+        };
+        let metrics = Arc::new(Metrics::new(name, read_ring));
+        let t_stop = stop.clone();
         let thread = std::thread::Builder::new()
             .name("ringfeed-metrics".into())
             .spawn(move || {
                 block_stop_signals();
-                runtime.block_on(accept_loop(listener, t_stop, t_ring, t_name));
+                runtime.block_on(accept_loop(listener, t_stop, metrics));
                 // Dropping the runtime here drops every connection still open.
             })
             .map_err(other)?;
@@ -225,12 +229,7 @@ fn block_stop_signals() {
 
 /// Accepts connections until `stop`, each served by a task of its own while
 /// at most [`MAX_CONNECTIONS`] are open.
-async fn accept_loop(
-    listener: tokio::net::TcpListener,
-    stop: Arc<Notify>,
-    ring: Arc<OnceLock<Observer>>,
-    name: Arc<str>,
-) {
+async fn accept_loop(listener: tokio::net::TcpListener, stop: Arc<Notify>, metrics: Arc<Metrics>) {
     let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut warned = false;
     loop {
@@ -249,10 +248,10 @@ async fn accept_loop(
         };
         match accepted {
             Ok((stream, _)) => {
-                let (ring, name) = (ring.clone(), name.clone());
+                let metrics = metrics.clone();
                 tokio::spawn(async move {
                     // A client that vanishes mid-request costs it only itself.
-                    let _ = answer(stream, &ring, &name).await;
+                    let _ = answer(stream, &metrics).await;
                     drop(place);
                 });
             }
@@ -349,7 +348,7 @@ fn route(head: &[u8]) -> Reply {
     Reply::Metrics
 }
 
-async fn answer(mut stream: TcpStream, ring: &OnceLock<Observer>, name: &str) -> io::Result<()> {
+async fn answer(mut stream: TcpStream, metrics: &Metrics) -> io::Result<()> {
     let reply = match read_head(&mut stream).await? {
         Ok(head) => route(&head),
         Err(reply) => reply,
@@ -357,13 +356,22 @@ async fn answer(mut stream: TcpStream, ring: &OnceLock<Observer>, name: &str) ->
     let (code, reason, content_type, body) = match reply {
         Reply::Metrics => {
             // Counted before rendering, so the response includes itself.
-            HTTP_REQUESTS_TOTAL.inc("200");
-            let snapshot = ring.get().map(Observer::snapshot);
-            let body = render(name, snapshot.as_ref());
-            ("200", "OK", CONTENT_TYPE, body)
+            metrics.requests().inc("200");
+            // Writing to a String cannot fail; a collector that did is a
+            // bug, said as such rather than as half a response.
+            let plain = "text/plain; charset=utf-8";
+            match metrics.render() {
+                Ok(body) => ("200", "OK", CONTENT_TYPE, body),
+                Err(_) => (
+                    "500",
+                    "Internal Server Error",
+                    plain,
+                    "a bug in ringfeed: the metrics could not be written\n".into(),
+                ),
+            }
         }
         Reply::Status(code, reason) => {
-            HTTP_REQUESTS_TOTAL.inc(code);
+            metrics.requests().inc(code);
             let body = match code {
                 "404" => format!("not found: the metrics are at {METRICS_PATH}\n"),
                 "405" => format!("{METRICS_PATH} answers GET only\n"),

@@ -1,116 +1,184 @@
 //! Metrics for Prometheus: `ringfeed serve --metrics ADDR` answers
-//! `GET /metrics` with the text exposition format 0.0.4.
+//! `GET /metrics` with the text exposition format 0.0.4, written by the
+//! Prometheus project's Rust client, `prometheus-client` (its
+//! `prometheus_text` encoder).
 //!
-//! Two sources make one response:
+//! [`Metrics`] is the crate's `Registry`, built once per endpoint:
 //! - the ring's own counters ([`ring`]), read from the segment the way
 //!   `ringfeed stat` reads them: per-rank waits, batches and bytes
 //!   delivered, queue depths, reads in flight;
-//! - the loader's in-process figures ([`registry`]), declared below
-//!   in `catalog!` (listed in [`IN_PROCESS`]), one line each, and updated
-//!   with one relaxed atomic.
+//! - the endpoint's own requests by status code ([`Requests`]), a
+//!   `Family` of the crate's counters;
+//! - the remote source's and the data cache's figures ([`remote`],
+//!   [`cache`]), read from their atomics when a scrape comes.
 //!
+//! Each of the first and the last is a `Collector` that reads its figures
+//! at scrape time ([`figure`]), so nothing is copied per batch.
 //! [`http`] is a small HTTP/1.1 responder on its own thread (connections
-//! served concurrently, each with a deadline); it only reads
-//! atomics, so it can never block or slow the loader's loop. Every metric is
-//! documented in docs/metrics.md (a test checks that none is missing).
+//! served concurrently, each with a deadline); it only reads atomics, so it
+//! can never block or slow the loader's loop. Every metric is documented in
+//! docs/metrics.md (a test checks that none is missing).
 
 pub mod cache;
+pub mod figure;
 pub mod http;
-pub mod registry;
 pub mod remote;
 pub mod ring;
-pub mod text;
 
-pub use cache::{watch_cache, CacheFigure};
+pub use cache::watch_cache;
 pub use http::{BindError, MetricsServer};
-pub use registry::{Collect, Counter, CounterVec, Gauge, Histogram, LATENCY_BUCKETS_SECONDS};
-pub use remote::{watch_remote, RemoteFigure};
+pub use remote::watch_remote;
+
+use std::fmt;
+
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
 use crate::ring::observer::Snapshot;
-use text::Exposition;
+use figure::{registered_help, registered_name, Kind};
 
-/// Declares the in-process metrics: each entry is one `static`, and the
-/// list [`IN_PROCESS`] that a scrape writes out gets it too, so adding a
-/// figure is one line here plus its updates where it happens.
-macro_rules! catalog {
-    ($($(#[$doc:meta])* $vis:vis static $id:ident: $ty:ty = $init:expr;)*) => {
-        $($(#[$doc])* $vis static $id: $ty = $init;)*
-        /// Every in-process metric, in exposition order.
-        pub static IN_PROCESS: &[&dyn Collect] = &[$(&$id),*];
-    };
-}
+/// The Content-Type of a response: the text exposition format 0.0.4, which
+/// every Prometheus (and the Python client's parser) reads.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
-/// Status codes the endpoint answers with, as `code` label values.
+/// Status codes the endpoint answers with, as `code` label values: each is
+/// written from the first scrape on, at 0 until it happens.
 pub const HTTP_CODES: [&str; 6] = ["200", "400", "404", "405", "408", "431"];
 
-// More figures come here, one line each. The remote source's (`RemoteFigure`) are read at scrape time from its
-// `RemoteMetrics`, registered with `watch_remote`.
-catalog! {
-    /// Requests the metrics endpoint answered, by status code.
-    pub static HTTP_REQUESTS_TOTAL: CounterVec<6> = CounterVec::new("ringfeed_metrics_requests_total", "Requests the metrics endpoint answered, by HTTP status code.", "code", HTTP_CODES);
-    /// Remote source: GETs in flight now.
-    pub static REMOTE_GETS_IN_FLIGHT: RemoteFigure = RemoteFigure::gauge("ringfeed_remote_gets_in_flight", "GETs (parts of reads) of the remote source in flight now.", |s| s.gets_in_flight as f64);
-    /// Remote source: the fetch window.
-    pub static REMOTE_WINDOW: RemoteFigure = RemoteFigure::gauge("ringfeed_remote_window", "Most GETs the remote fetch engine lets be in flight now (its adaptive window).", |s| s.window as f64);
-    /// Remote source: body bytes received.
-    pub static REMOTE_BYTES_TOTAL: RemoteFigure = RemoteFigure::counter("ringfeed_remote_received_bytes_total", "Body bytes received from the remote source (a retried range counts again).", |s| s.bytes_received as f64);
-    /// Remote source: HTTP attempts.
-    pub static REMOTE_ATTEMPTS_TOTAL: RemoteFigure = RemoteFigure::counter("ringfeed_remote_requests_total", "HTTP requests made to the remote source, every attempt and retry.", |s| s.attempts as f64);
-    /// Remote source: retries by cause.
-    pub static REMOTE_RETRIES_TOTAL: RemoteFigure = RemoteFigure::retries("ringfeed_remote_retries_total", "Ranges the remote fetch engine fetched again, by cause.");
-    /// Remote source: median GET latency.
-    pub static REMOTE_GET_P50: RemoteFigure = RemoteFigure::gauge("ringfeed_remote_get_p50_seconds", "Median time of a GET, first attempt to last byte (within a factor of two).", |s| remote::seconds_of_us(s.get_latency_us_p50));
-    /// Remote source: 99th percentile GET latency.
-    pub static REMOTE_GET_P99: RemoteFigure = RemoteFigure::gauge("ringfeed_remote_get_p99_seconds", "99th percentile time of a GET, first attempt to last byte (within a factor of two).", |s| remote::seconds_of_us(s.get_latency_us_p99));
-    /// Data cache: reads served from it.
-    pub static CACHE_HITS_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_hits_total", "Reads served from the disk data cache.", |s| &s.hits);
-    /// Data cache: reads served from remote.
-    pub static CACHE_MISSES_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_misses_total", "Reads of a cached remote source served from the remote store (not in the cache).", |s| &s.misses);
-    /// Data cache: bytes read from it.
-    pub static CACHE_READ_BYTES_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_read_bytes_total", "Bytes read from the disk data cache.", |s| &s.bytes_from_cache);
-    /// Data cache: bytes read from remote.
-    pub static CACHE_MISS_BYTES_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_miss_bytes_total", "Bytes of a cached remote source read from the remote store.", |s| &s.bytes_from_remote);
-    /// Data cache: bytes used.
-    pub static CACHE_USED_BYTES: CacheFigure = CacheFigure::gauge("ringfeed_cache_size_bytes", "Bytes the data cache directory holds, all loaders sharing it together.", |s| &s.used_bytes);
-    /// Data cache: this loader's limit.
-    pub static CACHE_LIMIT_BYTES: CacheFigure = CacheFigure::gauge("ringfeed_cache_limit_bytes", "Most bytes this loader lets the data cache hold (--cache-size or its default).", |s| &s.limit_bytes);
-    /// Data cache: full.
-    pub static CACHE_FULL: CacheFigure = CacheFigure::gauge("ringfeed_cache_full", "1 once the data cache refused an object for want of room (it keeps what it holds), else 0.", |s| &s.fill_complete);
-    /// Data cache: entries written.
-    pub static CACHE_WRITTEN_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_entries_written_total", "Entries this loader wrote to the data cache.", |s| &s.entries_written);
-    /// Data cache: corrupt entries refetched.
-    pub static CACHE_CORRUPT_TOTAL: CacheFigure = CacheFigure::counter("ringfeed_cache_corrupt_total", "Cache entries whose bytes failed their CRC32C, removed and refetched from remote.", |s| &s.corrupt_refetched);
-    /// Data cache: writes stopped.
-    pub static CACHE_WRITES_STOPPED: CacheFigure = CacheFigure::gauge("ringfeed_cache_writes_stopped", "1 once a write to the data cache failed (disk full, permissions) and caching stopped for the run, else 0.", |s| &s.writes_stopped);
-}
+/// The family of [`Requests`].
+pub const REQUESTS_NAME: &str = "ringfeed_metrics_requests_total";
+const REQUESTS_HELP: &str = "Requests the metrics endpoint answered, by HTTP status code.";
 
-/// The whole response body for loader `name`: the ring's families from
-/// `snapshot` (None before the ring exists), then the in-process ones.
-pub fn render(name: &str, snapshot: Option<&Snapshot>) -> String {
-    let mut out = Exposition::new();
-    ring::collect(name, snapshot, &mut out);
-    for m in IN_PROCESS {
-        m.collect(&mut out);
+/// One `code` label.
+type CodeLabel = [(&'static str, &'static str); 1];
+
+/// Requests the metrics endpoint answered, by status code. Clones count
+/// into the same counters.
+#[derive(Clone, Debug)]
+pub struct Requests(Family<CodeLabel, Counter>);
+
+impl Requests {
+    /// Counters at 0, one for each of [`HTTP_CODES`].
+    pub fn new() -> Requests {
+        let family = Family::default();
+        for code in HTTP_CODES {
+            // Every declared code, zeros too: a series that appears only on
+            // its first event makes rate() miss that event.
+            let _ = family.get_or_create(&[("code", code)]);
+        }
+        Requests(family)
     }
-    out.into_string()
+
+    /// Counts one answer with status `code`.
+    pub fn inc(&self, code: &'static str) {
+        self.0.get_or_create(&[("code", code)]).inc();
+    }
+
+    /// The count of answers with status `code` now.
+    pub fn get(&self, code: &'static str) -> u64 {
+        self.0.get_or_create(&[("code", code)]).get()
+    }
 }
 
-/// Every family name a response can hold.
+impl Default for Requests {
+    fn default() -> Requests {
+        Requests::new()
+    }
+}
+
+/// Everything a scrape of one loader writes: a prometheus-client
+/// `Registry`, built once.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Requests,
+}
+
+impl Metrics {
+    /// The registry of loader `name`, whose ring `read_ring` snapshots
+    /// (None before the ring exists: the state says `starting`).
+    pub fn new(
+        name: &str,
+        read_ring: impl Fn() -> Option<Snapshot> + Send + Sync + 'static,
+    ) -> Metrics {
+        let requests = Requests::new();
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(ring::RingFigures::new(name, read_ring)));
+        // A registry writes its own metrics before its collectors: the rest
+        // go in a sub-registry (no prefix, no labels) so that the ring's
+        // families come first, as in `ringfeed stat`.
+        let rest = registry.sub_registry_with_labels(std::iter::empty());
+        rest.register(
+            registered_name(REQUESTS_NAME, Kind::Counter),
+            registered_help(REQUESTS_HELP),
+            requests.0.clone(),
+        );
+        rest.register_collector(Box::new(remote::RemoteFigures));
+        rest.register_collector(Box::new(cache::CacheFigures));
+        Metrics { registry, requests }
+    }
+
+    /// The endpoint's requests, counted by status code.
+    pub fn requests(&self) -> &Requests {
+        &self.requests
+    }
+
+    /// The whole response body now. An error is a collector's that failed
+    /// to write (writing to a `String` itself cannot fail).
+    pub fn render(&self) -> Result<String, fmt::Error> {
+        let mut out = String::new();
+        prometheus_text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// Every family name a response can hold, as exposed.
 pub fn family_names() -> Vec<&'static str> {
     let mut names = ring::family_names();
-    names.extend(IN_PROCESS.iter().map(|m| m.name()));
+    names.push(REQUESTS_NAME);
+    names.extend(remote::family_names());
+    names.extend(cache::family_names());
     names
+}
+
+/// The exposition of `collector` alone, for the tests.
+#[cfg(test)]
+pub(crate) fn text_of(collector: impl prometheus_client::collector::Collector) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(collector));
+    let mut out = String::new();
+    let written = prometheus_text::encode(&mut out, &registry);
+    assert!(written.is_ok(), "{written:?}");
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Whether `name` is a valid metric name: `[a-zA-Z_:][a-zA-Z0-9_:]*`.
+    fn is_metric_name(name: &str) -> bool {
+        let mut chars = name.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    }
+
+    fn body(snapshot: Option<Snapshot>) -> String {
+        let m = Metrics::new("x", move || snapshot.clone());
+        let out = m.render();
+        assert!(out.is_ok(), "{out:?}");
+        out.unwrap_or_default()
+    }
+
     #[test]
     fn every_family_name_follows_prometheus_conventions() {
         let names = family_names();
         for name in &names {
-            assert!(text::is_metric_name(name), "{name}");
+            assert!(is_metric_name(name), "{name}");
             assert!(name.starts_with("ringfeed_"), "{name} lacks the prefix");
             // Units are base units, never ms or MB.
             for bad in ["_ms", "_millis", "_mb", "_kb", "_ns", "_us"] {
@@ -125,17 +193,17 @@ mod tests {
 
     #[test]
     fn counters_and_only_counters_end_in_total() {
-        let body = render(
-            "x",
-            Some(&Snapshot {
-                ranks: vec![Default::default()],
-                ..Snapshot::default()
-            }),
-        );
+        let body = body(Some(Snapshot {
+            ranks: vec![Default::default()],
+            ..Snapshot::default()
+        }));
+        let mut types = 0;
         for line in body.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
             let (name, kind) = line.split_once(' ').unwrap_or((line, ""));
             assert_eq!(name.ends_with("_total"), kind == "counter", "{line}");
+            types += 1;
         }
+        assert!(types > 20, "{body}");
     }
 
     #[test]
@@ -152,9 +220,30 @@ mod tests {
 
     #[test]
     fn a_response_starts_with_the_ring_and_ends_with_the_in_process_figures() {
-        let body = render("x", None);
-        assert!(body.starts_with("# HELP ringfeed_loader_state "));
+        let body = body(None);
+        assert!(body.starts_with("# HELP ringfeed_loader_state "), "{body}");
         assert!(body.contains("# TYPE ringfeed_metrics_requests_total counter\n"));
+        assert!(!body.contains("EOF"), "{body}");
         assert!(body.ends_with('\n'));
+    }
+
+    #[test]
+    fn every_status_code_is_written_from_the_start_and_counts() {
+        let m = Metrics::new("x", || None);
+        m.requests().inc("404");
+        m.requests().inc("404");
+        assert_eq!(m.requests().get("404"), 2);
+        let body = m.render().unwrap_or_default();
+        assert!(body.contains("# HELP ringfeed_metrics_requests_total Requests the metrics endpoint answered, by HTTP status code.\n"), "{body}");
+        for code in HTTP_CODES {
+            let n = if code == "404" { 2 } else { 0 };
+            let line = format!("ringfeed_metrics_requests_total{{code=\"{code}\"}} {n}\n");
+            assert!(body.contains(&line), "no {line:?} in\n{body}");
+        }
+    }
+
+    #[test]
+    fn the_content_type_is_the_classic_text_format() {
+        assert_eq!(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
     }
 }

@@ -3,10 +3,13 @@
 //! fetch engine counts with its own relaxed atomics and nothing is copied
 //! per batch. A loader of a local directory writes none of these families.
 
+use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use super::registry::Collect;
-use super::text::{Exposition, Kind};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+
+use super::figure::{family, sample, Kind, Value};
 use crate::remote::{MetricsSnapshot, RemoteMetrics, RetryCause};
 
 /// The remote source's counters, once a loader of one registered them.
@@ -28,81 +31,60 @@ pub fn remote_snapshot() -> Option<MetricsSnapshot> {
 #[derive(Clone, Copy)]
 enum Read {
     /// One value.
-    One(fn(&MetricsSnapshot) -> f64),
-    /// Retries, one sample per `RetryCause`.
+    One(fn(&MetricsSnapshot) -> Value),
+    /// Retries, one sample per `RetryCause`, labelled `cause`.
     Retries,
 }
 
 /// One family read from the watched `RemoteMetrics`.
-pub struct RemoteFigure {
+struct RemoteFigure {
     name: &'static str,
-    help: &'static str,
     kind: Kind,
+    help: &'static str,
     read: Read,
 }
 
-impl RemoteFigure {
-    /// A gauge: `read` of the snapshot.
-    pub const fn gauge(
-        name: &'static str,
-        help: &'static str,
-        read: fn(&MetricsSnapshot) -> f64,
-    ) -> RemoteFigure {
-        RemoteFigure {
-            name,
-            help,
-            kind: Kind::Gauge,
-            read: Read::One(read),
-        }
-    }
+/// The remote source's families, in exposition order. One line each to add.
+#[rustfmt::skip]
+const FIGURES: &[RemoteFigure] = &[
+    RemoteFigure { name: "ringfeed_remote_gets_in_flight", kind: Kind::Gauge, help: "GETs (parts of reads) of the remote source in flight now.", read: Read::One(|s| s.gets_in_flight.into()) },
+    RemoteFigure { name: "ringfeed_remote_window", kind: Kind::Gauge, help: "Most GETs the remote fetch engine lets be in flight now (its adaptive window).", read: Read::One(|s| s.window.into()) },
+    RemoteFigure { name: "ringfeed_remote_received_bytes_total", kind: Kind::Counter, help: "Body bytes received from the remote source (a retried range counts again).", read: Read::One(|s| s.bytes_received.into()) },
+    RemoteFigure { name: "ringfeed_remote_requests_total", kind: Kind::Counter, help: "HTTP requests made to the remote source, every attempt and retry.", read: Read::One(|s| s.attempts.into()) },
+    RemoteFigure { name: "ringfeed_remote_retries_total", kind: Kind::Counter, help: "Ranges the remote fetch engine fetched again, by cause.", read: Read::Retries },
+    RemoteFigure { name: "ringfeed_remote_get_p50_seconds", kind: Kind::Gauge, help: "Median time of a GET, first attempt to last byte (within a factor of two).", read: Read::One(|s| seconds_of_us(s.get_latency_us_p50).into()) },
+    RemoteFigure { name: "ringfeed_remote_get_p99_seconds", kind: Kind::Gauge, help: "99th percentile time of a GET, first attempt to last byte (within a factor of two).", read: Read::One(|s| seconds_of_us(s.get_latency_us_p99).into()) },
+];
 
-    /// A counter (its name ends in `_total`): `read` of the snapshot.
-    pub const fn counter(
-        name: &'static str,
-        help: &'static str,
-        read: fn(&MetricsSnapshot) -> f64,
-    ) -> RemoteFigure {
-        RemoteFigure {
-            name,
-            help,
-            kind: Kind::Counter,
-            read: Read::One(read),
-        }
-    }
-
-    /// The retries of the fetch engine, labelled `cause`.
-    pub const fn retries(name: &'static str, help: &'static str) -> RemoteFigure {
-        RemoteFigure {
-            name,
-            help,
-            kind: Kind::Counter,
-            read: Read::Retries,
-        }
-    }
+/// Every family name [`RemoteFigures`] can write, for the tests and the docs.
+pub fn family_names() -> impl Iterator<Item = &'static str> {
+    FIGURES.iter().map(|f| f.name)
 }
 
-impl Collect for RemoteFigure {
-    fn name(&self) -> &'static str {
-        self.name
-    }
+/// The remote source's families, read at each scrape from the watched
+/// `RemoteMetrics` (none while no remote source is watched).
+#[derive(Debug)]
+pub struct RemoteFigures;
 
-    fn collect(&self, out: &mut Exposition) {
+impl Collector for RemoteFigures {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let Some(snapshot) = remote_snapshot() else {
-            return;
+            return Ok(());
         };
-        out.family(self.name, self.kind, self.help);
-        match self.read {
-            Read::One(read) => out.sample(self.name, &[], read(&snapshot)),
-            Read::Retries => {
-                for cause in RetryCause::ALL {
-                    out.sample(
-                        self.name,
-                        &[("cause", cause_label(cause))],
-                        snapshot.retries[cause.index()],
-                    );
+        for f in FIGURES {
+            let mut fam = family(&mut encoder, f.name, f.help, f.kind)?;
+            match f.read {
+                Read::One(read) => sample(fam, f.kind, read(&snapshot))?,
+                Read::Retries => {
+                    for cause in RetryCause::ALL {
+                        let n = snapshot.retries[cause.index()];
+                        let labels = [("cause", cause_label(cause))];
+                        sample(fam.encode_family(&labels)?, f.kind, n.into())?;
+                    }
                 }
             }
         }
+        Ok(())
     }
 }
 

@@ -5,7 +5,12 @@
 //! Rates (batches/s, MB/s) are not exported: Prometheus computes them from
 //! the counters with `rate()`, over whatever window a dashboard wants.
 
-use crate::metrics::text::{Exposition, Kind, Value};
+use std::fmt;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+
+use crate::metrics::figure::{family, sample, single, Kind, Value};
 use crate::ring::observer::{RankSnapshot, Snapshot};
 
 /// One per-rank family: its name, kind, HELP text and how to read it from a
@@ -16,6 +21,29 @@ struct RankFigure {
     help: &'static str,
     value: fn(&RankSnapshot) -> Option<Value>,
 }
+
+/// One family of the whole loader, one sample, read from the snapshot.
+struct LoaderFigure {
+    name: &'static str,
+    kind: Kind,
+    help: &'static str,
+    value: fn(&Snapshot) -> Value,
+}
+
+/// The loader's one-sample families, in exposition order, after the state
+/// and the info. One line each to add.
+#[rustfmt::skip]
+const LOADER_FIGURES: &[LoaderFigure] = &[
+    LoaderFigure { name: "ringfeed_reads_in_flight", kind: Kind::Gauge, help: "Reads submitted to the reader and not yet completed.", value: |s| s.reads_in_flight.into() },
+    LoaderFigure { name: "ringfeed_batches_published_total", kind: Kind::Counter, help: "Batches the loader published, all ranks together.", value: |s| s.batches_published.into() },
+    LoaderFigure { name: "ringfeed_published_bytes_total", kind: Kind::Counter, help: "Payload bytes of the batches the loader published, all ranks together.", value: |s| s.bytes_published.into() },
+    LoaderFigure { name: "ringfeed_ring_ranks", kind: Kind::Gauge, help: "Ranks this loader serves (its ring's world size).", value: |s| (s.ranks.len() as u64).into() },
+    LoaderFigure { name: "ringfeed_ring_slots_per_rank", kind: Kind::Gauge, help: "Batch slots per rank: how far ahead the loader may read.", value: |s| s.slots_per_rank.into() },
+    LoaderFigure { name: "ringfeed_ring_slot_payload_bytes", kind: Kind::Gauge, help: "Payload bytes of one batch slot.", value: |s| s.slot_payload_bytes.into() },
+    LoaderFigure { name: "ringfeed_ring_segment_bytes", kind: Kind::Gauge, help: "Size of the shared-memory segment in /dev/shm.", value: |s| s.segment_bytes.into() },
+    LoaderFigure { name: "ringfeed_job_world_size", kind: Kind::Gauge, help: "Ranks of the whole training job, all machines together.", value: |s| s.job.job_world_size.into() },
+    LoaderFigure { name: "ringfeed_job_first_rank", kind: Kind::Gauge, help: "Job rank of this loader's rank 0 (job rank = this + rank).", value: |s| s.job.first_rank.into() },
+];
 
 /// The per-rank families, in exposition order. One line each to add.
 #[rustfmt::skip]
@@ -39,21 +67,14 @@ pub const STATES: [&str; 6] = [
     "starting", "creating", "running", "ended", "aborted", "unknown",
 ];
 
-/// Every family name [`collect`] can write, for the tests and the docs.
+/// The families with labels, written before [`LOADER_FIGURES`].
+const STATE_NAME: &str = "ringfeed_loader_state";
+const INFO_NAME: &str = "ringfeed_loader_info";
+
+/// Every family name [`encode`] can write, for the tests and the docs.
 pub fn family_names() -> Vec<&'static str> {
-    let mut names = vec![
-        "ringfeed_loader_state",
-        "ringfeed_loader_info",
-        "ringfeed_reads_in_flight",
-        "ringfeed_batches_published_total",
-        "ringfeed_published_bytes_total",
-        "ringfeed_ring_ranks",
-        "ringfeed_ring_slots_per_rank",
-        "ringfeed_ring_slot_payload_bytes",
-        "ringfeed_ring_segment_bytes",
-        "ringfeed_job_world_size",
-        "ringfeed_job_first_rank",
-    ];
+    let mut names = vec![STATE_NAME, INFO_NAME];
+    names.extend(LOADER_FIGURES.iter().map(|f| f.name));
     names.extend(RANK_FIGURES.iter().map(|f| f.name));
     names
 }
@@ -63,106 +84,86 @@ fn state_word(s: Option<&Snapshot>) -> &'static str {
     s.map_or("starting", Snapshot::state_name)
 }
 
-fn gauge(out: &mut Exposition, name: &str, help: &str, v: impl Into<Value>) {
-    out.family(name, Kind::Gauge, help);
-    out.sample(name, &[], v);
+/// How the collector reads the ring now: None before the ring exists.
+type ReadRing = Box<dyn Fn() -> Option<Snapshot> + Send + Sync>;
+
+/// The ring's families, read at each scrape with `read`.
+pub struct RingFigures {
+    name: String,
+    read: ReadRing,
 }
 
-fn counter(out: &mut Exposition, name: &str, help: &str, v: impl Into<Value>) {
-    out.family(name, Kind::Counter, help);
-    out.sample(name, &[], v);
+impl RingFigures {
+    /// The families of loader `name`, whose ring `read` snapshots.
+    pub fn new(
+        name: &str,
+        read: impl Fn() -> Option<Snapshot> + Send + Sync + 'static,
+    ) -> RingFigures {
+        RingFigures {
+            name: name.to_owned(),
+            read: Box::new(read),
+        }
+    }
+}
+
+impl fmt::Debug for RingFigures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RingFigures")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Collector for RingFigures {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        encode(&self.name, (self.read)().as_ref(), &mut encoder)
+    }
 }
 
 /// Writes the ring's families for loader `name` from `snapshot` (None
 /// before the ring exists: only the state, `starting`).
-pub fn collect(name: &str, snapshot: Option<&Snapshot>, out: &mut Exposition) {
+pub fn encode(
+    name: &str,
+    snapshot: Option<&Snapshot>,
+    out: &mut DescriptorEncoder<'_>,
+) -> fmt::Result {
     let now = state_word(snapshot);
-    out.family(
-        "ringfeed_loader_state",
-        Kind::Gauge,
+    let mut states = family(
+        out,
+        STATE_NAME,
         "1 for the state the loader is in, 0 for the others.",
-    );
+        Kind::Gauge,
+    )?;
     for st in STATES {
-        out.sample("ringfeed_loader_state", &[("state", st)], st == now);
+        sample(
+            states.encode_family(&[("state", st)])?,
+            Kind::Gauge,
+            (st == now).into(),
+        )?;
     }
     let Some(s) = snapshot else {
-        return;
+        return Ok(());
     };
-    out.family(
-        "ringfeed_loader_info",
-        Kind::Gauge,
+    let mut info = family(
+        out,
+        INFO_NAME,
         "Always 1: the loader's name and reader backend as labels.",
-    );
-    out.sample(
-        "ringfeed_loader_info",
-        &[("name", name), ("reader", &s.reader_backend)],
-        1u64,
-    );
-    gauge(
-        out,
-        "ringfeed_reads_in_flight",
-        "Reads submitted to the reader and not yet completed.",
-        s.reads_in_flight,
-    );
-    counter(
-        out,
-        "ringfeed_batches_published_total",
-        "Batches the loader published, all ranks together.",
-        s.batches_published,
-    );
-    counter(
-        out,
-        "ringfeed_published_bytes_total",
-        "Payload bytes of the batches the loader published, all ranks together.",
-        s.bytes_published,
-    );
-    gauge(
-        out,
-        "ringfeed_ring_ranks",
-        "Ranks this loader serves (its ring's world size).",
-        s.ranks.len() as u64,
-    );
-    gauge(
-        out,
-        "ringfeed_ring_slots_per_rank",
-        "Batch slots per rank: how far ahead the loader may read.",
-        s.slots_per_rank,
-    );
-    gauge(
-        out,
-        "ringfeed_ring_slot_payload_bytes",
-        "Payload bytes of one batch slot.",
-        s.slot_payload_bytes,
-    );
-    gauge(
-        out,
-        "ringfeed_ring_segment_bytes",
-        "Size of the shared-memory segment in /dev/shm.",
-        s.segment_bytes,
-    );
-    gauge(
-        out,
-        "ringfeed_job_world_size",
-        "Ranks of the whole training job, all machines together.",
-        s.job.job_world_size,
-    );
-    gauge(
-        out,
-        "ringfeed_job_first_rank",
-        "Job rank of this loader's rank 0 (job rank = this + rank).",
-        s.job.first_rank,
-    );
-    let mut rank_label = String::new();
+        Kind::Gauge,
+    )?;
+    let labels = [("name", name), ("reader", s.reader_backend.as_str())];
+    sample(info.encode_family(&labels)?, Kind::Gauge, 1u64.into())?;
+    for f in LOADER_FIGURES {
+        single(out, f.name, f.help, f.kind, (f.value)(s))?;
+    }
     for f in RANK_FIGURES {
-        out.family(f.name, f.kind, f.help);
+        let mut fam = family(out, f.name, f.help, f.kind)?;
         for (i, r) in s.ranks.iter().enumerate() {
             if let Some(v) = (f.value)(r) {
-                rank_label.clear();
-                rank_label.push_str(&i.to_string());
-                out.sample(f.name, &[("rank", &rank_label)], v);
+                sample(fam.encode_family(&[("rank", i.to_string())])?, f.kind, v)?;
             }
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -206,9 +207,8 @@ mod tests {
     }
 
     fn text(s: Option<&Snapshot>) -> String {
-        let mut e = Exposition::new();
-        collect("job\"1", s, &mut e);
-        e.into_string()
+        let s = s.cloned();
+        crate::metrics::text_of(RingFigures::new("job\"1", move || s.clone()))
     }
 
     #[test]
@@ -234,6 +234,19 @@ mod tests {
         }
         // A rank whose expected count is unknown has no sample, not u64::MAX.
         assert!(!t.contains("ringfeed_rank_batches_expected{rank=\"1\"}"));
+    }
+
+    #[test]
+    fn counters_past_two_to_the_53_are_written_exactly() {
+        let s = Snapshot {
+            batches_published: u64::MAX,
+            ..two_ranks()
+        };
+        let t = text(Some(&s));
+        assert!(
+            t.contains("\nringfeed_batches_published_total 18446744073709551615\n"),
+            "{t}"
+        );
     }
 
     #[test]
