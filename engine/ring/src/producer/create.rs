@@ -49,6 +49,11 @@ impl Producer {
         ) {
             return Err(CreateError::Job(e));
         }
+        if let Some(images) = &job.images {
+            images
+                .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
+                .map_err(CreateError::Job)?;
+        }
         let layout = Layout::compute(geometry)?;
         let path = segment::shm_path(name).display().to_string();
         let io_err = |what, source| CreateError::Io {
@@ -118,6 +123,7 @@ impl Producer {
             fd,
             view,
             next_claim: vec![0; w],
+            images: job.images,
             published: vec![0; w],
             abandoned: false,
             name_removed: false,
