@@ -341,3 +341,14 @@ fn zero_fill_zeroes_every_byte() {
     zero_fill(&mut out);
     assert!(out.iter().all(|&b| b == 0));
 }
+
+#[test]
+fn a_jpeg_is_whole_only_with_an_end_marker_after_its_last_scan() {
+    use crate::formats::jpeg_has_end;
+    assert!(jpeg_has_end(&[0xFF, 0xD8, 0xFF, 0xDA, 1, 2, 0xFF, 0xD9]));
+    assert!(jpeg_has_end(&[0xFF, 0xD8, 0xFF, 0xDA, 1, 2, 0xFF, 0xD9, 0, 0, 7]), "trailing bytes");
+    assert!(!jpeg_has_end(&[0xFF, 0xD8, 0xFF, 0xDA, 1, 2, 0xFF]), "cut before the end marker");
+    // An EXIF thumbnail ends before the main image's scan, which is cut short.
+    let thumb_then_cut = [0xFF, 0xD8, 0xFF, 0xE1, 0xFF, 0xD8, 0xFF, 0xDA, 0, 0xFF, 0xD9, 0xFF, 0xDA, 1, 2, 3];
+    assert!(!jpeg_has_end(&thumb_then_cut));
+}
