@@ -198,9 +198,10 @@ def test_crop_boxes_follow_the_documented_algorithm(tool, tmp_path):
 
 
 def bomb_png(side=30_000):
-    """A PNG whose header claims side x side RGB: a real zlib stream of its first rows, cut there."""
+    """A PNG whose header claims side x side RGB: a real zlib stream of its first 64 rows, cut there."""
     row = b"\0" + bytes(side * 3)
-    idat = zlib.compressobj(9).compress(row * 8)
+    z = zlib.compressobj(9)
+    idat = z.compress(row * 64) + z.flush(zlib.Z_SYNC_FLUSH)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)) + \
         chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 

@@ -37,7 +37,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let opts = DecoderOptions::default().jpeg_set_out_colorspace(ColorSpace::RGB);
         let zune = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(&bytes), opts).decode()?;
         std::fs::write(format!("{prefix}.zune.rgb"), zune)?;
-        std::fs::write(format!("{prefix}.jd.rgb"), jpeg_decoder::Decoder::new(&bytes[..]).decode()?)?;
+        std::fs::write(
+            format!("{prefix}.jd.rgb"),
+            jpeg_decoder::Decoder::new(&bytes[..]).decode()?,
+        )?;
     }
     let mut buf = Vec::new();
     let zune = best_us(n, |_| {

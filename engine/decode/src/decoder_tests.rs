@@ -341,3 +341,112 @@ fn zero_fill_zeroes_every_byte() {
     zero_fill(&mut out);
     assert!(out.iter().all(|&b| b == 0));
 }
+
+#[test]
+fn a_jpeg_is_whole_only_with_an_end_marker_after_its_last_scan() {
+    use crate::formats::jpeg_has_end;
+    assert!(jpeg_has_end(&[0xFF, 0xD8, 0xFF, 0xDA, 1, 2, 0xFF, 0xD9]));
+    assert!(
+        jpeg_has_end(&[0xFF, 0xD8, 0xFF, 0xDA, 1, 2, 0xFF, 0xD9, 0, 0, 7]),
+        "trailing bytes"
+    );
+    assert!(
+        !jpeg_has_end(&[0xFF, 0xD8, 0xFF, 0xDA, 1, 2, 0xFF]),
+        "cut before the end marker"
+    );
+    // An EXIF thumbnail ends before the main image's scan, which is cut short.
+    let thumb_then_cut = [
+        0xFF, 0xD8, 0xFF, 0xE1, 0xFF, 0xD8, 0xFF, 0xDA, 0, 0xFF, 0xD9, 0xFF, 0xDA, 1, 2, 3,
+    ];
+    assert!(!jpeg_has_end(&thumb_then_cut));
+}
+
+/// A JPEG with a frame header claiming `w` x `h` (3 components, 4:2:0),
+/// a scan header, and no entropy data.
+fn jpeg_header_only(w: u16, h: u16) -> Vec<u8> {
+    let mut b = vec![0xFF, 0xD8, 0xFF, 0xC0, 0, 17, 8];
+    b.extend_from_slice(&h.to_be_bytes());
+    b.extend_from_slice(&w.to_be_bytes());
+    b.extend_from_slice(&[3, 1, 0x22, 0, 2, 0x11, 0, 3, 0x11, 0]);
+    b.extend_from_slice(&[0xFF, 0xDA, 0, 12, 3, 1, 0, 2, 0x11, 3, 0x11, 0, 63, 0]);
+    b
+}
+
+/// A WebP (VP8X canvas, then a VP8L image header) claiming `w` x `h`, with
+/// no image data.
+fn webp_header_only(w: u32, h: u32) -> Vec<u8> {
+    let mut vp8x = vec![0u8; 4];
+    vp8x.extend_from_slice(&(w - 1).to_le_bytes()[..3]);
+    vp8x.extend_from_slice(&(h - 1).to_le_bytes()[..3]);
+    let mut vp8l = vec![0x2F];
+    vp8l.extend_from_slice(&((w - 1) | (h - 1) << 14).to_le_bytes());
+    let mut b = b"RIFF".to_vec();
+    b.extend_from_slice(&(4 + 8 + 10 + 8 + 6u32).to_le_bytes());
+    b.extend_from_slice(b"WEBPVP8X");
+    b.extend_from_slice(&10u32.to_le_bytes());
+    b.extend_from_slice(&vp8x);
+    b.extend_from_slice(b"VP8L");
+    b.extend_from_slice(&5u32.to_le_bytes());
+    b.extend_from_slice(&vp8l);
+    b.push(0);
+    b
+}
+
+#[test]
+fn jpeg_and_webp_bombs_are_refused_before_any_buffer_grows() {
+    let s = spec(224, 224, Layout::Chw, Crop::RANDOM_RESIZED_DEFAULT, false);
+    let mut out = vec![0u8; s.output_len()];
+    for (name, bytes, w, h) in [
+        (
+            "jpeg",
+            jpeg_header_only(60_000, 60_000),
+            60_000u64,
+            60_000u64,
+        ),
+        ("webp", webp_header_only(16_000, 16_000), 16_000, 16_000),
+    ] {
+        let mut d = Decoder::new();
+        let err = d.decode_into(&bytes, &s, 0, 0, 0, &mut out).unwrap_err();
+        assert_eq!(
+            err,
+            DecodeError::TooManyPixels {
+                width: w,
+                height: h,
+                limit: DEFAULT_MAX_PIXELS
+            },
+            "{name}"
+        );
+        assert_eq!(
+            (d.rgb.capacity(), d.raw.capacity()),
+            (0, 0),
+            "{name}: a pixel buffer was allocated"
+        );
+    }
+}
+
+#[test]
+fn threads_decoding_in_different_orders_give_byte_identical_samples() {
+    let (bytes, _) = rgb_png(120, 90);
+    let s = spec(32, 32, Layout::Chw, Crop::RANDOM_RESIZED_DEFAULT, true);
+    let decode_all = |order: Vec<u64>| {
+        let (bytes, s) = (bytes.clone(), s);
+        std::thread::spawn(move || {
+            let mut d = Decoder::new();
+            let mut by_index = vec![Vec::new(); order.len()];
+            for i in order {
+                let mut out = vec![0u8; s.output_len()];
+                d.decode_into(&bytes, &s, 77, 4, i, &mut out).unwrap();
+                by_index[i as usize] = out;
+            }
+            by_index
+        })
+    };
+    let forward = decode_all((0..64).collect()).join().unwrap();
+    let backward = decode_all((0..64).rev().collect()).join().unwrap();
+    let strided = decode_all((0..64).map(|i| (i * 37) % 64).collect())
+        .join()
+        .unwrap();
+    assert!(forward == backward && forward == strided);
+    let distinct: std::collections::HashSet<_> = forward.iter().collect();
+    assert!(distinct.len() > 60, "samples should differ by index");
+}

@@ -132,17 +132,14 @@ fn jpeg_what(e: &DecodeErrors) -> String {
 
 /// libjpeg and Pillow call a JPEG whose last scan has no end-of-image
 /// marker after it truncated; zune fills the missing rows instead. The
-/// last `FF DA` (start of scan) must be followed by an `FF D9`
-/// (an EXIF thumbnail's own markers come before the main image's scans).
-fn jpeg_has_end(bytes: &[u8]) -> bool {
-    let last = |marker: u8| {
-        bytes
-            .windows(2)
-            .rposition(|w| w[0] == 0xFF && w[1] == marker)
-    };
-    match (last(0xDA), last(0xD9)) {
-        (Some(sos), Some(eoi)) => eoi > sos,
-        _ => false,
+/// last `FF D9` (end of image) must exist with no `FF DA` (start of scan)
+/// after it: an EXIF thumbnail's own end marker comes before the main
+/// image's scans. Searched from the end, so a whole JPEG costs a few bytes.
+pub(crate) fn jpeg_has_end(bytes: &[u8]) -> bool {
+    let is = |w: &[u8], marker: u8| w[0] == 0xFF && w[1] == marker;
+    match bytes.windows(2).rposition(|w| is(w, 0xD9)) {
+        Some(eoi) => !bytes[eoi..].windows(2).any(|w| is(w, 0xDA)),
+        None => false,
     }
 }
 
