@@ -223,3 +223,30 @@ def test_the_torch_loader_gives_images_and_labels_with_no_argument(tmp_path):
     finally:
         kill_survivors([loader])
     assert sorted(got) == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_ringfeed_run_trains_the_image_example_with_torchrun(tmp_path):
+    """examples/train_images.py: a ResNet-18 (SMALL: narrow, for the CPU) on
+    images the loader decodes, two ranks under torchrun, two epochs."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from e2e_util import ROOT
+
+    pytest.importorskip("torch")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun not found next to %s; install torch" % sys.executable
+    n = make_tree(tmp_path / "tree", per_class=16)
+    job = subprocess.run(
+        [ringfeed_bin(), "run", "--source", str(tmp_path / "tree"), "--batch-size", "4", "--epochs", "2",
+         "--manifest-cache", "off", "--decode", "image", "--crop", "random-resized:64", "--flip",
+         "--", torchrun, "--standalone", "--nproc-per-node", "2", str(ROOT / "examples" / "train_images.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1", SMALL="1"),
+        timeout=240)
+    out = job.stdout.decode(errors="replace")
+    assert job.returncode == 0, out
+    assert "epoch 1 step 0 loss" in out and "images (4, 3, 64, 64)" in out, out
+    # 48 images, W×B = 8 a step: 6 steps an epoch, 2 epochs, 2 ranks.
+    assert "ringfeed: done: 24 batches, 96 samples" in out, out
+    assert "decoded %d images (0 could not" % (2 * n) in out, out
