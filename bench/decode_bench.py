@@ -15,7 +15,9 @@ horizontal flip, plus labels, to a trainer loop, by each recipe side by side:
   reading bytes does today);
 - spdl, dali-cpu: SPDL's and DALI's CPU pipelines, when importable (with
   --extra-path, a directory they were pip-installed to with --target);
-- ringfeed: `serve --decode image`, the trainer through ringfeed.torch.Loader.
+- ringfeed: `serve --decode image`, the trainer through ringfeed.torch.Loader
+  (ringfeed-2threads: with --decode-threads 2; the default leaves each rank a
+  core, so 1 thread on 2 cores).
 
 Each recipe at every --busy-ms: the trainer spends that long per step in a
 busy loop on one core (a training step's CPU), the figure being images/s over
@@ -163,14 +165,16 @@ def run_inproc(root, busy_ms):
     return train_loop(batches(), busy_ms)
 
 
-def run_ringfeed(root, busy_ms, binary):
+def run_ringfeed(root, busy_ms, binary, threads=None):
     sys.path.insert(0, str(ROOT / "bindings" / "python"))
+    os.environ.setdefault("RINGFEED_LIB", str(Path(binary).parent / "libringfeed.so"))
     import ringfeed
     import ringfeed.torch
 
     name = "decode-bench-%s" % uuid.uuid4().hex[:8]
     serve = subprocess.Popen([binary, "serve", "--source", str(root), "--name", name, "--batch-size", str(B),
-                              "--manifest-cache", "off", "--decode", "image", "--crop", "random-resized:224", "--flip"],
+                              "--manifest-cache", "off", "--decode", "image", "--crop", "random-resized:224", "--flip"]
+                             + (["--decode-threads", str(threads)] if threads else []),
                              stderr=subprocess.PIPE, text=True)
     try:
         n = train_loop(ringfeed.torch.Loader(ringfeed.attach(name, 0, timeout=60)), busy_ms)
@@ -184,11 +188,35 @@ def run_ringfeed(root, busy_ms, binary):
 
 
 def run_spdl(root, busy_ms):
-    import spdl.io  # noqa: F401 - raises when not installed
-    import torch
-    from spdl.io import decode_image  # noqa: F401
+    """SPDL (FFmpeg underneath): each image loaded with a crop/scale/flip
+    filter graph, 2 threads (its decoding releases the GIL), batches of B."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    raise RuntimeError("not measured: see the note")
+    import spdl.io
+    import torch
+    from PIL import Image
+
+    files = files_of(root)
+    order = np.random.default_rng(0).permutation(len(files))
+
+    def one(j):
+        path, label = files[j]
+        rnd = random.Random(int(j))
+        with Image.open(path) as img:  # the header only, for the crop box
+            w, h = img.size
+        x, y, cw, ch = rrc_params(w, h, rnd)
+        flip = ",hflip" if rnd.random() < 0.5 else ""
+        buf = spdl.io.load_image(path, filter_desc="crop=%d:%d:%d:%d,scale=%d:%d%s,format=rgb24" % (
+            cw, ch, x, y, SIZE, SIZE, flip))
+        return spdl.io.to_numpy(buf).transpose(2, 0, 1), label
+
+    def batches():
+        with ThreadPoolExecutor(2) as pool:
+            for s in range(len(files) // B):
+                done = list(pool.map(one, order[s * B:(s + 1) * B]))
+                yield torch.from_numpy(np.stack([d[0] for d in done])), torch.tensor([d[1] for d in done])
+
+    return train_loop(batches(), busy_ms)
 
 
 def run_dali(root, busy_ms):
@@ -224,7 +252,7 @@ def main():
     ap.add_argument("--busy-ms", default="0,40")
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "ringfeed"))
     ap.add_argument("--extra-path", default=None)
-    ap.add_argument("--only", default="dataloader-pil,inproc-pil,dali-cpu,spdl,ringfeed")
+    ap.add_argument("--only", default="dataloader-pil,inproc-pil,dali-cpu,spdl,ringfeed,ringfeed-2threads")
     a = ap.parse_args()
     if a.extra_path:
         sys.path.append(a.extra_path)
@@ -247,8 +275,8 @@ def main():
                         n = run_dataloader(root, busy_ms)
                     elif recipe == "inproc-pil":
                         n = run_inproc(root, busy_ms)
-                    elif recipe == "ringfeed":
-                        n, threads = run_ringfeed(root, busy_ms, a.bin)
+                    elif recipe in ("ringfeed", "ringfeed-2threads"):
+                        n, threads = run_ringfeed(root, busy_ms, a.bin, 2 if recipe.endswith("2threads") else None)
                         note += "; " + threads.replace("ringfeed: ", "")
                     elif recipe == "dali-cpu":
                         n = run_dali(root, busy_ms)
