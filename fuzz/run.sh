@@ -2,9 +2,10 @@
 # Fuzzes for SECONDS seconds in all (default 60), with AddressSanitizer, debug
 # assertions and overflow checks, on the stable toolchain (RUSTC_BOOTSTRAP=1
 # lets cargo-fuzz pass its nightly-only flags), one target after another:
-# the ring's attach and `next` (attach_next) gets half the time, the remote
-# listings' parsers (webdav_listing: a PROPFIND answer; s3_list_page: an S3
-# ListObjectsV2 page) a quarter each. Name targets to run only those, each
+# the ring's attach and `next` (attach_next) gets a third of the time, the
+# remote listings' parsers (webdav_listing: a PROPFIND answer; s3_list_page:
+# an S3 ListObjectsV2 page) and the image decode stage (decode_image: JPEG,
+# PNG or WebP bytes to a cropped tensor, issue 30) two ninths each. Name targets to run only those, each
 # for SECONDS.
 #
 #   bash fuzz/run.sh 60
@@ -27,8 +28,8 @@ if [ "$#" -gt 0 ]; then
     plan=()
     for target in "$@"; do plan+=("$target:$seconds"); done
 else
-    quarter=$(( seconds / 4 ))
-    plan=("attach_next:$(( seconds - 2 * quarter ))" "webdav_listing:$quarter" "s3_list_page:$quarter")
+    share=$(( seconds * 2 / 9 ))
+    plan=("attach_next:$(( seconds - 3 * share ))" "webdav_listing:$share" "s3_list_page:$share" "decode_image:$share")
 fi
 
 export RUSTC_BOOTSTRAP=1

@@ -267,6 +267,49 @@ typedef struct rf_job {
 } rf_job;
 
 /**
+ * What a loader serving decoded images (`serve --decode image`) puts in
+ * each batch: sample i is image i, `height × width × 3` uint8 (channel-first
+ * when `chw` is 1, else height, width, channel); the batch's labels and
+ * bad-sample flags sit at fixed offsets of the payload.
+ */
+typedef struct rf_image_format {
+  /**
+   * 1: samples are decoded images as below; 0: samples are the objects'
+   * bytes (and the other fields are 0).
+   */
+  uint32_t is_image;
+  /**
+   * Pixels high.
+   */
+  uint32_t height;
+  /**
+   * Pixels wide.
+   */
+  uint32_t width;
+  /**
+   * 1: (3, height, width); 0: (height, width, 3).
+   */
+  uint32_t chw;
+  /**
+   * Classes the labels index (0: the labels are -1, none known).
+   */
+  uint32_t classes;
+  /**
+   * Zero (padding).
+   */
+  uint32_t reserved;
+  /**
+   * `batch.data + labels_offset`: `n_samples` little-endian int64 labels.
+   */
+  uint64_t labels_offset;
+  /**
+   * `batch.data + bad_offset`: `n_samples` bytes, 1 where the sample could
+   * not be decoded and is a zero image (`--on-bad-sample zero`).
+   */
+  uint64_t bad_offset;
+} rf_image_format;
+
+/**
  * One member (field) of a tar sample: pointers into the sample's own bytes,
  * valid as long as the sample is (until its batch is released). No string
  * is NUL-terminated.
@@ -448,6 +491,16 @@ int32_t rf_get_order(const struct rf_feed *feed, uint64_t *seed, uint32_t *shuff
 int32_t rf_get_order_block(const struct rf_feed *feed,
                            uint32_t *block_samples,
                            uint32_t *window_blocks);
+
+/**
+ * Fills `*format` with the shape of the loader's decoded images, or with
+ * `is_image` 0 when its samples are the objects' bytes. The same for every
+ * batch of the run.
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `format` is writable.
+ */
+int32_t rf_get_image_format(const struct rf_feed *feed, struct rf_image_format *format);
 
 /**
  * Fills `*epoch` and `*samples` with the resume state after `batch`: once

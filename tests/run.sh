@@ -43,7 +43,8 @@ fi
 # into the wheel check's fresh venv (tests/wheel/check.sh), without
 # compiling every .py of torch (--no-compile: about half of its install time).
 export RINGFEED_WHEELHOUSE=${RINGFEED_WHEELHOUSE:-$HOME/.cache/ringfeed-wheels}
-PY_PACKAGES=(numpy pytest torch prometheus_client boto3)
+# pillow: tests/python/test_decode_pixels.py makes its images and reference pixels with it (issue 30).
+PY_PACKAGES=(numpy pytest torch prometheus_client boto3 pillow)
 .venv/bin/python -m pip download -q -d "$RINGFEED_WHEELHOUSE" "${PY_PACKAGES[@]}"
 .venv/bin/python -m pip install -q --no-compile --no-index --find-links "$RINGFEED_WHEELHOUSE" "${PY_PACKAGES[@]}"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked -q
@@ -55,12 +56,15 @@ cargo fmt --all --check
 python3 .ci/import_map.py
 python3 .ci/fn_lengths.py
 cargo clippy --workspace --release --all-targets --locked -- -D warnings
-RUSTDOCFLAGS="-D warnings -D missing_docs" cargo doc --no-deps --locked -p ringfeed -p ringfeed-ring
+RUSTDOCFLAGS="-D warnings -D missing_docs" cargo doc --no-deps --locked -p ringfeed -p ringfeed-ring -p ringfeed-decode
 # ffi's library is also named ringfeed: documented apart, so the two do not collide.
 RUSTDOCFLAGS="-D warnings -D missing_docs" CARGO_TARGET_DIR=target/doc-ffi cargo doc --no-deps --locked -p ringfeed-ffi -p faultproxy
 
 step "build (release): ringfeed binary, libringfeed.so/.a"
 cargo build --workspace --release --locked
+# issue 30: the decode stage's test tool (decode_file), used by tests/python/test_decode_pixels.py;
+# the crate's own tests run in the workspace's cargo test below.
+cargo build --release --locked -p ringfeed-decode --examples
 
 step "test servers: install (first time: s3s-fs ~4 min, azurite ~2 min) and start"
 # Sourced: exports each server's environment (AWS_*, AZURE_*, GOOGLE_*,
@@ -100,7 +104,7 @@ step "wheel: build, install in a fresh venv without Rust, demo, torchrun, uninst
 bash tests/wheel/check.sh
 
 # issue 32: the run is split between the ring (attach_next) and the remote listings' parsers.
-step "fuzz: attach+next on arbitrary segments, WebDAV and S3 listing pages, ${FUZZ_SECONDS}s in all"
+step "fuzz: attach+next on arbitrary segments, WebDAV and S3 listing pages, image decoding, ${FUZZ_SECONDS}s in all"
 bash fuzz/run.sh "$FUZZ_SECONDS"
 
 step "no process started by the tests is left (tests/leftovers.sh)"

@@ -120,6 +120,33 @@ pub struct rf_sample {
     pub index: u64,
 }
 
+/// What a loader serving decoded images (`serve --decode image`) puts in
+/// each batch: sample i is image i, `height × width × 3` uint8 (channel-first
+/// when `chw` is 1, else height, width, channel); the batch's labels and
+/// bad-sample flags sit at fixed offsets of the payload.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct rf_image_format {
+    /// 1: samples are decoded images as below; 0: samples are the objects'
+    /// bytes (and the other fields are 0).
+    pub is_image: u32,
+    /// Pixels high.
+    pub height: u32,
+    /// Pixels wide.
+    pub width: u32,
+    /// 1: (3, height, width); 0: (height, width, 3).
+    pub chw: u32,
+    /// Classes the labels index (0: the labels are -1, none known).
+    pub classes: u32,
+    /// Zero (padding).
+    pub reserved: u32,
+    /// `batch.data + labels_offset`: `n_samples` little-endian int64 labels.
+    pub labels_offset: u64,
+    /// `batch.data + bad_offset`: `n_samples` bytes, 1 where the sample could
+    /// not be decoded and is a zero image (`--on-bad-sample zero`).
+    pub bad_offset: u64,
+}
+
 const _: () = {
     assert!(std::mem::size_of::<rf_sample>() == std::mem::size_of::<SampleEntry>());
     assert!(std::mem::offset_of!(rf_sample, len) == std::mem::offset_of!(SampleEntry, len));
@@ -625,6 +652,45 @@ pub unsafe extern "C" fn rf_get_order_block(
             *block_samples = order.block_samples;
             *window_blocks = order.window_blocks;
         }
+        RF_OK
+    })
+}
+
+/// Fills `*format` with the shape of the loader's decoded images, or with
+/// `is_image` 0 when its samples are the objects' bytes. The same for every
+/// batch of the run.
+///
+/// # Safety
+/// `feed` comes from rf_attach and was not detached; `format` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rf_get_image_format(
+    feed: *const rf_feed,
+    format: *mut rf_image_format,
+) -> i32 {
+    guard(|| {
+        if feed.is_null() || format.is_null() {
+            return fail(
+                RF_E_INVALID,
+                "rf_get_image_format: feed and format must not be NULL",
+            );
+        }
+        // SAFETY: a live feed from rf_attach.
+        let consumer = unsafe { &(*feed).consumer };
+        let out = match consumer.job().images {
+            Some(i) => rf_image_format {
+                is_image: 1,
+                height: i.height,
+                width: i.width,
+                chw: u32::from(i.chw),
+                classes: i.classes,
+                reserved: 0,
+                labels_offset: i.labels_offset,
+                bad_offset: i.bad_offset,
+            },
+            None => rf_image_format::default(),
+        };
+        // SAFETY: non-NULL and writable by contract.
+        unsafe { *format = out };
         RF_OK
     })
 }

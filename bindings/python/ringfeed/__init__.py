@@ -79,7 +79,7 @@ its own).
 
 from . import _version, errors, tar
 from ._batch import Batch
-from ._feed import Feed, FeedInfo, abi_version, attach
+from ._feed import Feed, FeedInfo, ImageFormat, abi_version, attach
 from ._job import check_same_plan
 from ._lib import LIB as _LIB
 from ._resume import check_resume
@@ -126,6 +126,7 @@ __all__ = [
     "ForkedError",
     "Feed",
     "FeedInfo",
+    "ImageFormat",
     "IOFailureError",
     "InternalError",
     "InvalidArgumentError",

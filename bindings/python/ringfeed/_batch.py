@@ -31,8 +31,8 @@ class Batch:
     dangling view: while views are alive it only defers.
     """
 
-    __slots__ = ("_base", "_finalizer", "_table", "_spans", "_resume", "epoch", "step", "slot", "generation", "nbytes",
-                 "data_ptr")
+    __slots__ = ("_base", "_finalizer", "_table", "_spans", "_resume", "_images", "epoch", "step", "slot",
+                 "generation", "nbytes", "data_ptr")
 
     def __init__(self, handle, raw, claim):
         n = raw.n_samples
@@ -49,6 +49,7 @@ class Batch:
         self.nbytes = raw.data_len
         self.data_ptr = raw.data or 0
         self._resume = handle.resume
+        self._images = handle.images
         self._base = _base_type(raw.data_len).from_address(self.data_ptr)
         self._finalizer = weakref.finalize(self._base, _handle.give_back, handle, raw, claim)
         self._finalizer.atexit = False
@@ -107,6 +108,41 @@ class Batch:
             return None  # not a batch of this loader
         before = start_samples if self.epoch == start_epoch else 0
         return LIB.resume_rule("rf_resume_after", self.epoch, before, self.step + 1, dataset_samples, per_step)
+
+    @property
+    def images(self):
+        """The batch's decoded images (``serve --decode image``), zero-copy: a
+        numpy uint8 array of ``(n, 3, H, W)`` (or ``(n, H, W, 3)`` with
+        ``--layout hwc``). ``torch.from_numpy(batch.images)`` is a tensor of
+        the same memory."""
+        fmt = self._image_format()
+        shape = (3, fmt.height, fmt.width) if fmt.chw else (fmt.height, fmt.width, 3)
+        per = 3 * fmt.height * fmt.width
+        n = len(self)
+        whole = np.frombuffer(self._live_base(), dtype=np.uint8, count=n * per)
+        return whole.reshape((n,) + shape)
+
+    @property
+    def labels(self):
+        """Each image's label, zero-copy: a numpy int64 array (-1: no label)."""
+        fmt = self._image_format()
+        return np.frombuffer(self._live_base(), dtype="<i8", count=len(self), offset=fmt.labels_offset)
+
+    @property
+    def bad(self):
+        """Each image's flag, zero-copy: a numpy bool array, True where the
+        sample could not be decoded and is a zero image (``--on-bad-sample
+        zero``)."""
+        fmt = self._image_format()
+        return np.frombuffer(self._live_base(), dtype=np.bool_, count=len(self), offset=fmt.bad_offset)
+
+    def _image_format(self):
+        if self._images is None:
+            raise ValueError(
+                "this loader serves the objects' bytes, not decoded images: start it with --decode image "
+                "(or read the bytes with sample(i), samples() or array())"
+            )
+        return self._images
 
     @property
     def indices(self):

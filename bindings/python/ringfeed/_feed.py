@@ -58,8 +58,16 @@ FeedInfo = collections.namedtuple(
         "seed",
         "shuffled",
         "shuffle_block",
+        "images",
     ],
 )
+
+ImageFormat = collections.namedtuple("ImageFormat", ["height", "width", "chw", "classes", "labels_offset", "bad_offset"])
+ImageFormat.__doc__ = """The shape of a loader's decoded images (``serve --decode image``):
+every sample is a uint8 RGB image of ``(3, height, width)`` when ``chw``, else
+``(height, width, 3)``; ``classes`` is how many classes the labels index (0:
+labels are -1). ``Batch.images``, ``Batch.labels`` and ``Batch.bad`` view
+them; the offsets say where in the payload the labels and flags are."""
 FeedInfo.__doc__ = """Shape of the ring a feed is attached to.
 
 ``payload_region_address`` / ``payload_region_bytes`` span the payload of
@@ -437,6 +445,7 @@ def attach(name=None, rank=None, timeout=30.0):
         seed=None,
         shuffled=None,
         shuffle_block=None,
+        images=None,
     )
     if LIB.has("rf_get_job"):
         job = _lib.rf_job()
@@ -470,6 +479,15 @@ def attach(name=None, rank=None, timeout=30.0):
             raise errors.error_for(rc, LIB.last_error())
         if block.value:
             info = info._replace(shuffle_block=(block.value, window.value))
+    if LIB.has("rf_get_image_format"):
+        fmt = _lib.rf_image_format()
+        rc = LIB.rf_get_image_format(handle.ptr, ctypes.byref(fmt))
+        if rc != _lib.RF_OK:
+            raise errors.error_for(rc, LIB.last_error())
+        if fmt.is_image:
+            info = info._replace(images=ImageFormat(fmt.height, fmt.width, bool(fmt.chw), fmt.classes,
+                                                    fmt.labels_offset, fmt.bad_offset))
+            handle.images = info.images
     if info.start is not None:
         job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
         handle.resume = (info.start, info.dataset_samples, job_world_size * info.max_samples_per_slot)

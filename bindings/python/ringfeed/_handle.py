@@ -106,7 +106,7 @@ class Handle:
     """
 
     __slots__ = ("ptr", "pid", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "in_transit", "feeds",
-                 "resume", "awaited_start", "__weakref__")
+                 "resume", "awaited_start", "images", "__weakref__")
 
     def __init__(self, cell, name, rank):
         self.ptr = cell[0]
@@ -121,6 +121,8 @@ class Handle:
         self.queued = threading.Event()
         # One Claim per batch taken and not yet given back (or queued).
         self.claims = set()
+        # The loader's ImageFormat when it decodes images (serve --decode image).
+        self.images = None
         # A batch rf_next took that never reached the caller (an exception,
         # such as Ctrl-C, struck first): the next next() returns it.
         self.undelivered = None

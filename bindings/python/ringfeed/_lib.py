@@ -40,6 +40,21 @@ LIBRARY_NAME = "libringfeed.so"
 LIBRARY_ENV = "RINGFEED_LIB"
 
 
+class rf_image_format(ctypes.Structure):
+    """The shape of a loader's decoded images (``serve --decode image``)."""
+
+    _fields_ = [
+        ("is_image", ctypes.c_uint32),
+        ("height", ctypes.c_uint32),
+        ("width", ctypes.c_uint32),
+        ("chw", ctypes.c_uint32),
+        ("classes", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("labels_offset", ctypes.c_uint64),
+        ("bad_offset", ctypes.c_uint64),
+    ]
+
+
 class rf_sample(ctypes.Structure):
     """One sample of a batch: its bytes are ``data + offset .. + len``."""
 
@@ -118,6 +133,7 @@ _REQUIRED = ("rf_attach", "rf_next", "rf_release", "rf_get_info", "rf_detach", "
 _OPTIONAL = (
     "rf_get_job", "rf_resume_state", "rf_get_taken", "rf_get_start", "rf_resume_normal", "rf_resume_after",
     "rf_resume_advance", "rf_request_start", "rf_get_start_mode", "rf_get_order", "rf_get_order_block",
+    "rf_get_image_format",
 )
 
 
@@ -167,6 +183,9 @@ def _declare(lib):
     if hasattr(lib, "rf_get_order"):
         lib.rf_get_order.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)]
         lib.rf_get_order.restype = ctypes.c_int
+    if hasattr(lib, "rf_get_image_format"):
+        lib.rf_get_image_format.argtypes = [_feed_p, ctypes.POINTER(rf_image_format)]
+        lib.rf_get_image_format.restype = ctypes.c_int
     if hasattr(lib, "rf_get_order_block"):
         lib.rf_get_order_block.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]
         lib.rf_get_order_block.restype = ctypes.c_int

@@ -22,6 +22,13 @@ sample, of any sizes), returning what the loop gets (tensors, or dicts,
 lists and tuples of them). ``epoch``, ``step``, ``indices`` and
 ``resume_state`` are those of the last batch the loop got.
 
+From a loader that decodes images (``serve --decode image``), with no
+argument, each batch is ``(images, labels)``: a ``(B, 3, H, W)`` uint8 tensor
+(``(B, H, W, 3)`` with ``--layout hwc``) and a ``(B,)`` int64 tensor, views of
+the slot on the CPU. Normalise on the GPU, in two lines::
+
+    x = images.float().div_(255).sub_(mean).div_(std)   # mean, std: (1, 3, 1, 1)
+
 Lifetime, on the CPU (``device`` None or "cpu", or no CUDA): a tensor is a
 view into the batch's slot of the ring, not a copy. It stays valid as long as
 it lives: the slot goes back to the loader only once the tensor (and every
@@ -341,6 +348,9 @@ class Loader:
 
     def _make(self, batch):
         """The batch as the loop gets it on the CPU: zero-copy views."""
+        if batch._images is not None and self._collate is None and self._shape is None and self._batch_shape is None:
+            # Decoded images: their shape is the loader's, said in the ring.
+            return (torch.from_numpy(batch.images), torch.from_numpy(batch.labels))
         if self._collate is not None:
             # One vectorised pass over the sample table (batch.samples), not a
             # Python call per sample: microseconds for 64 small samples.

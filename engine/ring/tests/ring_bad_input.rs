@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use memmap2::MmapMut;
 use ringfeed_ring::consumer::{validate_header, Next};
 use ringfeed_ring::layout::{
-    Job, RunOrder, RunStart, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES,
+    ImageFormat, Job, RunOrder, RunStart, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES,
 };
 use ringfeed_ring::segment::{self, LOADER_LOCK_BYTE};
 use ringfeed_ring::{
@@ -138,6 +138,32 @@ fn corrupt_header_err(test: &str, tamper: impl FnOnce(&mut Vec<u8>)) -> String {
         "{test}: message does not name the path: {msg}"
     );
     msg
+}
+
+#[test]
+fn an_image_format_that_does_not_fit_its_slots_is_corrupt() {
+    // Flags word at 84: IMAGES_KNOWN; shape at 208, labels at 224, flags at 232.
+    let images = |shape: u64, labels: u64, bad: u64| {
+        move |b: &mut Vec<u8>| {
+            let flags = u32::from_le_bytes(b[84..88].try_into().unwrap()) | 8;
+            b[84..88].copy_from_slice(&flags.to_le_bytes());
+            put_u64(b, 208, shape);
+            put_u64(b, 224, labels);
+            put_u64(b, 232, bad);
+        }
+    };
+    // 4 images of 32 x 32 x 3 are 12 KiB: more than a 4 KiB slot.
+    let msg = corrupt_header_err("img-big", images((32 << 32) | 32, 12288, 12320));
+    assert!(msg.contains("image format"), "{msg}");
+    // Labels that overlap the images.
+    let msg = corrupt_header_err("img-overlap", images((4 << 32) | 4, 8, 200));
+    assert!(msg.contains("image format"), "{msg}");
+    // Flags past the payload's end.
+    let msg = corrupt_header_err("img-end", images((4 << 32) | 4, 192, 4095));
+    assert!(msg.contains("image format"), "{msg}");
+    // A zero-sized image.
+    let msg = corrupt_header_err("img-zero", images(0, 0, 32));
+    assert!(msg.contains("image format"), "{msg}");
 }
 
 #[test]
@@ -359,6 +385,9 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
         plan_digest: 0x1234_5678_9abc_def0,
         start,
         order,
+        // 4 images of 16 x 20 x 3 = 960 bytes each, labels, flags: 4072 of
+        // the 4096-byte payload.
+        images: Some(ImageFormat::plan(16, 20, true, 1000, 4)),
         awaits_start: false,
     };
     let _producer = Producer::create_in_job(&name, GEOMETRY, job).unwrap();
@@ -379,6 +408,7 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
             plan_digest: 0,
             start: None,
             order: None,
+            images: None,
             awaits_start: false,
         },
     )

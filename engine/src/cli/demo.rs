@@ -323,6 +323,7 @@ fn demo_config(a: &DemoArgs, data_dir: &Path, name: &str) -> ServeConfig {
         reader: ReaderConfig::default(),
         start: ResumeState::default(),
         progress: false,
+        decode: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The `ringfeed` command line.
 
 pub mod cache;
+mod decode_args;
 pub mod demo;
 pub mod gc;
 mod max_age;

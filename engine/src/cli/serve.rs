@@ -84,6 +84,9 @@ fn run_configured(job: &JobConfig) -> Result<u8> {
                 report.bytes as f64 / secs.max(1e-9) / 1e9,
                 report.backend
             );
+            if let Some((decoded, bad)) = report.images {
+                say_err!("ringfeed: decoded {decoded} images ({bad} could not be decoded and were served as zero images, flagged in batch.bad)");
+            }
             if let Some(line) = crate::metrics::remote::summary_line() {
                 say_err!("ringfeed: {line}");
             }

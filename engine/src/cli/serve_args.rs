@@ -135,6 +135,9 @@ pub struct ServeArgs {
     /// 127.0.0.1:9464 (port 0 picks a free one, logged at start). See docs/metrics.md.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// The decode stage: --decode image and its flags.
+    #[command(flatten)]
+    pub images: super::decode_args::DecodeArgs,
 }
 
 /// `--shuffle`.
@@ -307,6 +310,7 @@ pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Resul
             plan_digest: 0,
             start: None,
             order: None,
+            images: None,
             awaits_start: false,
         },
     ))
@@ -346,6 +350,9 @@ impl ServeArgs {
             (Some(FormatFlag::Files), None) => SampleFormat::Files,
             (None, None) => SampleFormat::Auto,
         };
+        if serve.decode.is_some() && matches!(format, SampleFormat::Records | SampleFormat::Tar) {
+            bail!("--decode image decodes whole objects, one image each; it cannot be used with --format tar or --record-bytes (serve tar shards with --format files, or unpack them)");
+        }
         serve.check_ring_flags()?;
         crate::ring::segment::validate_name(&self.name)?;
         crate::sampler::check_shape(self.batch_size, serve.job.job_world_size)?;
@@ -443,6 +450,7 @@ impl ServeArgs {
             },
             start,
             progress: true,
+            decode: self.images.config()?,
         })
     }
 }

@@ -249,6 +249,13 @@ fn counter_lines(c: &Counters, prev: &Counters, secs: f64) -> Vec<String> {
             human_bytes(got(Counter::CacheBytesLimit)),
         ));
     }
+    let decoded = got(Counter::ImagesDecoded);
+    if decoded > 0 {
+        lines.push(format!(
+            "images: {decoded} decoded, {} not decodable (served as zero images, flagged in batch.bad)",
+            got(Counter::ImagesBad)
+        ));
+    }
     lines
 }
 

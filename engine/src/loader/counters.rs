@@ -1,7 +1,7 @@
 //! The loader's counters block in the ring header (`ring::layout::Counter`),
 //! rewritten every `run::COUNTERS_EVERY` from the loop's thread, so that
 //! `ringfeed stat`, which reads only the header, shows the remote engine's
-//! figures and the disk cache's.
+//! figures, the disk cache's and the decode stage's.
 
 use std::sync::atomic::Ordering;
 
@@ -20,6 +20,11 @@ impl Loader {
         }
         if let Some(stats) = self.plan.cache_stats() {
             write_cache_counters(&self.producer, stats);
+        }
+        if let Some(stage) = &self.decode {
+            self.producer
+                .set_counter(Counter::ImagesDecoded, stage.decoded);
+            self.producer.set_counter(Counter::ImagesBad, stage.bad);
         }
         self.producer.stamp_counters();
     }

@@ -49,6 +49,9 @@ pub enum PlanError {
     /// The ring these flags and this dataset ask for cannot be built.
     #[error("cannot build the ring: {0}")]
     Shape(String),
+    /// The decode stage cannot serve this dataset (`--decode image`).
+    #[error("{0}")]
+    Decode(String),
 }
 
 impl PlanError {
@@ -124,6 +127,9 @@ pub enum RunError {
     /// The ring refused a claim.
     #[error(transparent)]
     Ring(#[from] CreateError),
+    /// An image cannot be decoded (`--on-bad-sample error`).
+    #[error(transparent)]
+    BadSample(#[from] crate::images::BadSample),
     /// Stopped by a signal.
     #[error("stopped by signal {0}")]
     Signal(u32),

@@ -73,4 +73,7 @@ pub struct ServeReport {
     pub all_first_published: Option<Duration>,
     /// Reader backend used.
     pub backend: &'static str,
+    /// With the decode stage: images decoded, and of those served as zero
+    /// images (`--on-bad-sample zero`).
+    pub images: Option<(u64, u64)>,
 }

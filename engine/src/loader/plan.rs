@@ -8,7 +8,8 @@ use super::stack::{ReadTarget, RemoteTarget};
 use crate::manifest::{Manifest, ManifestOptions};
 use crate::reader::{FileTable, IoChoice, ReaderConfig};
 use crate::remote::FetchConfig;
-use crate::ring::layout::{GeometryError, Job, RunOrder, RunStart};
+use crate::images::Labels;
+use crate::ring::layout::{GeometryError, ImageFormat, Job, RunOrder, RunStart};
 use crate::ring::segment::{self, human_bytes};
 use crate::ring::{CreateError, Layout, RingGeometry};
 use crate::sampler::{ResumeState, SampleOrder, Sampler, SamplerConfig};
@@ -54,6 +55,9 @@ pub struct ServeConfig {
     pub start: ResumeState,
     /// Log progress: while listing, and when every rank has its first batch.
     pub progress: bool,
+    /// Decode every sample as an image (`--decode image`) into fixed-shape
+    /// slots; None: serve the objects' bytes.
+    pub decode: Option<crate::images::DecodeConfig>,
 }
 
 /// A prepared run: manifest listed, sampler planned, the readers' file table
@@ -71,6 +75,8 @@ pub struct Plan {
     pub(super) slots_per_rank: u32,
     /// The ring's shape, settled once.
     pub(super) geometry: RingGeometry,
+    /// The decode stage's layout of a slot, with `--decode image`.
+    pub(super) decode: Option<DecodePlan>,
     /// The manifest's objects as the readers open them: a local file table,
     /// or the remote store and its objects.
     pub(super) target: ReadTarget,
@@ -141,6 +147,14 @@ impl Plan {
             start: cfg.start,
         })?;
         let (slot_bytes, derived) = slot_bytes(&cfg, &source, &manifest)?;
+        let decode = match &cfg.decode {
+            Some(d) => Some(decode_plan(d, &manifest, cfg.batch_size)?),
+            None => None,
+        };
+        // With the decode stage the raw samples land after the images.
+        let payload_bytes = decode
+            .as_ref()
+            .map_or(slot_bytes, |d| d.staging_base + slot_bytes);
         let batches_per_rank = sampler.total_steps().unwrap_or(u64::MAX);
         if cfg.slots_per_rank == Some(1) && batches_per_rank > 1 {
             tracing::warn!(
@@ -154,10 +168,10 @@ impl Plan {
             world_size: cfg.world_size,
             slots_per_rank: 0,
             max_samples_per_slot: cfg.batch_size,
-            slot_payload_bytes: slot_bytes,
+            slot_payload_bytes: payload_bytes,
         };
         let slots_per_rank = cfg.slots_per_rank.unwrap_or_else(|| {
-            let k = auto_slots_per_rank(cfg.batch_size, cfg.reader.queue_depth, slot_bytes);
+            let k = auto_slots_per_rank(cfg.batch_size, cfg.reader.queue_depth, payload_bytes);
             let k = match &source {
                 OpenedSource::Remote(_) => super::chunks::lookahead_slots(
                     &manifest,
@@ -203,6 +217,7 @@ impl Plan {
             window_blocks: block.map_or(0, |b| b.window_blocks()),
         });
         let job = Job {
+            images: decode.as_ref().map(|d| d.format),
             plan_digest: plan_digest(&cfg, &manifest),
             start,
             order,
@@ -217,6 +232,7 @@ impl Plan {
             derived_slot_bytes: derived,
             slots_per_rank,
             geometry,
+            decode,
             target,
             job,
         })
@@ -311,6 +327,47 @@ impl Plan {
     pub fn slots_per_rank(&self) -> u32 {
         self.slots_per_rank
     }
+}
+
+/// How the decode stage lays out a slot: the images, labels and flags
+/// (`format`), then the raw samples from `staging_base` on.
+#[derive(Clone, Debug)]
+pub(super) struct DecodePlan {
+    pub(super) format: ImageFormat,
+    pub(super) staging_base: u64,
+    pub(super) labels: Arc<Labels>,
+}
+
+/// The decode stage's plan over `manifest`: its labels, and the slot's
+/// image area before the raw samples.
+fn decode_plan(
+    d: &crate::images::DecodeConfig,
+    manifest: &Manifest,
+    batch_size: u32,
+) -> Result<DecodePlan, PlanError> {
+    if manifest.record_bytes().is_some() || manifest.sample_ranges().is_some() {
+        return Err(PlanError::Decode(
+            "--decode image decodes whole objects, one image each; records (--record-bytes) and tar shards are not decoded (serve tar shards with --format files, or unpack them)".into(),
+        ));
+    }
+    let labels = Labels::of(manifest, d.labels).map_err(PlanError::Decode)?;
+    let classes = u32::try_from(labels.classes.len())
+        .map_err(|_| PlanError::Decode("more than 4 billion classes".into()))?;
+    let spec = &d.spec;
+    let format = ImageFormat::plan(
+        spec.height(),
+        spec.width(),
+        spec.layout() == ringfeed_decode::Layout::Chw,
+        classes,
+        batch_size,
+    );
+    // Raw samples start on a cache line of their own.
+    let staging_base = format.batch_bytes(batch_size).div_ceil(64) * 64;
+    Ok(DecodePlan {
+        format,
+        staging_base,
+        labels: Arc::new(labels),
+    })
 }
 
 /// The slot size (given, or the batch-size largest samples together) and
@@ -471,6 +528,7 @@ mod tests {
             reader: ReaderConfig::default(),
             start: ResumeState::default(),
             progress: false,
+            decode: None,
         };
         let plan = Plan::new(cfg).unwrap();
         // One copy of the paths for a million files is 16 MB: never two.
@@ -508,6 +566,7 @@ mod tests {
             reader: ReaderConfig::default(),
             start: ResumeState::default(),
             progress: false,
+            decode: None,
         };
         Plan::new(cfg).unwrap()
     }

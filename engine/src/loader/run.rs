@@ -2,9 +2,11 @@
 //! the engine, publish the batch once every read has landed.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::stack::open_engine_for;
+use crate::images::DecodeStage;
 use crate::planner::{self, BatchPlan, Tier};
 use crate::reader::{Completion, ReadEngine, ReadError, ReadOp};
 use crate::ring::segment::human_bytes;
@@ -79,6 +81,9 @@ pub struct Loader {
     pub(super) stall_warned: Option<Instant>,
     /// The ring's name in /dev/shm was found removed (warned once).
     pub(super) name_lost: bool,
+    /// The decode stage (`--decode image`): a batch's images are made in
+    /// its slot just before it is published.
+    pub(super) decode: Option<DecodeStage>,
 }
 
 impl Loader {
@@ -114,6 +119,25 @@ impl Loader {
         let cursors = (0..cfg.world_size)
             .map(|_| RankCursor::new(&plan.sampler))
             .collect();
+        let decode = plan.decode.as_ref().zip(cfg.decode.as_ref()).map(|(p, d)| {
+            let (threads, words) = d.threads_for(cfg.world_size);
+            crate::say::say_err!(
+                "ringfeed: decoding images to {}x{} {} on {words} thread(s); {}",
+                d.spec.height(),
+                d.spec.width(),
+                if p.format.chw { "(3, H, W)" } else { "(H, W, 3)" },
+                p.labels.words()
+            );
+            DecodeStage::new(
+                d.spec,
+                p.format,
+                p.staging_base,
+                cfg.seed,
+                d.on_bad,
+                Arc::clone(&p.labels),
+                threads,
+            )
+        });
         let report = ServeReport {
             backend: opened.engine.backend_name(),
             ..Default::default()
@@ -143,6 +167,7 @@ impl Loader {
             stall_probe: None,
             stall_warned: None,
             name_lost: false,
+            decode,
         })
     }
 
@@ -180,6 +205,7 @@ impl Loader {
             self.producer.remove_name();
         }
         self.report.elapsed = self.started.elapsed();
+        self.report.images = self.decode.as_ref().map(|d| (d.decoded, d.bad));
         let report = self.report.clone();
         self.shut_down(READS_GRACE);
         result.map(|()| report)
@@ -430,16 +456,18 @@ impl Loader {
             });
         }
         let plan = &self.batch_plan;
+        // With the decode stage the raw bytes land after the images.
+        let base = self.plan.decode.as_ref().map_or(0, |d| d.staging_base);
         for place in &plan.places {
             self.pending
-                .sample(id, place.offset_bytes, place.len_bytes, place.index);
+                .sample(id, base + place.offset_bytes, place.len_bytes, place.index);
         }
         for read in &plan.reads {
             // The local engines read into one destination per op: a read
             // whose pieces scatter (coalesced over gaps or out of batch
             // order) becomes one op per piece, which costs little locally.
             for span in read.spans(&plan.pieces) {
-                let end = span.dest_offset_bytes + span.len_bytes;
+                let end = base + span.dest_offset_bytes + span.len_bytes;
                 // The byte after this read is the next sample's first or
                 // unused room in this slot's payload, and a failed read stops
                 // the run before the slot is published (`complete`); only a
@@ -452,7 +480,7 @@ impl Loader {
                     len_bytes: span.len_bytes,
                     dest: self
                         .pending
-                        .dest(id, span.dest_offset_bytes, span.len_bytes),
+                        .dest(id, base + span.dest_offset_bytes, span.len_bytes),
                     spare_byte: end < payload_bytes,
                     user_data: id as u64,
                 });
@@ -513,7 +541,17 @@ impl Loader {
 
     fn publish_ready(&mut self) -> Result<(), RunError> {
         for r in 0..self.plan.cfg.world_size {
-            while let Some(done) = self.pending.pop_ready(r, self.producer.published(r)) {
+            while let Some(mut done) = self.pending.pop_ready(r, self.producer.published(r)) {
+                if let Some(stage) = &mut self.decode {
+                    let (manifest, plan) = (&self.plan.manifest, &self.plan);
+                    stage.decode_batch(
+                        done.claim.payload_mut(),
+                        done.epoch,
+                        &mut done.samples,
+                        |i| manifest.sample(i).file,
+                        |i| plan.object_name(manifest.sample(i).file).display().to_string(),
+                    )?;
+                }
                 let n = done.samples.len() as u64;
                 let bytes: u64 = done.samples.iter().map(|s| s.len).sum();
                 let rank_starts = self.producer.published(r) == 0;

@@ -11,6 +11,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::metrics::figure::{family, sample, single, Kind, Value};
+use crate::ring::layout::Counter;
 use crate::ring::observer::{RankSnapshot, Snapshot};
 
 /// One per-rank family: its name, kind, HELP text and how to read it from a
@@ -43,6 +44,8 @@ const LOADER_FIGURES: &[LoaderFigure] = &[
     LoaderFigure { name: "ringfeed_ring_segment_bytes", kind: Kind::Gauge, help: "Size of the shared-memory segment in /dev/shm.", value: |s| s.segment_bytes.into() },
     LoaderFigure { name: "ringfeed_job_world_size", kind: Kind::Gauge, help: "Ranks of the whole training job, all machines together.", value: |s| s.job.job_world_size.into() },
     LoaderFigure { name: "ringfeed_job_first_rank", kind: Kind::Gauge, help: "Job rank of this loader's rank 0 (job rank = this + rank).", value: |s| s.job.first_rank.into() },
+    LoaderFigure { name: "ringfeed_images_decoded_total", kind: Kind::Counter, help: "Images the decode stage made (serve --decode image).", value: |s| s.counters.get(Counter::ImagesDecoded).into() },
+    LoaderFigure { name: "ringfeed_images_bad_total", kind: Kind::Counter, help: "Samples that could not be decoded, served as zero images (--on-bad-sample zero).", value: |s| s.counters.get(Counter::ImagesBad).into() },
 ];
 
 /// The per-rank families, in exposition order. One line each to add.

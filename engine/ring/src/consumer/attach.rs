@@ -111,6 +111,20 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
             block_samples: (u64_at(200) >> 32) as u32,
             window_blocks: u64_at(200) as u32,
         });
+    let images = (u32_at(84) & crate::layout::flags::IMAGES_KNOWN != 0)
+        .then(|| crate::layout::ImageFormat {
+            height: (u64_at(208) >> 32) as u32,
+            width: u64_at(208) as u32,
+            chw: u64_at(216) & 1 != 0,
+            classes: (u64_at(216) >> 32) as u32,
+            labels_offset: u64_at(224),
+            bad_offset: u64_at(232),
+        });
+    if let Some(images) = &images {
+        images
+            .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
+            .map_err(|e| corrupt(path, e))?;
+    }
     let job = Job::from_header(
         u32_at(100),
         u32_at(96),
@@ -119,7 +133,11 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
         start,
     )
     .map_err(|e| corrupt(path, e))?;
-    let job = Job { order, ..job };
+    let job = Job {
+        order,
+        images,
+        ..job
+    };
     Ok((layout, job))
 }
 

@@ -60,11 +60,16 @@ pub enum Counter {
     CacheBytesUsed = 20,
     /// Gauge: the disk cache's limit in bytes (0: no cache).
     CacheBytesLimit = 21,
+    /// Images the decode stage made (`serve --decode image`).
+    ImagesDecoded = 22,
+    /// Of them, samples that could not be decoded and were served as zero
+    /// images (`--on-bad-sample zero`).
+    ImagesBad = 23,
 }
 
 impl Counter {
     /// Every named counter, in block order.
-    pub const ALL: [Counter; 20] = [
+    pub const ALL: [Counter; 22] = [
         Counter::UpdatedUnixMs,
         Counter::RemoteGetsInFlight,
         Counter::RemoteBytesReceived,
@@ -85,6 +90,8 @@ impl Counter {
         Counter::CacheBytesFromRemote,
         Counter::CacheBytesUsed,
         Counter::CacheBytesLimit,
+        Counter::ImagesDecoded,
+        Counter::ImagesBad,
     ];
 
     /// The retry counters, in the order of the remote engine's

@@ -22,6 +22,10 @@ pub struct Job {
     /// What, besides the dataset's sample count, decides the order of every
     /// epoch. None: not known (as for `start`).
     pub order: Option<RunOrder>,
+    /// Every sample is a decoded image of one fixed shape (`serve --decode
+    /// image`), with the batch's labels and bad-sample flags beside them in
+    /// the slot. None: samples are the objects' bytes.
+    pub images: Option<ImageFormat>,
     /// The loader waits for its ranks' start requests (`--resume auto`,
     /// [`super::flags::AWAITS_START`]): `start` holds the dataset's sample count and
     /// the loader's own start, but the header says START_KNOWN only once the
@@ -45,6 +49,77 @@ pub struct RunOrder {
     pub window_blocks: u32,
 }
 
+/// The shape of a run's decoded images, and where a slot keeps the batch's
+/// labels and bad-sample flags ([`super::flags::IMAGES_KNOWN`]). Sample i of
+/// a batch is image i: `height × width × 3` uint8 at `i × image_bytes()` of
+/// the payload (the sample table says so too).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImageFormat {
+    /// Pixels high.
+    pub height: u32,
+    /// Pixels wide.
+    pub width: u32,
+    /// Channel-first (3, H, W) when true, else (H, W, 3).
+    pub chw: bool,
+    /// Classes the labels index (0: no labels known; the label array then
+    /// holds -1).
+    pub classes: u32,
+    /// Payload offset of the batch's labels: one little-endian int64 per
+    /// sample (8-byte aligned).
+    pub labels_offset: u64,
+    /// Payload offset of the batch's bad-sample flags: one byte per sample,
+    /// 1 where the sample could not be decoded and is a zero image
+    /// (`--on-bad-sample zero`).
+    pub bad_offset: u64,
+}
+
+impl ImageFormat {
+    /// Bytes of one image.
+    pub fn image_bytes(&self) -> u64 {
+        u64::from(self.height) * u64::from(self.width) * 3
+    }
+
+    /// Bytes of a slot's payload a batch of `samples` images takes: the
+    /// images, the labels, the flags (the layout the loader plans).
+    pub fn batch_bytes(&self, samples: u32) -> u64 {
+        self.bad_offset + u64::from(samples)
+    }
+
+    /// The layout of a batch of up to `samples` images: labels after the
+    /// images (8-byte aligned), flags after the labels.
+    pub fn plan(height: u32, width: u32, chw: bool, classes: u32, samples: u32) -> ImageFormat {
+        let image = u64::from(height) * u64::from(width) * 3;
+        let labels_offset = (image * u64::from(samples)).div_ceil(8) * 8;
+        ImageFormat {
+            height,
+            width,
+            chw,
+            classes,
+            labels_offset,
+            bad_offset: labels_offset + 8 * u64::from(samples),
+        }
+    }
+
+    /// Checks a format read from a header against the slots it describes:
+    /// every region of a batch of `max_samples` inside `payload_bytes`.
+    pub fn check(&self, max_samples: u32, payload_bytes: u64) -> Result<(), String> {
+        let n = u64::from(max_samples);
+        let images = self.image_bytes().checked_mul(n);
+        let labels_end = n.checked_mul(8).and_then(|b| b.checked_add(self.labels_offset));
+        let bad_end = self.bad_offset.checked_add(n);
+        match (images, labels_end, bad_end) {
+            (Some(images), Some(labels_end), Some(bad_end))
+                if self.height > 0
+                    && self.width > 0
+                    && images <= self.labels_offset
+                    && self.labels_offset % 8 == 0
+                    && labels_end <= self.bad_offset
+                    && bad_end <= payload_bytes => Ok(()),
+            _ => Err(format!("its image format {self:?} does not fit slots of {payload_bytes} bytes and {max_samples} samples")),
+        }
+    }
+}
+
 /// The state a loader started at, and what it needs to say the state after
 /// any of its steps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -66,6 +141,7 @@ impl Job {
             plan_digest: 0,
             start: None,
             order: None,
+            images: None,
             awaits_start: false,
         }
     }
@@ -130,6 +206,7 @@ impl Job {
             plan_digest,
             start,
             order: None,
+            images: None,
             awaits_start: false,
         })
     }
@@ -154,6 +231,7 @@ mod tests {
             plan_digest: 0,
             start: Some(start),
             order: None,
+            images: None,
             awaits_start: false,
         };
         assert_eq!(job.resume_state_after(8, 2, 0), Some((2, 164)));

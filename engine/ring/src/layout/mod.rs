@@ -64,12 +64,16 @@ pub mod flags {
     /// The loader waits for every rank's start request before it serves
     /// (`serve --resume auto`); `START_KNOWN` follows once they agree.
     pub const AWAITS_START: u32 = 4;
+    /// Samples are decoded images: `image_shape`, `image_flags`,
+    /// `labels_offset` and `bad_offset` hold the loader's
+    /// [`ImageFormat`](super::ImageFormat).
+    pub const IMAGES_KNOWN: u32 = 8;
 }
 
 mod counters;
 mod job;
 pub use counters::{Counter, Counters, COUNTERS_OFFSET, COUNTER_WORDS};
-pub use job::{Job, RunOrder, RunStart};
+pub use job::{ImageFormat, Job, RunOrder, RunStart};
 
 /// Segment header at offset 0. Fields up to `plan_digest` are written once
 /// by the loader before `state` becomes READY and never again.
@@ -149,7 +153,17 @@ pub struct Header {
     /// none (and from a loader that predates the field). Written once
     /// before READY.
     pub order_block: AtomicU64,
-    _reserved1: [AtomicU64; 6],
+    /// [`ImageFormat`]'s height in the high 32 bits and width in the low 32
+    /// (valid with [`flags::IMAGES_KNOWN`]): written once before READY.
+    pub image_shape: AtomicU64,
+    /// [`ImageFormat`]'s classes in the high 32 bits; bit 0: channel-first
+    /// (valid with [`flags::IMAGES_KNOWN`]): written once before READY.
+    pub image_flags: AtomicU64,
+    /// [`ImageFormat::labels_offset`] (valid with [`flags::IMAGES_KNOWN`]).
+    pub labels_offset: AtomicU64,
+    /// [`ImageFormat::bad_offset`] (valid with [`flags::IMAGES_KNOWN`]).
+    pub bad_offset: AtomicU64,
+    _reserved1: [AtomicU64; 2],
     // --- offset 256: the loader's last word, written before ABORTED ---
     /// Bytes of `abort_message` in use (0: none; a loader that predates the
     /// field leaves it 0).
@@ -338,6 +352,10 @@ const _: () = {
     assert!(offset_of!(Header, order_seed) == 184);
     assert!(offset_of!(Header, order_shuffled) == 192);
     assert!(offset_of!(Header, order_block) == 200);
+    assert!(offset_of!(Header, image_shape) == 208);
+    assert!(offset_of!(Header, image_flags) == 216);
+    assert!(offset_of!(Header, labels_offset) == 224);
+    assert!(offset_of!(Header, bad_offset) == 232);
     assert!(offset_of!(Header, abort_message_bytes) == 256);
     assert!(offset_of!(Header, abort_message) == 264);
     assert!(offset_of!(Header, counters) == 264 + ABORT_MESSAGE_MAX_BYTES);

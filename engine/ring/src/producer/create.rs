@@ -49,6 +49,11 @@ impl Producer {
         ) {
             return Err(CreateError::Job(e));
         }
+        if let Some(images) = &job.images {
+            images
+                .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
+                .map_err(CreateError::Job)?;
+        }
         let layout = Layout::compute(geometry)?;
         let path = segment::shm_path(name).display().to_string();
         let io_err = |what, source| CreateError::Io {
@@ -118,6 +123,7 @@ impl Producer {
             fd,
             view,
             next_claim: vec![0; w],
+            images: job.images,
             published: vec![0; w],
             abandoned: false,
             name_removed: false,
@@ -246,6 +252,15 @@ impl Producer {
                 r,
             );
             h.flags.fetch_or(crate::layout::flags::ORDER_KNOWN, r);
+        }
+        if let Some(images) = job.images {
+            h.image_shape
+                .store((u64::from(images.height) << 32) | u64::from(images.width), r);
+            h.image_flags
+                .store((u64::from(images.classes) << 32) | u64::from(images.chw), r);
+            h.labels_offset.store(images.labels_offset, r);
+            h.bad_offset.store(images.bad_offset, r);
+            h.flags.fetch_or(crate::layout::flags::IMAGES_KNOWN, r);
         }
         for rank in 0..g.world_size {
             view.rank(rank).batches_expected.store(u64::MAX, r);

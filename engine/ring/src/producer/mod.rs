@@ -84,6 +84,9 @@ pub struct Producer {
     fd: OwnedFd,
     view: View,
     next_claim: Vec<u64>,
+    /// The decoded images' format: a batch's labels and flags are part of
+    /// what it uses of its payload.
+    images: Option<crate::layout::ImageFormat>,
     published: Vec<u64>,
     /// Set by `abandon`: drop leaves the ring as a dead process would.
     abandoned: bool,
@@ -229,6 +232,11 @@ impl Producer {
             cell.offset.store(s.offset, Ordering::Relaxed);
             cell.len.store(s.len, Ordering::Relaxed);
             cell.index.store(s.index, Ordering::Relaxed);
+        }
+        if let Some(images) = self.images {
+            // The labels and flags after the images (checked against the
+            // payload when the ring was made).
+            used_bytes = used_bytes.max(images.batch_bytes(samples.len() as u32).min(payload_bytes));
         }
         let meta = self.view.slot(claim.slot);
         meta.epoch.store(epoch, Ordering::Relaxed);

@@ -1,0 +1,186 @@
+//! The decode stage proper: a batch's raw samples, in its slot's staging
+//! area, become images at the slot's start, on the stage's threads.
+
+use std::sync::Arc;
+
+use ringfeed_decode::{zero_fill, DecodeError, Decoder, ImageSpec};
+
+use super::Labels;
+use crate::ring::layout::ImageFormat;
+use crate::ring::SampleEntry;
+
+/// `--on-bad-sample`: what an image that cannot be decoded does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnBadSample {
+    /// Stop the run, naming the sample (the default).
+    Error,
+    /// Serve a zero image in its place, flagged in the batch's bad mask.
+    Zero,
+}
+
+/// An image that cannot be decoded, under `--on-bad-sample error`.
+#[derive(Debug, thiserror::Error)]
+#[error("sample {index} ({key}) cannot be decoded: {why}; fix or remove it, or pass --on-bad-sample zero to serve a zero image in its place (flagged in batch.bad)")]
+pub struct BadSample {
+    /// The sample's index.
+    pub index: u64,
+    /// Its object, as messages name it.
+    pub key: String,
+    /// What was wrong.
+    pub why: DecodeError,
+}
+
+/// The decode stage of a run.
+pub struct DecodeStage {
+    spec: ImageSpec,
+    format: ImageFormat,
+    staging_base: u64,
+    seed: u64,
+    on_bad: OnBadSample,
+    labels: Arc<Labels>,
+    decoders: Vec<Decoder>,
+    /// Images decoded so far.
+    pub decoded: u64,
+    /// Samples served as zero images so far (`--on-bad-sample zero`).
+    pub bad: u64,
+}
+
+impl DecodeStage {
+    /// A stage writing `format`'s images for `spec`, reading raw samples at
+    /// or after `staging_base` of the payload, on `threads` threads.
+    pub fn new(
+        spec: ImageSpec,
+        format: ImageFormat,
+        staging_base: u64,
+        seed: u64,
+        on_bad: OnBadSample,
+        labels: Arc<Labels>,
+        threads: usize,
+    ) -> DecodeStage {
+        DecodeStage {
+            spec,
+            format,
+            staging_base,
+            seed,
+            on_bad,
+            labels,
+            decoders: (0..threads.max(1)).map(|_| Decoder::new()).collect(),
+            decoded: 0,
+            bad: 0,
+        }
+    }
+
+    /// Decodes one batch of `epoch` in `payload`: `samples` hold the raw
+    /// samples' places (in the staging area) and become the images' places;
+    /// the labels (`file_of` maps a sample to its object) and the bad mask
+    /// are written beside them. `key_of` names a sample in an error.
+    pub fn decode_batch(
+        &mut self,
+        payload: &mut [u8],
+        epoch: u64,
+        samples: &mut [SampleEntry],
+        file_of: impl Fn(u64) -> u32,
+        key_of: impl Fn(u64) -> String,
+    ) -> Result<(), BadSample> {
+        let n = samples.len();
+        let image = self.format.image_bytes() as usize;
+        let base = self.staging_base as usize;
+        let (head, staging) = payload.split_at_mut(base);
+        let staging: &[u8] = staging;
+        let (images, rest) = head.split_at_mut(self.format.labels_offset as usize);
+        let (labels, rest) =
+            rest.split_at_mut((self.format.bad_offset - self.format.labels_offset) as usize);
+        let bad = &mut rest[..n];
+        let raw = |e: &SampleEntry| -> &[u8] {
+            // The planner put every sample inside the staging area.
+            let start = (e.offset as usize).saturating_sub(base);
+            staging
+                .get(start..start + e.len as usize)
+                .unwrap_or_default()
+        };
+        let outs: Vec<&mut [u8]> = images.chunks_exact_mut(image).take(n).collect();
+        let results = run_parallel(&mut self.decoders, outs, |decoder, i, out| {
+            let e = &samples[i];
+            decoder
+                .decode_into(raw(e), &self.spec, self.seed, epoch, e.index, out)
+                .map(|_| ())
+        });
+        for (i, result) in results.into_iter().enumerate() {
+            let index = samples[i].index;
+            let flag = match result {
+                Ok(()) => 0,
+                Err(why) if self.on_bad == OnBadSample::Error => {
+                    return Err(BadSample {
+                        index,
+                        key: key_of(index),
+                        why,
+                    })
+                }
+                Err(why) => {
+                    tracing::debug!("sample {index} ({}) served as a zero image: {why}", key_of(index));
+                    zero_fill(&mut images[i * image..(i + 1) * image]);
+                    self.bad += 1;
+                    1
+                }
+            };
+            bad[i] = flag;
+            let label = self.labels.of_file(file_of(index));
+            labels[i * 8..(i + 1) * 8].copy_from_slice(&label.to_le_bytes());
+            samples[i].offset = (i * image) as u64;
+            samples[i].len = image as u64;
+        }
+        self.decoded += n as u64;
+        Ok(())
+    }
+}
+
+/// Runs `work(decoder, i, out)` for every `outs[i]`, sample i on decoder
+/// `i % decoders.len()`, one thread per decoder (the caller's thread when
+/// there is one). The results in sample order.
+fn run_parallel<'a>(
+    decoders: &mut [Decoder],
+    outs: Vec<&'a mut [u8]>,
+    work: impl Fn(&mut Decoder, usize, &mut [u8]) -> Result<(), DecodeError> + Sync,
+) -> Vec<Result<(), DecodeError>> {
+    let n = outs.len();
+    let threads = decoders.len().min(n).max(1);
+    if threads == 1 {
+        let decoder = &mut decoders[0];
+        return outs
+            .into_iter()
+            .enumerate()
+            .map(|(i, out)| work(decoder, i, out))
+            .collect();
+    }
+    let mut buckets: Vec<Vec<(usize, &'a mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, out) in outs.into_iter().enumerate() {
+        buckets[i % threads].push((i, out));
+    }
+    let mut results: Vec<Option<Result<(), DecodeError>>> = (0..n).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let work = &work;
+        let handles: Vec<_> = decoders
+            .iter_mut()
+            .zip(buckets)
+            .map(|(decoder, bucket)| {
+                scope.spawn(move || {
+                    bucket
+                        .into_iter()
+                        .map(|(i, out)| (i, work(decoder, i, out)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for handle in handles {
+            // A decoder that panicked is a bug of ringfeed: it goes on up.
+            let done = handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            for (i, result) in done {
+                results[i] = Some(result);
+            }
+        }
+    });
+    // Every sample was in one bucket, so every result is there.
+    results.into_iter().flatten().collect()
+}
