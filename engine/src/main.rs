@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a dataset to the training processes of this machine.
-    Serve(cli::serve::ServeArgs),
+    Serve(Box<cli::serve::ServeArgs>),
     /// Run torchrun with a loader beside it, sized from torchrun's flags:
     /// ringfeed run [serve flags] -- torchrun [torchrun flags] train.py [args].
     /// Exits with torchrun's status (128 + signal when a signal stopped it).

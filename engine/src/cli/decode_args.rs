@@ -114,7 +114,10 @@ impl DecodeArgs {
             }
             return Ok(None);
         }
-        let (kind, size) = self.crop.split_once(':').unwrap_or((self.crop.as_str(), ""));
+        let (kind, size) = self
+            .crop
+            .split_once(':')
+            .unwrap_or((self.crop.as_str(), ""));
         let (height, width) = parse_size(&format!("--crop {}", self.crop), size)?;
         let crop = match kind {
             "random-resized" => {
@@ -138,7 +141,14 @@ impl DecodeArgs {
             LayoutFlag::Hwc => Layout::Hwc,
         };
         let spec = ImageSpec::new(height, width, layout, crop, self.flip, self.max_pixels)
-            .map_err(|e| anyhow::anyhow!("--crop {} --resize {:?} --max-pixels {}: {e}", self.crop, self.resize, self.max_pixels))?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "--crop {} --resize {:?} --max-pixels {}: {e}",
+                    self.crop,
+                    self.resize,
+                    self.max_pixels
+                )
+            })?;
         Ok(Some(DecodeConfig {
             spec,
             threads: self.decode_threads,

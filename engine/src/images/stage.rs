@@ -117,7 +117,10 @@ impl DecodeStage {
                     })
                 }
                 Err(why) => {
-                    tracing::debug!("sample {index} ({}) served as a zero image: {why}", key_of(index));
+                    tracing::debug!(
+                        "sample {index} ({}) served as a zero image: {why}",
+                        key_of(index)
+                    );
                     zero_fill(&mut images[i * image..(i + 1) * image]);
                     self.bad += 1;
                     1

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use super::stack::{ReadTarget, RemoteTarget};
+use crate::images::Labels;
 use crate::manifest::{Manifest, ManifestOptions};
 use crate::reader::{FileTable, IoChoice, ReaderConfig};
 use crate::remote::FetchConfig;
-use crate::images::Labels;
 use crate::ring::layout::{GeometryError, ImageFormat, Job, RunOrder, RunStart};
 use crate::ring::segment::{self, human_bytes};
 use crate::ring::{CreateError, Layout, RingGeometry};
@@ -204,23 +204,15 @@ impl Plan {
             )));
         }
         let target = read_target(&cfg, &source, &manifest, &sampler, data_cache)?;
-        let start = Some(RunStart {
-            epoch: cfg.start.epoch,
-            samples_consumed: cfg.start.samples_consumed,
-            dataset_samples: sampler.config().n_samples,
-        });
-        let block = cfg.order.block_shape();
-        let order = Some(RunOrder {
-            seed: cfg.seed,
-            shuffled: cfg.order.is_shuffled(),
-            block_samples: block.map_or(0, |b| b.block_samples()),
-            window_blocks: block.map_or(0, |b| b.window_blocks()),
-        });
         let job = Job {
             images: decode.as_ref().map(|d| d.format),
             plan_digest: plan_digest(&cfg, &manifest),
-            start,
-            order,
+            start: Some(RunStart {
+                epoch: cfg.start.epoch,
+                samples_consumed: cfg.start.samples_consumed,
+                dataset_samples: sampler.config().n_samples,
+            }),
+            order: Some(run_order(&cfg)),
             ..cfg.job
         };
         Ok(Plan {
@@ -326,6 +318,18 @@ impl Plan {
     /// room free in /dev/shm when the plan was made.
     pub fn slots_per_rank(&self) -> u32 {
         self.slots_per_rank
+    }
+}
+
+/// What, besides the sample count, decides the order of every epoch, as
+/// the ring's header records it.
+fn run_order(cfg: &ServeConfig) -> RunOrder {
+    let block = cfg.order.block_shape();
+    RunOrder {
+        seed: cfg.seed,
+        shuffled: cfg.order.is_shuffled(),
+        block_samples: block.map_or(0, |b| b.block_samples()),
+        window_blocks: block.map_or(0, |b| b.window_blocks()),
     }
 }
 

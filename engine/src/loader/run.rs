@@ -125,7 +125,11 @@ impl Loader {
                 "ringfeed: decoding images to {}x{} {} on {words} thread(s); {}",
                 d.spec.height(),
                 d.spec.width(),
-                if p.format.chw { "(3, H, W)" } else { "(H, W, 3)" },
+                if p.format.chw {
+                    "(3, H, W)"
+                } else {
+                    "(H, W, 3)"
+                },
                 p.labels.words()
             );
             DecodeStage::new(
@@ -549,7 +553,11 @@ impl Loader {
                         done.epoch,
                         &mut done.samples,
                         |i| manifest.sample(i).file,
-                        |i| plan.object_name(manifest.sample(i).file).display().to_string(),
+                        |i| {
+                            plan.object_name(manifest.sample(i).file)
+                                .display()
+                                .to_string()
+                        },
                     )?;
                 }
                 let n = done.samples.len() as u64;

@@ -103,28 +103,15 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
             samples_consumed: u64_at(120),
             dataset_samples: u64_at(176),
         });
-    let order =
-        (u32_at(84) & crate::layout::flags::ORDER_KNOWN != 0).then(|| crate::layout::RunOrder {
-            seed: u64_at(184),
-            shuffled: u64_at(192) != 0,
-            // High half: block samples, low half: window blocks.
-            block_samples: (u64_at(200) >> 32) as u32,
-            window_blocks: u64_at(200) as u32,
-        });
-    let images = (u32_at(84) & crate::layout::flags::IMAGES_KNOWN != 0)
-        .then(|| crate::layout::ImageFormat {
-            height: (u64_at(208) >> 32) as u32,
-            width: u64_at(208) as u32,
-            chw: u64_at(216) & 1 != 0,
-            classes: (u64_at(216) >> 32) as u32,
-            labels_offset: u64_at(224),
-            bad_offset: u64_at(232),
-        });
-    if let Some(images) = &images {
-        images
-            .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
-            .map_err(|e| corrupt(path, e))?;
-    }
+    let order = run_order(u32_at(84), u64_at);
+    let images = image_format(u32_at(84), u64_at)
+        .map(|images| {
+            images
+                .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
+                .map(|()| images)
+                .map_err(|e| corrupt(path, e))
+        })
+        .transpose()?;
     let job = Job::from_header(
         u32_at(100),
         u32_at(96),
@@ -139,6 +126,31 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
         ..job
     };
     Ok((layout, job))
+}
+
+/// The header's record of the order (offsets 184 to 207), when its flags
+/// say it holds one.
+fn run_order(flags: u32, u64_at: impl Fn(usize) -> u64) -> Option<crate::layout::RunOrder> {
+    (flags & crate::layout::flags::ORDER_KNOWN != 0).then(|| crate::layout::RunOrder {
+        seed: u64_at(184),
+        shuffled: u64_at(192) != 0,
+        // High half: block samples, low half: window blocks.
+        block_samples: (u64_at(200) >> 32) as u32,
+        window_blocks: u64_at(200) as u32,
+    })
+}
+
+/// The header's image format (offsets 208 to 239), when its flags
+/// (`flags`, offset 84) say it holds one; not yet checked.
+fn image_format(flags: u32, u64_at: impl Fn(usize) -> u64) -> Option<crate::layout::ImageFormat> {
+    (flags & crate::layout::flags::IMAGES_KNOWN != 0).then(|| crate::layout::ImageFormat {
+        height: (u64_at(208) >> 32) as u32,
+        width: u64_at(208) as u32,
+        chw: u64_at(216) & 1 != 0,
+        classes: (u64_at(216) >> 32) as u32,
+        labels_offset: u64_at(224),
+        bad_offset: u64_at(232),
+    })
 }
 
 impl Consumer {

@@ -105,14 +105,16 @@ impl ImageFormat {
     pub fn check(&self, max_samples: u32, payload_bytes: u64) -> Result<(), String> {
         let n = u64::from(max_samples);
         let images = self.image_bytes().checked_mul(n);
-        let labels_end = n.checked_mul(8).and_then(|b| b.checked_add(self.labels_offset));
+        let labels_end = n
+            .checked_mul(8)
+            .and_then(|b| b.checked_add(self.labels_offset));
         let bad_end = self.bad_offset.checked_add(n);
         match (images, labels_end, bad_end) {
             (Some(images), Some(labels_end), Some(bad_end))
                 if self.height > 0
                     && self.width > 0
                     && images <= self.labels_offset
-                    && self.labels_offset % 8 == 0
+                    && self.labels_offset.is_multiple_of(8)
                     && labels_end <= self.bad_offset
                     && bad_end <= payload_bytes => Ok(()),
             _ => Err(format!("its image format {self:?} does not fit slots of {payload_bytes} bytes and {max_samples} samples")),

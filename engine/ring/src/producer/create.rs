@@ -40,20 +40,7 @@ impl Producer {
         job: Job,
     ) -> Result<Producer, CreateError> {
         segment::validate_name(name)?;
-        if let Err(e) = Job::from_header(
-            job.first_rank,
-            job.job_world_size,
-            geometry.world_size,
-            job.plan_digest,
-            job.start,
-        ) {
-            return Err(CreateError::Job(e));
-        }
-        if let Some(images) = &job.images {
-            images
-                .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
-                .map_err(CreateError::Job)?;
-        }
+        check_job(&job, geometry)?;
         let layout = Layout::compute(geometry)?;
         let path = segment::shm_path(name).display().to_string();
         let io_err = |what, source| CreateError::Io {
@@ -254,8 +241,10 @@ impl Producer {
             h.flags.fetch_or(crate::layout::flags::ORDER_KNOWN, r);
         }
         if let Some(images) = job.images {
-            h.image_shape
-                .store((u64::from(images.height) << 32) | u64::from(images.width), r);
+            h.image_shape.store(
+                (u64::from(images.height) << 32) | u64::from(images.width),
+                r,
+            );
             h.image_flags
                 .store((u64::from(images.classes) << 32) | u64::from(images.chw), r);
             h.labels_offset.store(images.labels_offset, r);
@@ -306,4 +295,23 @@ pub(crate) fn read_loader_pid(fd: &OwnedFd) -> Option<u32> {
     // SAFETY: the mapping is HEADER_BYTES long; the header is made of atomics.
     let header = unsafe { &*(map.as_ptr() as *const crate::layout::Header) };
     Some(header.loader_pid.load(Ordering::Relaxed))
+}
+
+/// Refuses a job that leaves no room for the ring's ranks, or whose image
+/// format does not fit its slots.
+fn check_job(job: &Job, geometry: RingGeometry) -> Result<(), CreateError> {
+    Job::from_header(
+        job.first_rank,
+        job.job_world_size,
+        geometry.world_size,
+        job.plan_digest,
+        job.start,
+    )
+    .map_err(CreateError::Job)?;
+    if let Some(images) = &job.images {
+        images
+            .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
+            .map_err(CreateError::Job)?;
+    }
+    Ok(())
 }

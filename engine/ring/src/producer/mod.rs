@@ -236,7 +236,8 @@ impl Producer {
         if let Some(images) = self.images {
             // The labels and flags after the images (checked against the
             // payload when the ring was made).
-            used_bytes = used_bytes.max(images.batch_bytes(samples.len() as u32).min(payload_bytes));
+            used_bytes =
+                used_bytes.max(images.batch_bytes(samples.len() as u32).min(payload_bytes));
         }
         let meta = self.view.slot(claim.slot);
         meta.epoch.store(epoch, Ordering::Relaxed);
