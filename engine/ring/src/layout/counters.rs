@@ -171,6 +171,8 @@ mod tests {
                 (Counter::CacheBytesFromRemote, 19),
                 (Counter::CacheBytesUsed, 20),
                 (Counter::CacheBytesLimit, 21),
+                (Counter::ImagesDecoded, 22),
+                (Counter::ImagesBad, 23),
             ]
         );
     }
