@@ -330,7 +330,7 @@ def serve_cached(source, cache_dir, what):
     return loader.returncode, err
 
 
-def test_a_403_on_a_cached_listing_keeps_it_and_a_404_forgets_it(tmp_path):
+def test_a_403_on_a_cached_listing_keeps_it_and_a_404_or_412_forgets_it(tmp_path):
     """Issue 28: after any remote read failure on a cached listing the listing
     was forgotten, though only a 404 (gone) or a 412 (changed) says it is
     stale; a refused credential says nothing of it."""
@@ -353,4 +353,13 @@ def test_a_403_on_a_cached_listing_keeps_it_and_a_404_forgets_it(tmp_path):
         rc, err = serve_cached(source, cache_dir, "c404")
         assert rc != 0, err
         assert not manifests[0].exists(), "a 404 on a cached listing kept it: " + err
+        # Listed and cached again; then a 412 (the object changed under the
+        # ETag the cached listing holds) forgets it too.
+        dav.get_status = None
+        rc, err = serve_cached(source, cache_dir, "c412a")
+        assert rc == 0 and manifests[0].exists(), err
+        dav.get_status = 412
+        rc, err = serve_cached(source, cache_dir, "c412b")
+        assert rc != 0, err
+        assert not manifests[0].exists(), "a 412 on a cached listing kept it: " + err
 
