@@ -39,6 +39,23 @@ enum Tier {
     Remote,
 }
 
+/// Why a cache read was not handed out: the policy differs by kind (a
+/// corrupt entry is removed; a failed read only makes the object absent).
+#[derive(Debug, thiserror::Error)]
+enum CacheFault {
+    /// The entry's bytes do not match the CRC32C its footer holds.
+    #[error("CRC32C {found:08x} where its footer says {expected:08x}")]
+    Corrupt {
+        /// The CRC32C of the bytes read.
+        found: u32,
+        /// The CRC32C the entry's footer holds.
+        expected: u32,
+    },
+    /// Reading the entry failed.
+    #[error("{0}")]
+    Io(ReadError),
+}
+
 /// A read in flight: the caller's op and where it went.
 struct InFlight(ReadOp, Tier);
 
@@ -136,11 +153,11 @@ impl CachedEngine {
                         .stats
                         .corrupt_refetched
                         .fetch_add(1, Ordering::Relaxed);
-                    format!("CRC32C {found:08x} where its footer says {expected:08x}")
+                    CacheFault::Corrupt { found, expected }
                 })
             }
             Ok(()) => None,
-            Err(e) => Some(e.to_string()),
+            Err(e) => Some(CacheFault::Io(e)),
         };
         match trouble {
             None => {
@@ -154,28 +171,31 @@ impl CachedEngine {
                     result: Ok(()),
                 });
             }
-            Some(why) => {
+            Some(fault) => {
                 let shared = Arc::clone(self.shared());
                 let path = shared.entry_path(index).unwrap_or_default();
                 let key = shared.objects.get(index).map_or("?", |o| o.key.as_str());
-                if why.starts_with("CRC32C") {
-                    tracing::warn!(
-                        "data cache: entry {} of {key} is corrupt ({why}); removed, refetching from remote",
+                match &fault {
+                    CacheFault::Corrupt { .. } => {
+                        tracing::warn!(
+                        "data cache: entry {} of {key} is corrupt ({fault}); removed, refetching from remote",
                         path.display()
                     );
-                    shared.state[index].store(STATE_WRITING, Ordering::Relaxed);
-                    if !self.cache.writer().send(Job::Remove { index }) {
-                        shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
+                        shared.state[index].store(STATE_WRITING, Ordering::Relaxed);
+                        if !self.cache.writer().send(Job::Remove { index }) {
+                            shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
+                        }
                     }
-                } else {
-                    if !self.read_error_warned {
-                        self.read_error_warned = true;
-                        tracing::warn!(
-                            "data cache: reading entry {} of {key} failed ({why}); reading it from remote (further failed cache reads are not logged)",
+                    CacheFault::Io(_) => {
+                        if !self.read_error_warned {
+                            self.read_error_warned = true;
+                            tracing::warn!(
+                            "data cache: reading entry {} of {key} failed ({fault}); reading it from remote (further failed cache reads are not logged)",
                             path.display()
                         );
+                        }
+                        shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
                     }
-                    shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
                 }
                 if let Err(e) = self.send_to_remote(id, op) {
                     out.push(Completion {
