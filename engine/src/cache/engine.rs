@@ -4,8 +4,12 @@
 //!
 //! The tier is picked per read at `submit` from the object's state byte,
 //! so the loader, its one thread and its one completion loop stay as they
-//! are. A hit of a whole object is checked against the CRC32C its footer
-//! holds before its completion is handed out; a mismatch (or any failed
+//! are. The first whole hit of an entry in a run is checked against the
+//! CRC32C its footer holds before its completion is handed out, and later
+//! whole hits of it in the same run are not (once per entry per run: a
+//! byte flipped on disk before the entry's first read back in a run never
+//! reaches a trainer; one flipped after it, within the run, is not
+//! caught until the next run). A mismatch (or any failed
 //! cache read) is a warning, the entry is removed, and the read goes to the
 //! remote engine instead: never an error, never bad bytes. For a remote
 //! read of a whole object the cache may take, the fetch engine keeps the
@@ -31,6 +35,14 @@ use crate::reader::{Completion, ReadEngine, ReadError, ReadOp, RemoteReadEngine}
 pub const CACHED_BACKEND: &str = "remote+cache";
 /// Longest wait on one engine while the other also has reads in flight.
 const BOTH_WAIT_SLICE: Duration = Duration::from_millis(1);
+/// Longest the loader waits for room in the writer's queue before it lets
+/// a fetched object go uncached. An object let go is fetched again next
+/// epoch, at least a round trip (20 ms on the benchmarks' path) and the
+/// bytes again; a writer that cannot finish one entry in this long is on a
+/// disk slower than the remote path, and the run does not wait for it.
+const QUEUE_WAIT_MAX: Duration = Duration::from_millis(20);
+/// Sleep between looks at the writer's queue while waiting for room.
+const QUEUE_WAIT_STEP: Duration = Duration::from_micros(100);
 
 /// Where a read in flight went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +88,10 @@ pub struct CachedEngine {
     scratch: Vec<Completion>,
     /// A failed cache read was warned of (once per run).
     read_error_warned: bool,
+    /// Per object: its entry was read back whole and matched its CRC32C
+    /// in this run, so later whole reads of it skip the check (once per
+    /// entry per run). Cleared whenever the object goes to remote.
+    verified: Vec<bool>,
 }
 
 impl std::fmt::Debug for CachedEngine {
@@ -92,7 +108,9 @@ impl CachedEngine {
     /// files) in front of `remote`.
     pub fn new(local: Box<dyn ReadEngine>, remote: RemoteReadEngine, cache: DataCache) -> Self {
         let max_in_flight = local.max_in_flight().min(remote.max_in_flight()).max(1);
+        let objects = cache.shared().objects.len();
         CachedEngine {
+            verified: vec![false; objects],
             local,
             remote,
             cache,
@@ -128,6 +146,9 @@ impl CachedEngine {
         // completion is reaped, which has not happened yet.
         unsafe { self.remote.submit(std::slice::from_ref(&inner)) }?;
         self.ops.insert(id, InFlight(op, Tier::Remote));
+        if let Some(v) = self.verified.get_mut(op.file as usize) {
+            *v = false;
+        }
         Ok(())
     }
 
@@ -141,6 +162,7 @@ impl CachedEngine {
     ) {
         let index = op.file as usize;
         let trouble = match result {
+            Ok(()) if self.is_whole(&op) && self.verified.get(index) == Some(&true) => None,
             Ok(()) if self.is_whole(&op) => {
                 // SAFETY: the read completed, so `dest` holds its
                 // `len_bytes` bytes, and the caller keeps it valid and
@@ -148,6 +170,9 @@ impl CachedEngine {
                 let data = unsafe { std::slice::from_raw_parts(op.dest, op.len_bytes as usize) };
                 let expected = self.shared().crc[index].load(Ordering::Relaxed);
                 let found = crc32c::crc32c(data);
+                if found == expected {
+                    self.verified[index] = true;
+                }
                 (found != expected).then(|| {
                     self.shared()
                         .stats
@@ -236,9 +261,8 @@ impl CachedEngine {
 
     fn offer(&self, shared: &Shared, index: usize, chunks: Vec<bytes::Bytes>) {
         let n: u64 = chunks.iter().map(|c| c.len() as u64).sum();
-        if shared.queued_bytes.fetch_add(n, Ordering::Relaxed) + n > WRITE_QUEUE_BYTES_MAX {
-            // The writer is behind: this object gets another chance next epoch.
-            shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
+        if !reserve_queue(shared, n) {
+            // The writer is far behind: this object gets another chance next epoch.
             return;
         }
         if shared.state[index]
@@ -349,6 +373,9 @@ impl ReadEngine for CachedEngine {
                 local.push(inner);
                 self.ops.insert(id, InFlight(*op, Tier::Cache));
             } else {
+                if let Some(v) = self.verified.get_mut(op.file as usize) {
+                    *v = false;
+                }
                 // Ask the fetch engine to keep the body of a whole object
                 // the cache may take: the fill needs no copy of its own.
                 keep.push(admits && state == STATE_ABSENT && self.is_whole(op));
@@ -400,6 +427,28 @@ impl ReadEngine for CachedEngine {
             };
             got += self.reap_tier(tier, out, wait)?;
         }
+    }
+}
+
+/// Counts `n` bytes into the writer's queue, waiting up to
+/// [`QUEUE_WAIT_MAX`] for room (the writer frees one entry's bytes at a
+/// time). Without the wait, a writer a little slower than the remote path
+/// (it creates a file per entry, on cores shared with the fetch) let every
+/// object it fell behind on go, and the run's next epoch fetched them all
+/// again: the filling run's cached epochs ran at a fraction of the next
+/// run's. False when there is still no room, or caching stopped.
+fn reserve_queue(shared: &Shared, n: u64) -> bool {
+    let mut started = None;
+    loop {
+        if shared.queued_bytes.fetch_add(n, Ordering::Relaxed) + n <= WRITE_QUEUE_BYTES_MAX {
+            return true;
+        }
+        shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
+        let since = *started.get_or_insert_with(Instant::now);
+        if !shared.admits() || since.elapsed() >= QUEUE_WAIT_MAX {
+            return false;
+        }
+        std::thread::sleep(QUEUE_WAIT_STEP);
     }
 }
 
