@@ -358,3 +358,60 @@ def test_links_and_a_fifo_planted_in_a_shared_cache_dir_neither_write_through_no
     os.chmod(cache2, 0o1777)
     rows, log = run(source, s3[0], cache2, epochs=1)
     assert os.stat(cache2 / "data").st_mode & 0o777 == 0o700, log
+
+
+def put_shards(s3, shards=3, per_shard=24, size=4096, seed=9):
+    """A fresh prefix of `shards` tar shards of `per_shard` samples (one
+    field, `size` bytes) each; returns the source."""
+    import io
+    import tarfile
+
+    env, client = s3
+    bucket = "cshard%s" % uuid.uuid4().hex[:8]
+    client.create_bucket(Bucket=bucket)
+    rng = random.Random(seed)
+    for s in range(shards):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+            for i in range(per_shard):
+                data = rng.randbytes(size)
+                info = tarfile.TarInfo("s%02d/k%04d.bin" % (s, i))
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        client.put_object(Bucket=bucket, Key="set/shard%03d.tar" % s, Body=buf.getvalue())
+    return "s3://%s/set/" % bucket
+
+
+BLOCK = ["--format", "tar", "--shuffle", "block", "--shuffle-block", "4", "--shuffle-window", "2"]
+
+
+def test_packed_shards_under_the_block_order_are_cached_by_range_and_later_epochs_read_no_remote_byte(s3, tmp_path):
+    source = put_shards(s3)
+    rows, log = run(source, s3[0], tmp_path, epochs=2, extra=BLOCK)
+    f = cache_figures(log)
+    # Each block's range is fetched once and written as an entry of its own
+    # (epoch 2 here is served by the chunk layer's memory, which holds
+    # these few chunks).
+    chunks = int(re.search(r"one ranged GET \((\d+) chunks", log).group(1))
+    assert (f["misses"], f["written"], f["corrupt"]) == (chunks, chunks, 0), log
+    # A later run: not one byte from remote, the same batches.
+    rows2, log2 = run(source, s3[0], tmp_path, epochs=2, extra=BLOCK)
+    f2 = cache_figures(log2)
+    assert (f2["misses"], f2["remote_bytes"], f2["written"]) == (0, 0, 0), log2
+    assert f2["hits"] == chunks, log2
+    assert rows2 == rows
+
+
+def test_a_flipped_byte_in_a_cached_shard_range_is_caught_and_the_range_refetched(s3, tmp_path):
+    source = put_shards(s3, seed=10)
+    rows, log = run(source, s3[0], tmp_path, epochs=1, extra=BLOCK)
+    written = cache_figures(log)["written"]
+    victim = entries(tmp_path)[2]
+    data = bytearray(victim.read_bytes())
+    data[700] ^= 0x08
+    victim.write_bytes(bytes(data))
+    rows2, log2 = run(source, s3[0], tmp_path, epochs=1, extra=BLOCK)
+    f = cache_figures(log2)
+    assert (f["corrupt"], f["misses"], f["hits"]) == (1, 1, written - 1), log2
+    assert "is corrupt" in log2 and victim.name in log2 and "(bytes " in log2, log2
+    assert rows2 == rows

@@ -68,8 +68,20 @@ enum CacheFault {
     Io(ReadError),
 }
 
-/// A read in flight: the caller's op and where it went.
-struct InFlight(ReadOp, Tier);
+/// A read in flight: the caller's op, where it went, and the cache entry
+/// it reads or may fill (see `CachedEngine::entry_of`).
+struct InFlight(ReadOp, Tier, Entry);
+
+/// The cache entry a read maps to.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    /// Index of the entry (an object's, or a range's after the objects).
+    index: usize,
+    /// Offset of the read in the entry.
+    offset: u64,
+    /// The read is the whole entry: checked on a hit, may fill on a miss.
+    whole: bool,
+}
 
 // SAFETY: the op's `dest` is only written by the engine that reads it and
 // only read by this engine's owner thread after that read completed
@@ -108,9 +120,9 @@ impl CachedEngine {
     /// files) in front of `remote`.
     pub fn new(local: Box<dyn ReadEngine>, remote: RemoteReadEngine, cache: DataCache) -> Self {
         let max_in_flight = local.max_in_flight().min(remote.max_in_flight()).max(1);
-        let objects = cache.shared().objects.len();
+        let entries = cache.shared().state.len();
         CachedEngine {
-            verified: vec![false; objects],
+            verified: vec![false; entries],
             local,
             remote,
             cache,
@@ -126,17 +138,38 @@ impl CachedEngine {
         self.cache.shared()
     }
 
-    fn is_whole(&self, op: &ReadOp) -> bool {
-        op.offset_bytes == 0
-            && self
-                .shared()
-                .objects
-                .get(op.file as usize)
-                .is_some_and(|o| o.size == op.len_bytes)
+    /// The entry `op` reads: the whole object's; else a range entry that
+    /// is exactly `op`'s bytes; else (a part of an object) the object's
+    /// entry at `op`'s offset, read unchecked and never filled.
+    fn entry_of(&self, op: &ReadOp) -> Entry {
+        let shared = self.shared();
+        let file = op.file as usize;
+        let object_size = shared.objects.get(file).map(|o| o.size);
+        if op.offset_bytes == 0 && object_size == Some(op.len_bytes) {
+            return Entry {
+                index: file,
+                offset: 0,
+                whole: true,
+            };
+        }
+        if let Some(&index) = shared.range_index.get(&(op.file, op.offset_bytes)) {
+            if shared.entry_size(index) == Some(op.len_bytes) {
+                return Entry {
+                    index,
+                    offset: 0,
+                    whole: true,
+                };
+            }
+        }
+        Entry {
+            index: file,
+            offset: op.offset_bytes,
+            whole: false,
+        }
     }
 
     /// Sends op `id` to the remote engine (a miss, or a failed hit).
-    fn send_to_remote(&mut self, id: u64, op: ReadOp) -> Result<(), ReadError> {
+    fn send_to_remote(&mut self, id: u64, op: ReadOp, entry: Entry) -> Result<(), ReadError> {
         let inner = ReadOp {
             user_data: id,
             spare_byte: false,
@@ -145,8 +178,8 @@ impl CachedEngine {
         // SAFETY: the caller's contract on `op.dest` holds until its
         // completion is reaped, which has not happened yet.
         unsafe { self.remote.submit(std::slice::from_ref(&inner)) }?;
-        self.ops.insert(id, InFlight(op, Tier::Remote));
-        if let Some(v) = self.verified.get_mut(op.file as usize) {
+        self.ops.insert(id, InFlight(op, Tier::Remote, entry));
+        if let Some(v) = self.verified.get_mut(entry.index) {
             *v = false;
         }
         Ok(())
@@ -156,14 +189,14 @@ impl CachedEngine {
     fn cache_done(
         &mut self,
         id: u64,
-        op: ReadOp,
+        (op, entry): (ReadOp, Entry),
         result: Result<(), ReadError>,
         out: &mut Vec<Completion>,
     ) {
-        let index = op.file as usize;
+        let index = entry.index;
         let trouble = match result {
-            Ok(()) if self.is_whole(&op) && self.verified.get(index) == Some(&true) => None,
-            Ok(()) if self.is_whole(&op) => {
+            Ok(()) if entry.whole && self.verified.get(index) == Some(&true) => None,
+            Ok(()) if entry.whole => {
                 // SAFETY: the read completed, so `dest` holds its
                 // `len_bytes` bytes, and the caller keeps it valid and
                 // untouched until we hand its completion out.
@@ -199,7 +232,7 @@ impl CachedEngine {
             Some(fault) => {
                 let shared = Arc::clone(self.shared());
                 let path = shared.entry_path(index).unwrap_or_default();
-                let key = shared.objects.get(index).map_or("?", |o| o.key.as_str());
+                let key = shared.describe(index);
                 match &fault {
                     CacheFault::Corrupt { .. } => {
                         tracing::warn!(
@@ -222,7 +255,7 @@ impl CachedEngine {
                         shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
                     }
                 }
-                if let Err(e) = self.send_to_remote(id, op) {
+                if let Err(e) = self.send_to_remote(id, op, entry) {
                     out.push(Completion {
                         user_data: op.user_data,
                         result: Err(e),
@@ -237,7 +270,7 @@ impl CachedEngine {
     fn remote_done(
         &mut self,
         id: u64,
-        op: ReadOp,
+        (op, entry): (ReadOp, Entry),
         result: Result<(), ReadError>,
         out: &mut Vec<Completion>,
     ) {
@@ -249,8 +282,8 @@ impl CachedEngine {
                 .stats
                 .bytes_from_remote
                 .fetch_add(op.len_bytes, Ordering::Relaxed);
-            if let Some(chunks) = chunks.filter(|_| self.is_whole(&op) && shared.admits()) {
-                self.offer(&shared, op.file as usize, chunks);
+            if let Some(chunks) = chunks.filter(|_| entry.whole && shared.admits()) {
+                self.offer(&shared, entry.index, chunks);
             }
         }
         out.push(Completion {
@@ -289,13 +322,13 @@ impl CachedEngine {
         let mut done = std::mem::take(&mut self.scratch);
         for c in done.drain(..) {
             // Every id came from `submit`; another is not ours to report.
-            let Some(InFlight(op, went)) = self.ops.remove(&c.user_data) else {
+            let Some(InFlight(op, went, entry)) = self.ops.remove(&c.user_data) else {
                 continue;
             };
             debug_assert_eq!(went, tier, "a completion came from the other engine");
             match tier {
-                Tier::Cache => self.cache_done(c.user_data, op, c.result, out),
-                Tier::Remote => self.remote_done(c.user_data, op, c.result, out),
+                Tier::Cache => self.cache_done(c.user_data, (op, entry), c.result, out),
+                Tier::Remote => self.remote_done(c.user_data, (op, entry), c.result, out),
             }
         }
         self.scratch = done;
@@ -362,7 +395,8 @@ impl ReadEngine for CachedEngine {
             self.next_id += 1;
             // SYNC POINT: Acquire pairs with the writer's (or the check's)
             // Release store of CACHED: the CRC it stored first is seen.
-            let state = shared.state[op.file as usize].load(Ordering::Acquire);
+            let entry = self.entry_of(op);
+            let state = shared.state[entry.index].load(Ordering::Acquire);
             let cached = state == STATE_CACHED;
             let inner = ReadOp {
                 user_data: id,
@@ -370,17 +404,22 @@ impl ReadEngine for CachedEngine {
                 ..*op
             };
             if cached {
-                local.push(inner);
-                self.ops.insert(id, InFlight(*op, Tier::Cache));
+                // The entry's file, at the read's offset in it.
+                local.push(ReadOp {
+                    file: entry.index as u32,
+                    offset_bytes: entry.offset,
+                    ..inner
+                });
+                self.ops.insert(id, InFlight(*op, Tier::Cache, entry));
             } else {
-                if let Some(v) = self.verified.get_mut(op.file as usize) {
+                if let Some(v) = self.verified.get_mut(entry.index) {
                     *v = false;
                 }
-                // Ask the fetch engine to keep the body of a whole object
+                // Ask the fetch engine to keep the body of a whole entry
                 // the cache may take: the fill needs no copy of its own.
-                keep.push(admits && state == STATE_ABSENT && self.is_whole(op));
+                keep.push(admits && state == STATE_ABSENT && entry.whole);
                 remote.push(inner);
-                self.ops.insert(id, InFlight(*op, Tier::Remote));
+                self.ops.insert(id, InFlight(*op, Tier::Remote, entry));
             }
         }
         // SAFETY: the caller's contract on every `dest` is passed on as is;
