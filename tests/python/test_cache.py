@@ -415,3 +415,42 @@ def test_a_flipped_byte_in_a_cached_shard_range_is_caught_and_the_range_refetche
     assert (f["corrupt"], f["misses"], f["hits"]) == (1, 1, written - 1), log2
     assert "is corrupt" in log2 and victim.name in log2 and "(bytes " in log2, log2
     assert rows2 == rows
+
+
+def test_kill_9_during_a_fill_of_shard_ranges_never_leaves_an_entry_that_reads_back_wrong(s3, tmp_path):
+    source = put_shards(s3, shards=6, per_shard=64, size=16 << 10, seed=11)
+    reference, _ = run(source, s3[0], tmp_path / "nocache", epochs=1, extra=BLOCK + ["--cache", "off"])
+    rng = random.Random(12)
+    for _ in range(8):
+        for entry in entries(tmp_path):
+            if rng.random() < 0.75:
+                entry.unlink()
+        loader, ranks = serve(source, s3[0], tmp_path, epochs=1, extra=BLOCK)
+        time.sleep(rng.uniform(0.05, 0.5))
+        loader.send_signal(signal.SIGKILL)
+        kill_survivors([loader] + ranks)
+    rows, log = run(source, s3[0], tmp_path, epochs=1, extra=BLOCK)
+    assert rows == reference
+    f = cache_figures(log)
+    assert f["corrupt"] == 0 and "corrupt" not in log.replace("0 corrupt refetched", ""), log
+    on_disk = sum(p.stat().st_size for p in entries(tmp_path))
+    assert f["used"] == on_disk, (f, on_disk)
+    assert not list((tmp_path / "data").glob("*/.tmp.*"))
+
+
+def test_two_loaders_share_one_cache_of_shard_ranges_without_passing_its_size(s3, tmp_path):
+    source = put_shards(s3, shards=4, per_shard=64, size=4096, seed=13)
+    reference, _ = run(source, s3[0], tmp_path / "nocache", epochs=2, extra=BLOCK + ["--cache", "off"])
+    # 64 ranges of 4 samples (16 KiB of data each, with tar headers more);
+    # room for about half of them.
+    limit = 40 * (4 * (4096 + 512) + 64)
+    a = serve(source, s3[0], tmp_path, epochs=2, extra=BLOCK + ["--cache-size", str(limit)])
+    b = serve(source, s3[0], tmp_path, epochs=2, extra=BLOCK + ["--cache-size", str(limit)])
+    (rows_a, log_a), (rows_b, log_b) = finish(*a), finish(*b)
+    assert rows_a == reference and rows_b == reference
+    on_disk = [p.stat().st_size for p in entries(tmp_path)]
+    usage = int((tmp_path / "data" / "usage").read_text())
+    assert usage == sum(on_disk) <= limit, (usage, sum(on_disk), limit)
+    assert len(on_disk) > 0
+    for log in (log_a, log_b):
+        assert cache_figures(log)["used"] <= limit
