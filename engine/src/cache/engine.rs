@@ -104,6 +104,9 @@ pub struct CachedEngine {
     /// in this run, so later whole reads of it skip the check (once per
     /// entry per run). Cleared whenever the object goes to remote.
     verified: Vec<bool>,
+    /// Completions of reads served from bodies queued for the writer, to
+    /// hand out at the next `reap`.
+    ready: Vec<Completion>,
 }
 
 impl std::fmt::Debug for CachedEngine {
@@ -123,6 +126,7 @@ impl CachedEngine {
         let entries = cache.shared().state.len();
         CachedEngine {
             verified: vec![false; entries],
+            ready: Vec::new(),
             local,
             remote,
             cache,
@@ -166,6 +170,45 @@ impl CachedEngine {
             offset: op.offset_bytes,
             whole: false,
         }
+    }
+
+    /// Serves `op` (a whole entry being written) from the body queued for
+    /// the writer, copying it into `op.dest`; false when the body is no
+    /// longer queued (the read goes on as a miss).
+    ///
+    /// # Safety
+    /// `op.dest` is valid for `op.len_bytes` writes (`submit`'s contract).
+    unsafe fn from_pending(&mut self, shared: &Shared, entry: Entry, op: &ReadOp) -> bool {
+        let pending = shared
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(chunks) = pending.get(&entry.index) else {
+            return false;
+        };
+        if chunks.iter().map(|c| c.len() as u64).sum::<u64>() != op.len_bytes {
+            return false;
+        }
+        let mut at = 0usize;
+        for c in chunks {
+            // SAFETY: the chunks sum to `len_bytes`, so each copy lands
+            // inside `dest`, which the caller keeps valid and untouched
+            // until this read's completion is reaped; a chunk is never
+            // the caller's memory.
+            unsafe { std::ptr::copy_nonoverlapping(c.as_ptr(), op.dest.add(at), c.len()) };
+            at += c.len();
+        }
+        drop(pending);
+        let stats = &shared.stats;
+        stats.hits.fetch_add(1, Ordering::Relaxed);
+        stats
+            .bytes_from_cache
+            .fetch_add(op.len_bytes, Ordering::Relaxed);
+        self.ready.push(Completion {
+            user_data: op.user_data,
+            result: Ok(()),
+        });
+        true
     }
 
     /// Sends op `id` to the remote engine (a miss, or a failed hit).
@@ -310,7 +353,17 @@ impl CachedEngine {
             shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
             return;
         }
+        shared
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(index, chunks.clone());
         if !self.cache.writer().send(Job::Write { index, chunks }) {
+            shared
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&index);
             shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
             shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
         }
@@ -370,7 +423,7 @@ impl ReadEngine for CachedEngine {
     }
 
     fn in_flight(&self) -> usize {
-        self.ops.len()
+        self.ops.len() + self.ready.len()
     }
 
     fn max_in_flight(&self) -> usize {
@@ -380,7 +433,7 @@ impl ReadEngine for CachedEngine {
     unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
         let shared = Arc::clone(self.shared());
         crate::reader::admit_sized(
-            self.ops.len(),
+            self.ops.len() + self.ready.len(),
             self.max_in_flight,
             ops,
             |i| shared.objects.get(i as usize).map(|o| o.size),
@@ -390,6 +443,7 @@ impl ReadEngine for CachedEngine {
         let mut remote = Vec::new();
         let mut keep = Vec::new();
         let admits = shared.admits();
+        let ready_before = self.ready.len();
         for op in ops {
             let id = self.next_id;
             self.next_id += 1;
@@ -398,6 +452,13 @@ impl ReadEngine for CachedEngine {
             let entry = self.entry_of(op);
             let state = shared.state[entry.index].load(Ordering::Acquire);
             let cached = state == STATE_CACHED;
+            // SAFETY: the caller's contract on `op.dest`.
+            if state == STATE_WRITING
+                && entry.whole
+                && unsafe { self.from_pending(&shared, entry, op) }
+            {
+                continue;
+            }
             let inner = ReadOp {
                 user_data: id,
                 spare_byte: false,
@@ -432,6 +493,8 @@ impl ReadEngine for CachedEngine {
             for op in local.iter().chain(&remote) {
                 self.ops.remove(&op.user_data);
             }
+            // All or none: the reads served from memory are not reported.
+            self.ready.truncate(ready_before);
             return Err(e);
         }
         Ok(())
@@ -444,7 +507,8 @@ impl ReadEngine for CachedEngine {
         timeout: Option<Duration>,
     ) -> Result<usize, ReadError> {
         let started = Instant::now();
-        let mut got = 0;
+        let mut got = self.ready.len();
+        out.append(&mut self.ready);
         loop {
             got += self.reap_tier(Tier::Cache, out, Duration::ZERO)?;
             got += self.reap_tier(Tier::Remote, out, Duration::ZERO)?;

@@ -191,6 +191,11 @@ pub(crate) struct Shared {
     pub(crate) stopped: AtomicBool,
     /// Bytes queued for the writer.
     pub(crate) queued_bytes: AtomicU64,
+    /// The bodies queued for the writer, by entry (refcounted: the same
+    /// bytes as the queue's, no copy), so that a read of an entry being
+    /// written is served from memory instead of fetched again. The writer
+    /// removes an entry's body when it is done with it.
+    pub(crate) pending: std::sync::Mutex<std::collections::HashMap<usize, Vec<bytes::Bytes>>>,
 }
 
 impl Shared {
@@ -421,6 +426,7 @@ impl DataCache {
             full: AtomicBool::new(full),
             stopped: AtomicBool::new(false),
             queued_bytes: AtomicU64::new(0),
+            pending: std::sync::Mutex::default(),
         });
         let found = writer::check_existing(&shared, VERIFY_WAIT_AT_START);
         if full {

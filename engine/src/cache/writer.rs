@@ -96,6 +96,12 @@ fn run_job(shared: &Shared, job: Job) {
             if !published {
                 shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
             }
+            // A poisoned lock only means a panic elsewhere; the map is whole.
+            shared
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&index);
             shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
         }
         Job::Remove { index } => {

@@ -226,3 +226,40 @@ fn a_failed_entry_read_is_an_io_fault_read_from_remote_and_not_counted_corrupt()
     // Not removed as corrupt: the object is only marked absent.
     assert_eq!(kept, [true, true], "no entry is removed for a failed read");
 }
+
+#[test]
+fn a_read_of_an_entry_still_being_written_is_served_from_the_queued_body_not_fetched_again() {
+    use crate::support::{check_bytes, make_files, ops_into_with, run_all, table};
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = vec![100_000u64; 200];
+    let (paths, contents) = make_files(dir.path(), &sizes);
+    let files = table(&paths, &sizes, false);
+    let cfg = ReaderConfig {
+        queue_depth: 32,
+        ..ReaderConfig::default()
+    };
+    let mut opened = open_cached(&files, &cfg);
+    let ranges: Vec<(u32, u64, u64)> = (0..200u32).map(|i| (i, 0, 100_000)).collect();
+    let mut first = vec![0u8; 200 * 100_000];
+    let ops = ops_into_with(&mut first, &ranges, false);
+    let (results, _) = run_all(opened.engine.as_mut(), &ops);
+    assert!(results.values().all(Result::is_ok), "{results:?}");
+    // At once, while the writer is still behind: each object is written,
+    // being written (its body queued), or was given up (written again).
+    let mut again = vec![0u8; first.len()];
+    let ops = ops_into_with(&mut again, &ranges, false);
+    let (results, _) = run_all(opened.engine.as_mut(), &ops);
+    assert!(results.values().all(Result::is_ok), "{results:?}");
+    check_bytes(&again, &ranges, &contents);
+    let written = {
+        drop(opened.engine);
+        opened.stats.entries_written.load(Ordering::Relaxed)
+    };
+    assert_eq!(written, 200, "every object was written once");
+    assert_eq!(
+        opened.stats.misses.load(Ordering::Relaxed),
+        200,
+        "no object fetched twice"
+    );
+    assert_eq!(opened.stats.hits.load(Ordering::Relaxed), 200);
+}
