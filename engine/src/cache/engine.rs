@@ -178,7 +178,7 @@ impl CachedEngine {
     ///
     /// # Safety
     /// `op.dest` is valid for `op.len_bytes` writes (`submit`'s contract).
-    unsafe fn from_pending(&mut self, shared: &Shared, entry: Entry, op: &ReadOp) -> bool {
+    unsafe fn serve_pending(&mut self, shared: &Shared, entry: Entry, op: &ReadOp) -> bool {
         let pending = shared
             .pending
             .lock()
@@ -455,7 +455,7 @@ impl ReadEngine for CachedEngine {
             // SAFETY: the caller's contract on `op.dest`.
             if state == STATE_WRITING
                 && entry.whole
-                && unsafe { self.from_pending(&shared, entry, op) }
+                && unsafe { self.serve_pending(&shared, entry, op) }
             {
                 continue;
             }
