@@ -93,6 +93,58 @@ def serve_once(bin_path, source, cache_dir, extra=(), seed=0):
     return nbytes / secs / 1e6, nobj / secs, secs, "\n".join(lines)
 
 
+def serve_epochs(bin_path, source, cache_dir, epochs, extra=()):
+    """One `serve --epochs N`; returns ([MB/s of each epoch], loader log). An
+    epoch is timed from its first batch to the first batch of the next (the
+    first from its first batch to its last)."""
+    name = "cbenche%d" % os.getpid()
+    cmd = [bin_path, "serve", "--source", source, "--name", name, "--batch-size", str(BATCH), "--world-size", "1",
+           "--epochs", str(epochs), "--seed", "0", "--cache-dir", cache_dir, *extra]
+    rb.note_cmd([c if c != name else "NAME" for c in cmd])
+    serve = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(l.rstrip("\n") for l in serve.stderr), daemon=True)
+    reader.start()
+    import ringfeed
+
+    per = {}  # epoch -> [t_first, t_last, bytes after the first batch]
+    try:
+        feed = ringfeed.attach(name, 0, timeout=120)
+        for b in feed:
+            now = time.time()
+            e = per.setdefault(b.epoch, [now, now, 0])
+            if e[0] != now:
+                e[2] += b.nbytes
+            e[1] = now
+            b.release()
+        feed.close()
+        serve.wait(timeout=60)
+    finally:
+        if serve.poll() is None:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(timeout=15)
+        reader.join(timeout=5)
+    rates = []
+    keys = sorted(per)
+    for i, k in enumerate(keys):
+        t0, t1, n = per[k]
+        rates.append(n / max(t1 - t0, 1e-9) / 1e6)
+    return rates, "\n".join(lines)
+
+
+def epochs_section(bin_path, url, local, cache_dir, epochs=3):
+    """Issue 29 point 2: per epoch of a filling run, of a later run from the
+    full cache, and of the local directory, all in one `serve --epochs N`
+    each, page cache warm."""
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    out = []
+    for label, source in (("filling run", url), ("later run (full cache)", url), ("local directory", local)):
+        rates, text = serve_epochs(bin_path, source, cache_dir, epochs)
+        log("%-24s %s MB/s  cache %s" % (label, " ".join("%.0f" % r for r in rates), cache_line(text)))
+        out.append((label, rates, cache_line(text)))
+    return out
+
+
 def cache_line(text):
     m = re.search(r"data cache: (\d+) hits, (\d+) misses, (\d+) bytes from cache, (\d+) bytes from remote", text)
     return tuple(int(x) for x in m.groups()) if m else None
@@ -102,12 +154,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=os.path.join(REPO, "target", "release"))
     ap.add_argument("--results", default=os.path.join(REPO, "bench", "RESULTS-cache.md"))
+    ap.add_argument("--epochs-only", action="store_true",
+                    help="only the per-epoch rows (filling run, later run, local directory); no results file")
+    ap.add_argument("--count", type=int, default=COUNT, help="objects (default %(default)s)")
     args = ap.parse_args()
     bin_path = os.path.join(args.target, "ringfeed")
     os.environ.setdefault("RINGFEED_LIB", os.path.join(args.target, "libringfeed.so"))
     sys.path.insert(0, os.path.join(REPO, "bindings", "python"))
     state = tempfile.mkdtemp(prefix="rfcache-")
-    procs, rows, half_rows = [], [], []
+    procs, rows, half_rows, epoch_rows = [], [], [], []
     t0 = time.time()
     try:
         ngx_pid, ngx_env = rb.start_server("nginx", state)
@@ -117,12 +172,18 @@ def main():
         root = ngx_env["RINGFEED_TEST_NGINX_ROOT"]
         local = os.path.join(root, "ds100k")
         os.makedirs(local, exist_ok=True)
-        for i in range(COUNT):
+        for i in range(args.count):
             with open(os.path.join(local, "%06d.bin" % i), "wb") as f:
                 f.write(os.urandom(SIZE))
         url = "http://127.0.0.1:%d/ds100k/" % proxy_port
         cache_dir = os.path.join(state, "cache")
-        log("nginx on %d behind faultproxy %d (%d ms RTT); %d x %d bytes" % (ngx_port, proxy_port, rb.RTT_MS, COUNT, SIZE))
+        log("nginx on %d behind faultproxy %d (%d ms RTT); %d x %d bytes" % (ngx_port, proxy_port, rb.RTT_MS, args.count, SIZE))
+        epoch_rows = epochs_section(bin_path, url, local, cache_dir)
+        if args.epochs_only:
+            for label, rates, c in epoch_rows:
+                print("| %s | %s | %s |" % (label, " | ".join("%.0f" % r for r in rates), c))
+            return
+        shutil.rmtree(cache_dir, ignore_errors=True)
 
         def row(label, source, extra=(), cold=True):
             if cold:
@@ -186,6 +247,10 @@ def main():
     if e1 and e2 and loc:
         out += ["", "- epoch 2 / epoch 1: %.1fx (goal 5x); epoch 2 / local directory, both cold: %.0f%% (goal 60%%)"
                 % (e2 / e1, 100 * e2 / loc)]
+    out += ["", "## Per epoch within one run (issue 29 point 2; `serve --epochs 3`, page cache warm)", "",
+            "| run | MB/s per epoch | hits, misses, bytes from cache, bytes from remote |", "|---|---|---|"]
+    for label, rates, c in epoch_rows:
+        out.append("| %s | %s | %s |" % (label, ", ".join("%.0f" % r for r in rates), c))
     out += ["", "## Point 2: a cache of half the dataset", "",
             "| run | MB/s | hits | misses | hit rate | bytes from remote | misses x %d |" % SIZE, "|---|---|---|---|---|---|---|"]
     for label, mbs, c in half_rows:

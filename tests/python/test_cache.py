@@ -358,3 +358,99 @@ def test_links_and_a_fifo_planted_in_a_shared_cache_dir_neither_write_through_no
     os.chmod(cache2, 0o1777)
     rows, log = run(source, s3[0], cache2, epochs=1)
     assert os.stat(cache2 / "data").st_mode & 0o777 == 0o700, log
+
+
+def put_shards(s3, shards=3, per_shard=24, size=4096, seed=9):
+    """A fresh prefix of `shards` tar shards of `per_shard` samples (one
+    field, `size` bytes) each; returns the source."""
+    import io
+    import tarfile
+
+    env, client = s3
+    bucket = "cshard%s" % uuid.uuid4().hex[:8]
+    client.create_bucket(Bucket=bucket)
+    rng = random.Random(seed)
+    for s in range(shards):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+            for i in range(per_shard):
+                data = rng.randbytes(size)
+                info = tarfile.TarInfo("s%02d/k%04d.bin" % (s, i))
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        client.put_object(Bucket=bucket, Key="set/shard%03d.tar" % s, Body=buf.getvalue())
+    return "s3://%s/set/" % bucket
+
+
+BLOCK = ["--format", "tar", "--shuffle", "block", "--shuffle-block", "4", "--shuffle-window", "2"]
+
+
+def test_packed_shards_under_the_block_order_are_cached_by_range_and_later_epochs_read_no_remote_byte(s3, tmp_path):
+    source = put_shards(s3)
+    rows, log = run(source, s3[0], tmp_path, epochs=2, extra=BLOCK)
+    f = cache_figures(log)
+    # Each block's range is fetched once and written as an entry of its own
+    # (epoch 2 here is served by the chunk layer's memory, which holds
+    # these few chunks).
+    chunks = int(re.search(r"one ranged GET \((\d+) chunks", log).group(1))
+    assert (f["misses"], f["written"], f["corrupt"]) == (chunks, chunks, 0), log
+    # A later run: not one byte from remote, the same batches.
+    rows2, log2 = run(source, s3[0], tmp_path, epochs=2, extra=BLOCK)
+    f2 = cache_figures(log2)
+    assert (f2["misses"], f2["remote_bytes"], f2["written"]) == (0, 0, 0), log2
+    assert f2["hits"] == chunks, log2
+    assert rows2 == rows
+
+
+def test_a_flipped_byte_in_a_cached_shard_range_is_caught_and_the_range_refetched(s3, tmp_path):
+    source = put_shards(s3, seed=10)
+    rows, log = run(source, s3[0], tmp_path, epochs=1, extra=BLOCK)
+    written = cache_figures(log)["written"]
+    victim = entries(tmp_path)[2]
+    data = bytearray(victim.read_bytes())
+    data[700] ^= 0x08
+    victim.write_bytes(bytes(data))
+    rows2, log2 = run(source, s3[0], tmp_path, epochs=1, extra=BLOCK)
+    f = cache_figures(log2)
+    assert (f["corrupt"], f["misses"], f["hits"]) == (1, 1, written - 1), log2
+    assert "is corrupt" in log2 and victim.name in log2 and "(bytes " in log2, log2
+    assert rows2 == rows
+
+
+def test_kill_9_during_a_fill_of_shard_ranges_never_leaves_an_entry_that_reads_back_wrong(s3, tmp_path):
+    source = put_shards(s3, shards=6, per_shard=64, size=16 << 10, seed=11)
+    reference, _ = run(source, s3[0], tmp_path / "nocache", epochs=1, extra=BLOCK + ["--cache", "off"])
+    rng = random.Random(12)
+    for _ in range(8):
+        for entry in entries(tmp_path):
+            if rng.random() < 0.75:
+                entry.unlink()
+        loader, ranks = serve(source, s3[0], tmp_path, epochs=1, extra=BLOCK)
+        time.sleep(rng.uniform(0.05, 0.5))
+        loader.send_signal(signal.SIGKILL)
+        kill_survivors([loader] + ranks)
+    rows, log = run(source, s3[0], tmp_path, epochs=1, extra=BLOCK)
+    assert rows == reference
+    f = cache_figures(log)
+    assert f["corrupt"] == 0 and "corrupt" not in log.replace("0 corrupt refetched", ""), log
+    on_disk = sum(p.stat().st_size for p in entries(tmp_path))
+    assert f["used"] == on_disk, (f, on_disk)
+    assert not list((tmp_path / "data").glob("*/.tmp.*"))
+
+
+def test_two_loaders_share_one_cache_of_shard_ranges_without_passing_its_size(s3, tmp_path):
+    source = put_shards(s3, shards=4, per_shard=64, size=4096, seed=13)
+    reference, _ = run(source, s3[0], tmp_path / "nocache", epochs=2, extra=BLOCK + ["--cache", "off"])
+    # 64 ranges of 4 samples (16 KiB of data each, with tar headers more);
+    # room for about half of them.
+    limit = 40 * (4 * (4096 + 512) + 64)
+    a = serve(source, s3[0], tmp_path, epochs=2, extra=BLOCK + ["--cache-size", str(limit)])
+    b = serve(source, s3[0], tmp_path, epochs=2, extra=BLOCK + ["--cache-size", str(limit)])
+    (rows_a, log_a), (rows_b, log_b) = finish(*a), finish(*b)
+    assert rows_a == reference and rows_b == reference
+    on_disk = [p.stat().st_size for p in entries(tmp_path)]
+    usage = int((tmp_path / "data" / "usage").read_text())
+    assert usage == sum(on_disk) <= limit, (usage, sum(on_disk), limit)
+    assert len(on_disk) > 0
+    for log in (log_a, log_b):
+        assert cache_figures(log)["used"] <= limit

@@ -4,8 +4,12 @@
 //!
 //! The tier is picked per read at `submit` from the object's state byte,
 //! so the loader, its one thread and its one completion loop stay as they
-//! are. A hit of a whole object is checked against the CRC32C its footer
-//! holds before its completion is handed out; a mismatch (or any failed
+//! are. The first whole hit of an entry in a run is checked against the
+//! CRC32C its footer holds before its completion is handed out, and later
+//! whole hits of it in the same run are not (once per entry per run: a
+//! byte flipped on disk before the entry's first read back in a run never
+//! reaches a trainer; one flipped after it, within the run, is not
+//! caught until the next run). A mismatch (or any failed
 //! cache read) is a warning, the entry is removed, and the read goes to the
 //! remote engine instead: never an error, never bad bytes. For a remote
 //! read of a whole object the cache may take, the fetch engine keeps the
@@ -31,6 +35,14 @@ use crate::reader::{Completion, ReadEngine, ReadError, ReadOp, RemoteReadEngine}
 pub const CACHED_BACKEND: &str = "remote+cache";
 /// Longest wait on one engine while the other also has reads in flight.
 const BOTH_WAIT_SLICE: Duration = Duration::from_millis(1);
+/// Longest the loader waits for room in the writer's queue before it lets
+/// a fetched object go uncached. An object let go is fetched again next
+/// epoch, at least a round trip (20 ms on the benchmarks' path) and the
+/// bytes again; a writer that cannot finish one entry in this long is on a
+/// disk slower than the remote path, and the run does not wait for it.
+const QUEUE_WAIT_MAX: Duration = Duration::from_millis(20);
+/// Sleep between looks at the writer's queue while waiting for room.
+const QUEUE_WAIT_STEP: Duration = Duration::from_micros(100);
 
 /// Where a read in flight went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,8 +51,37 @@ enum Tier {
     Remote,
 }
 
-/// A read in flight: the caller's op and where it went.
-struct InFlight(ReadOp, Tier);
+/// Why a cache read was not handed out: the policy differs by kind (a
+/// corrupt entry is removed; a failed read only makes the object absent).
+#[derive(Debug, thiserror::Error)]
+enum CacheFault {
+    /// The entry's bytes do not match the CRC32C its footer holds.
+    #[error("CRC32C {found:08x} where its footer says {expected:08x}")]
+    Corrupt {
+        /// The CRC32C of the bytes read.
+        found: u32,
+        /// The CRC32C the entry's footer holds.
+        expected: u32,
+    },
+    /// Reading the entry failed.
+    #[error("{0}")]
+    Io(ReadError),
+}
+
+/// A read in flight: the caller's op, where it went, and the cache entry
+/// it reads or may fill (see `CachedEngine::entry_of`).
+struct InFlight(ReadOp, Tier, Entry);
+
+/// The cache entry a read maps to.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    /// Index of the entry (an object's, or a range's after the objects).
+    index: usize,
+    /// Offset of the read in the entry.
+    offset: u64,
+    /// The read is the whole entry: checked on a hit, may fill on a miss.
+    whole: bool,
+}
 
 // SAFETY: the op's `dest` is only written by the engine that reads it and
 // only read by this engine's owner thread after that read completed
@@ -59,6 +100,13 @@ pub struct CachedEngine {
     scratch: Vec<Completion>,
     /// A failed cache read was warned of (once per run).
     read_error_warned: bool,
+    /// Per object: its entry was read back whole and matched its CRC32C
+    /// in this run, so later whole reads of it skip the check (once per
+    /// entry per run). Cleared whenever the object goes to remote.
+    verified: Vec<bool>,
+    /// Completions of reads served from bodies queued for the writer, to
+    /// hand out at the next `reap`.
+    ready: Vec<Completion>,
 }
 
 impl std::fmt::Debug for CachedEngine {
@@ -75,7 +123,10 @@ impl CachedEngine {
     /// files) in front of `remote`.
     pub fn new(local: Box<dyn ReadEngine>, remote: RemoteReadEngine, cache: DataCache) -> Self {
         let max_in_flight = local.max_in_flight().min(remote.max_in_flight()).max(1);
+        let entries = cache.shared().state.len();
         CachedEngine {
+            verified: vec![false; entries],
+            ready: Vec::new(),
             local,
             remote,
             cache,
@@ -91,17 +142,77 @@ impl CachedEngine {
         self.cache.shared()
     }
 
-    fn is_whole(&self, op: &ReadOp) -> bool {
-        op.offset_bytes == 0
-            && self
-                .shared()
-                .objects
-                .get(op.file as usize)
-                .is_some_and(|o| o.size == op.len_bytes)
+    /// The entry `op` reads: the whole object's; else a range entry that
+    /// is exactly `op`'s bytes; else (a part of an object) the object's
+    /// entry at `op`'s offset, read unchecked and never filled.
+    fn entry_of(&self, op: &ReadOp) -> Entry {
+        let shared = self.shared();
+        let file = op.file as usize;
+        let object_size = shared.objects.get(file).map(|o| o.size);
+        if op.offset_bytes == 0 && object_size == Some(op.len_bytes) {
+            return Entry {
+                index: file,
+                offset: 0,
+                whole: true,
+            };
+        }
+        if let Some(&index) = shared.range_index.get(&(op.file, op.offset_bytes)) {
+            if shared.entry_size(index) == Some(op.len_bytes) {
+                return Entry {
+                    index,
+                    offset: 0,
+                    whole: true,
+                };
+            }
+        }
+        Entry {
+            index: file,
+            offset: op.offset_bytes,
+            whole: false,
+        }
+    }
+
+    /// Serves `op` (a whole entry being written) from the body queued for
+    /// the writer, copying it into `op.dest`; false when the body is no
+    /// longer queued (the read goes on as a miss).
+    ///
+    /// # Safety
+    /// `op.dest` is valid for `op.len_bytes` writes (`submit`'s contract).
+    unsafe fn serve_pending(&mut self, shared: &Shared, entry: Entry, op: &ReadOp) -> bool {
+        let pending = shared
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(chunks) = pending.get(&entry.index) else {
+            return false;
+        };
+        if chunks.iter().map(|c| c.len() as u64).sum::<u64>() != op.len_bytes {
+            return false;
+        }
+        let mut at = 0usize;
+        for c in chunks {
+            // SAFETY: the chunks sum to `len_bytes`, so each copy lands
+            // inside `dest`, which the caller keeps valid and untouched
+            // until this read's completion is reaped; a chunk is never
+            // the caller's memory.
+            unsafe { std::ptr::copy_nonoverlapping(c.as_ptr(), op.dest.add(at), c.len()) };
+            at += c.len();
+        }
+        drop(pending);
+        let stats = &shared.stats;
+        stats.hits.fetch_add(1, Ordering::Relaxed);
+        stats
+            .bytes_from_cache
+            .fetch_add(op.len_bytes, Ordering::Relaxed);
+        self.ready.push(Completion {
+            user_data: op.user_data,
+            result: Ok(()),
+        });
+        true
     }
 
     /// Sends op `id` to the remote engine (a miss, or a failed hit).
-    fn send_to_remote(&mut self, id: u64, op: ReadOp) -> Result<(), ReadError> {
+    fn send_to_remote(&mut self, id: u64, op: ReadOp, entry: Entry) -> Result<(), ReadError> {
         let inner = ReadOp {
             user_data: id,
             spare_byte: false,
@@ -110,7 +221,10 @@ impl CachedEngine {
         // SAFETY: the caller's contract on `op.dest` holds until its
         // completion is reaped, which has not happened yet.
         unsafe { self.remote.submit(std::slice::from_ref(&inner)) }?;
-        self.ops.insert(id, InFlight(op, Tier::Remote));
+        self.ops.insert(id, InFlight(op, Tier::Remote, entry));
+        if let Some(v) = self.verified.get_mut(entry.index) {
+            *v = false;
+        }
         Ok(())
     }
 
@@ -118,29 +232,33 @@ impl CachedEngine {
     fn cache_done(
         &mut self,
         id: u64,
-        op: ReadOp,
+        (op, entry): (ReadOp, Entry),
         result: Result<(), ReadError>,
         out: &mut Vec<Completion>,
     ) {
-        let index = op.file as usize;
+        let index = entry.index;
         let trouble = match result {
-            Ok(()) if self.is_whole(&op) => {
+            Ok(()) if entry.whole && self.verified.get(index) == Some(&true) => None,
+            Ok(()) if entry.whole => {
                 // SAFETY: the read completed, so `dest` holds its
                 // `len_bytes` bytes, and the caller keeps it valid and
                 // untouched until we hand its completion out.
                 let data = unsafe { std::slice::from_raw_parts(op.dest, op.len_bytes as usize) };
                 let expected = self.shared().crc[index].load(Ordering::Relaxed);
                 let found = crc32c::crc32c(data);
+                if found == expected {
+                    self.verified[index] = true;
+                }
                 (found != expected).then(|| {
                     self.shared()
                         .stats
                         .corrupt_refetched
                         .fetch_add(1, Ordering::Relaxed);
-                    format!("CRC32C {found:08x} where its footer says {expected:08x}")
+                    CacheFault::Corrupt { found, expected }
                 })
             }
             Ok(()) => None,
-            Err(e) => Some(e.to_string()),
+            Err(e) => Some(CacheFault::Io(e)),
         };
         match trouble {
             None => {
@@ -154,30 +272,33 @@ impl CachedEngine {
                     result: Ok(()),
                 });
             }
-            Some(why) => {
+            Some(fault) => {
                 let shared = Arc::clone(self.shared());
                 let path = shared.entry_path(index).unwrap_or_default();
-                let key = shared.objects.get(index).map_or("?", |o| o.key.as_str());
-                if why.starts_with("CRC32C") {
-                    tracing::warn!(
-                        "data cache: entry {} of {key} is corrupt ({why}); removed, refetching from remote",
+                let key = shared.describe(index);
+                match &fault {
+                    CacheFault::Corrupt { .. } => {
+                        tracing::warn!(
+                        "data cache: entry {} of {key} is corrupt ({fault}); removed, refetching from remote",
                         path.display()
                     );
-                    shared.state[index].store(STATE_WRITING, Ordering::Relaxed);
-                    if !self.cache.writer().send(Job::Remove { index }) {
-                        shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
+                        shared.state[index].store(STATE_WRITING, Ordering::Relaxed);
+                        if !self.cache.writer().send(Job::Remove { index }) {
+                            shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
+                        }
                     }
-                } else {
-                    if !self.read_error_warned {
-                        self.read_error_warned = true;
-                        tracing::warn!(
-                            "data cache: reading entry {} of {key} failed ({why}); reading it from remote (further failed cache reads are not logged)",
+                    CacheFault::Io(_) => {
+                        if !self.read_error_warned {
+                            self.read_error_warned = true;
+                            tracing::warn!(
+                            "data cache: reading entry {} of {key} failed ({fault}); reading it from remote (further failed cache reads are not logged)",
                             path.display()
                         );
+                        }
+                        shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
                     }
-                    shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
                 }
-                if let Err(e) = self.send_to_remote(id, op) {
+                if let Err(e) = self.send_to_remote(id, op, entry) {
                     out.push(Completion {
                         user_data: op.user_data,
                         result: Err(e),
@@ -192,7 +313,7 @@ impl CachedEngine {
     fn remote_done(
         &mut self,
         id: u64,
-        op: ReadOp,
+        (op, entry): (ReadOp, Entry),
         result: Result<(), ReadError>,
         out: &mut Vec<Completion>,
     ) {
@@ -204,8 +325,8 @@ impl CachedEngine {
                 .stats
                 .bytes_from_remote
                 .fetch_add(op.len_bytes, Ordering::Relaxed);
-            if let Some(chunks) = chunks.filter(|_| self.is_whole(&op) && shared.admits()) {
-                self.offer(&shared, op.file as usize, chunks);
+            if let Some(chunks) = chunks.filter(|_| entry.whole && shared.admits()) {
+                self.offer(&shared, entry.index, chunks);
             }
         }
         out.push(Completion {
@@ -216,9 +337,8 @@ impl CachedEngine {
 
     fn offer(&self, shared: &Shared, index: usize, chunks: Vec<bytes::Bytes>) {
         let n: u64 = chunks.iter().map(|c| c.len() as u64).sum();
-        if shared.queued_bytes.fetch_add(n, Ordering::Relaxed) + n > WRITE_QUEUE_BYTES_MAX {
-            // The writer is behind: this object gets another chance next epoch.
-            shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
+        if !reserve_queue(shared, n) {
+            // The writer is far behind: this object gets another chance next epoch.
             return;
         }
         if shared.state[index]
@@ -233,7 +353,17 @@ impl CachedEngine {
             shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
             return;
         }
+        shared
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(index, chunks.clone());
         if !self.cache.writer().send(Job::Write { index, chunks }) {
+            shared
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&index);
             shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
             shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
         }
@@ -245,13 +375,13 @@ impl CachedEngine {
         let mut done = std::mem::take(&mut self.scratch);
         for c in done.drain(..) {
             // Every id came from `submit`; another is not ours to report.
-            let Some(InFlight(op, went)) = self.ops.remove(&c.user_data) else {
+            let Some(InFlight(op, went, entry)) = self.ops.remove(&c.user_data) else {
                 continue;
             };
             debug_assert_eq!(went, tier, "a completion came from the other engine");
             match tier {
-                Tier::Cache => self.cache_done(c.user_data, op, c.result, out),
-                Tier::Remote => self.remote_done(c.user_data, op, c.result, out),
+                Tier::Cache => self.cache_done(c.user_data, (op, entry), c.result, out),
+                Tier::Remote => self.remote_done(c.user_data, (op, entry), c.result, out),
             }
         }
         self.scratch = done;
@@ -293,7 +423,7 @@ impl ReadEngine for CachedEngine {
     }
 
     fn in_flight(&self) -> usize {
-        self.ops.len()
+        self.ops.len() + self.ready.len()
     }
 
     fn max_in_flight(&self) -> usize {
@@ -303,7 +433,7 @@ impl ReadEngine for CachedEngine {
     unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
         let shared = Arc::clone(self.shared());
         crate::reader::admit_sized(
-            self.ops.len(),
+            self.ops.len() + self.ready.len(),
             self.max_in_flight,
             ops,
             |i| shared.objects.get(i as usize).map(|o| o.size),
@@ -313,27 +443,44 @@ impl ReadEngine for CachedEngine {
         let mut remote = Vec::new();
         let mut keep = Vec::new();
         let admits = shared.admits();
+        let ready_before = self.ready.len();
         for op in ops {
             let id = self.next_id;
             self.next_id += 1;
             // SYNC POINT: Acquire pairs with the writer's (or the check's)
             // Release store of CACHED: the CRC it stored first is seen.
-            let state = shared.state[op.file as usize].load(Ordering::Acquire);
+            let entry = self.entry_of(op);
+            let state = shared.state[entry.index].load(Ordering::Acquire);
             let cached = state == STATE_CACHED;
+            // SAFETY: the caller's contract on `op.dest`.
+            if state == STATE_WRITING
+                && entry.whole
+                && unsafe { self.serve_pending(&shared, entry, op) }
+            {
+                continue;
+            }
             let inner = ReadOp {
                 user_data: id,
                 spare_byte: false,
                 ..*op
             };
             if cached {
-                local.push(inner);
-                self.ops.insert(id, InFlight(*op, Tier::Cache));
+                // The entry's file, at the read's offset in it.
+                local.push(ReadOp {
+                    file: entry.index as u32,
+                    offset_bytes: entry.offset,
+                    ..inner
+                });
+                self.ops.insert(id, InFlight(*op, Tier::Cache, entry));
             } else {
-                // Ask the fetch engine to keep the body of a whole object
+                if let Some(v) = self.verified.get_mut(entry.index) {
+                    *v = false;
+                }
+                // Ask the fetch engine to keep the body of a whole entry
                 // the cache may take: the fill needs no copy of its own.
-                keep.push(admits && state == STATE_ABSENT && self.is_whole(op));
+                keep.push(admits && state == STATE_ABSENT && entry.whole);
                 remote.push(inner);
-                self.ops.insert(id, InFlight(*op, Tier::Remote));
+                self.ops.insert(id, InFlight(*op, Tier::Remote, entry));
             }
         }
         // SAFETY: the caller's contract on every `dest` is passed on as is;
@@ -346,6 +493,8 @@ impl ReadEngine for CachedEngine {
             for op in local.iter().chain(&remote) {
                 self.ops.remove(&op.user_data);
             }
+            // All or none: the reads served from memory are not reported.
+            self.ready.truncate(ready_before);
             return Err(e);
         }
         Ok(())
@@ -358,7 +507,8 @@ impl ReadEngine for CachedEngine {
         timeout: Option<Duration>,
     ) -> Result<usize, ReadError> {
         let started = Instant::now();
-        let mut got = 0;
+        let mut got = self.ready.len();
+        out.append(&mut self.ready);
         loop {
             got += self.reap_tier(Tier::Cache, out, Duration::ZERO)?;
             got += self.reap_tier(Tier::Remote, out, Duration::ZERO)?;
@@ -380,6 +530,28 @@ impl ReadEngine for CachedEngine {
             };
             got += self.reap_tier(tier, out, wait)?;
         }
+    }
+}
+
+/// Counts `n` bytes into the writer's queue, waiting up to
+/// [`QUEUE_WAIT_MAX`] for room (the writer frees one entry's bytes at a
+/// time). Without the wait, a writer a little slower than the remote path
+/// (it creates a file per entry, on cores shared with the fetch) let every
+/// object it fell behind on go, and the run's next epoch fetched them all
+/// again: the filling run's cached epochs ran at a fraction of the next
+/// run's. False when there is still no room, or caching stopped.
+fn reserve_queue(shared: &Shared, n: u64) -> bool {
+    let mut started = None;
+    loop {
+        if shared.queued_bytes.fetch_add(n, Ordering::Relaxed) + n <= WRITE_QUEUE_BYTES_MAX {
+            return true;
+        }
+        shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
+        let since = *started.get_or_insert_with(Instant::now);
+        if !shared.admits() || since.elapsed() >= QUEUE_WAIT_MAX {
+            return false;
+        }
+        std::thread::sleep(QUEUE_WAIT_STEP);
     }
 }
 

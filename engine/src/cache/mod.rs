@@ -172,9 +172,16 @@ pub(crate) struct Shared {
     pub(crate) dataset_dir: PathBuf,
     pub(crate) usage: Usage,
     pub(crate) objects: Arc<Vec<RemoteObject>>,
-    /// One `STATE_*` per object.
+    /// Range entries, after the objects' (entry `objects.len() + i` is
+    /// range `i`): (object, offset, length), the chunks the chunk layer
+    /// reads under the block order, each cached as an entry of its own
+    /// tied to the object's key, ETag and the range.
+    pub(crate) ranges: Vec<(u32, u64, u64)>,
+    /// (object, offset) → entry index of the range starting there.
+    pub(crate) range_index: std::collections::HashMap<(u32, u64), usize>,
+    /// One `STATE_*` per entry (objects, then ranges).
     pub(crate) state: Box<[AtomicU8]>,
-    /// CRC32C of a `STATE_CACHED` object's bytes.
+    /// CRC32C of a `STATE_CACHED` entry's bytes.
     pub(crate) crc: Box<[AtomicU32]>,
     pub(crate) limit_bytes: u64,
     pub(crate) stats: Arc<CacheStats>,
@@ -184,6 +191,11 @@ pub(crate) struct Shared {
     pub(crate) stopped: AtomicBool,
     /// Bytes queued for the writer.
     pub(crate) queued_bytes: AtomicU64,
+    /// The bodies queued for the writer, by entry (refcounted: the same
+    /// bytes as the queue's, no copy), so that a read of an entry being
+    /// written is served from memory instead of fetched again. The writer
+    /// removes an entry's body when it is done with it.
+    pub(crate) pending: std::sync::Mutex<std::collections::HashMap<usize, Vec<bytes::Bytes>>>,
 }
 
 impl Shared {
@@ -191,12 +203,45 @@ impl Shared {
     /// S3-compatible servers, WebDAV) is tied to its key and size alone,
     /// as the remote reads check it.
     pub(crate) fn identity(&self, index: usize) -> Option<Identity> {
-        let o = self.objects.get(index)?;
+        if let Some(o) = self.objects.get(index) {
+            return Some(Identity::of(
+                &o.key,
+                o.etag.as_deref().unwrap_or(""),
+                o.size,
+            ));
+        }
+        let &(object, offset, len) = self.ranges.get(index - self.objects.len())?;
+        let o = self.objects.get(object as usize)?;
         Some(Identity::of(
-            &o.key,
+            &range_key(&o.key, offset, len),
             o.etag.as_deref().unwrap_or(""),
-            o.size,
+            len,
         ))
+    }
+
+    /// Entry `index` in words: the object's key, and the range for a
+    /// range entry.
+    pub(crate) fn describe(&self, index: usize) -> String {
+        if let Some(o) = self.objects.get(index) {
+            return o.key.clone();
+        }
+        match self
+            .ranges
+            .get(index.wrapping_sub(self.objects.len()))
+            .and_then(|&(object, offset, len)| {
+                Some((self.objects.get(object as usize)?, offset, len))
+            }) {
+            Some((o, offset, len)) => format!("{} (bytes {offset}..{})", o.key, offset + len),
+            None => "?".to_owned(),
+        }
+    }
+
+    /// Bytes of entry `index` (an object's, or a range's).
+    pub(crate) fn entry_size(&self, index: usize) -> Option<u64> {
+        match self.objects.get(index) {
+            Some(o) => Some(o.size),
+            None => Some(self.ranges.get(index - self.objects.len())?.2),
+        }
     }
 
     pub(crate) fn entry_path(&self, index: usize) -> Option<PathBuf> {
@@ -207,6 +252,13 @@ impl Shared {
     pub(crate) fn admits(&self) -> bool {
         !self.full.load(Ordering::Relaxed) && !self.stopped.load(Ordering::Relaxed)
     }
+}
+
+/// The key a range entry's identity hashes: the object's key, a NUL (no
+/// listed key holds one: XML cannot carry it) and the range, so that no
+/// object's entry and no other range's can share it.
+fn range_key(key: &str, offset: u64, len: u64) -> String {
+    format!("{key}\0{offset}+{len}")
 }
 
 /// A loader's data cache over one remote dataset.
@@ -247,6 +299,22 @@ impl DataCache {
         cfg: &CacheConfig,
         source_display: &str,
         objects: Arc<Vec<RemoteObject>>,
+    ) -> Result<DataCache, OpenError> {
+        Self::open_with_ranges(cfg, source_display, objects, Vec::new())
+    }
+
+    /// [`DataCache::open`], with range entries too: `ranges` (object,
+    /// offset, length) are the chunks the chunk layer reads under the
+    /// block order (`ChunkGeometry::ranges`). A read of exactly one of
+    /// them is served from, and fills, an entry of its own, keyed by the
+    /// object's key, its ETag and the range: under the block order each
+    /// epoch reads the same ranges, so the admission argument for whole
+    /// objects holds for them (a fixed subset).
+    pub fn open_with_ranges(
+        cfg: &CacheConfig,
+        source_display: &str,
+        objects: Arc<Vec<RemoteObject>>,
+        ranges: Vec<(u32, u64, u64)>,
     ) -> Result<DataCache, OpenError> {
         let err = |path: &Path| {
             let path = path.to_path_buf();
@@ -299,20 +367,44 @@ impl DataCache {
         stats.limit_bytes.store(limit_bytes, Ordering::Relaxed);
         stats.used_bytes.store(scan.used_bytes, Ordering::Relaxed);
         let no_etag = objects.iter().filter(|o| o.etag.is_none()).count();
-        let state: Box<[AtomicU8]> = objects
-            .iter()
-            .map(|_| AtomicU8::new(STATE_ABSENT))
+        let ranges: Vec<(u32, u64, u64)> = ranges
+            .into_iter()
+            .filter(|&(o, off, len)| {
+                len > 0
+                    && objects
+                        .get(o as usize)
+                        .is_some_and(|ob| off.checked_add(len).is_some_and(|end| end <= ob.size))
+            })
             .collect();
-        let crc = (0..objects.len()).map(|_| AtomicU32::new(0)).collect();
+        let entries = objects.len() + ranges.len();
+        let state: Box<[AtomicU8]> = (0..entries).map(|_| AtomicU8::new(STATE_ABSENT)).collect();
+        let crc = (0..entries).map(|_| AtomicU32::new(0)).collect();
+        let range_index = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, &(o, off, _))| ((o, off), objects.len() + i))
+            .collect();
         // Built in place, one buffer for every path: no string per object.
         // `hh/` + 16 hex + `-` + the file's size in decimal.
-        let path_bytes = objects
+        let sizes = objects
             .iter()
-            .map(|o| 20 + o.size.saturating_add(entry::FOOTER_BYTES).to_string().len())
+            .map(|o| o.size)
+            .chain(ranges.iter().map(|r| r.2));
+        let path_bytes = sizes
+            .map(|size| 20 + size.saturating_add(entry::FOOTER_BYTES).to_string().len())
             .sum();
-        let mut list = FileList::with_capacity(objects.len(), path_bytes);
+        let mut list = FileList::with_capacity(entries, path_bytes);
         for o in objects.iter() {
             let id = Identity::of(&o.key, o.etag.as_deref().unwrap_or(""), o.size);
+            list.push(id.rel_path().as_bytes(), id.file_bytes());
+        }
+        for &(object, offset, len) in &ranges {
+            let o = &objects[object as usize];
+            let id = Identity::of(
+                &range_key(&o.key, offset, len),
+                o.etag.as_deref().unwrap_or(""),
+                len,
+            );
             list.push(id.rel_path().as_bytes(), id.file_bytes());
         }
         let files =
@@ -325,6 +417,8 @@ impl DataCache {
             dataset_dir: dir.clone(),
             usage,
             objects,
+            ranges,
+            range_index,
             state,
             crc,
             limit_bytes,
@@ -332,6 +426,7 @@ impl DataCache {
             full: AtomicBool::new(full),
             stopped: AtomicBool::new(false),
             queued_bytes: AtomicU64::new(0),
+            pending: std::sync::Mutex::default(),
         });
         let found = writer::check_existing(&shared, VERIFY_WAIT_AT_START);
         if full {
@@ -384,7 +479,7 @@ impl DataCache {
         &self.shared.dataset_dir
     }
 
-    /// The entry files, indexed as the manifest's objects.
+    /// The entry files, indexed as the manifest's objects, then the ranges.
     pub(crate) fn files(&self) -> &Arc<FileTable> {
         &self.files
     }

@@ -96,6 +96,12 @@ fn run_job(shared: &Shared, job: Job) {
             if !published {
                 shared.state[index].store(STATE_ABSENT, Ordering::Relaxed);
             }
+            // A poisoned lock only means a panic elsewhere; the map is whole.
+            shared
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&index);
             shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
         }
         Job::Remove { index } => {
@@ -271,7 +277,7 @@ pub(crate) fn check_existing(shared: &Arc<Shared>, wait: Duration) -> usize {
     let spawned = std::thread::Builder::new()
         .name("ringfeed-cache-check".into())
         .spawn(move || {
-            let found = (0..worker.objects.len())
+            let found = (0..worker.state.len())
                 .filter(|&i| check_one(&worker, i))
                 .count();
             let _ = tx.send(found);
@@ -324,7 +330,7 @@ fn check_one(shared: &Shared, index: usize) -> bool {
             tracing::warn!(
                 "data cache: entry {} of {} is damaged ({e}); removing it, the object is read from remote",
                 path.display(),
-                shared.objects[index].key
+                shared.describe(index)
             );
             remove_entry(shared, index);
             false

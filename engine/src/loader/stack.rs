@@ -102,8 +102,14 @@ pub fn open_engine_for(
                 cfg.queue_depth as usize,
             )?;
             // A cache that cannot be opened is a warning: the run reads remote.
+            // Under the block order the chunk layer reads the same ranges
+            // each epoch: the cache keeps them as entries of their own.
+            let ranges = chunk.as_ref().map_or_else(Vec::new, |c| {
+                let sizes: Vec<u64> = objects.iter().map(|o| o.size).collect();
+                c.geometry.ranges(&sizes)
+            });
             let cache = cache.as_ref().and_then(|c| {
-                DataCache::open(c, &store.display, Arc::clone(objects))
+                DataCache::open_with_ranges(c, &store.display, Arc::clone(objects), ranges)
                     .map_err(|e| {
                         tracing::warn!(
                             "{e}; reading everything from remote (fix it, or pass --cache off)"

@@ -51,6 +51,32 @@ pub enum ChunkGeometry {
     Starts(std::sync::Arc<[(u32, u64)]>),
 }
 
+impl ChunkGeometry {
+    /// The chunks of `Starts` as (object, offset, length), the ranges the
+    /// chunk layer reads whole (what the data cache keeps as range
+    /// entries); `sizes` are the objects' sizes. Empty for `Aligned`,
+    /// whose chunks follow no order's blocks.
+    pub fn ranges(&self, sizes: &[u64]) -> Vec<(u32, u64, u64)> {
+        let ChunkGeometry::Starts(starts) = self else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(starts.len());
+        for (i, &(object, start)) in starts.iter().enumerate() {
+            let Some(&size) = sizes.get(object as usize) else {
+                continue;
+            };
+            let end = match starts.get(i + 1) {
+                Some(&(next_object, next)) if next_object == object => next.min(size),
+                _ => size,
+            };
+            if end > start && end - start <= CHUNK_BYTES_MAX {
+                out.push((object, start, end - start));
+            }
+        }
+        out
+    }
+}
+
 /// How the chunk layer is set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkConfig {

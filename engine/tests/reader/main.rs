@@ -22,6 +22,7 @@ use ringfeed::reader::{FileTable, IoChoice, ReadEngine, ReaderConfig};
 
 mod bench;
 mod conformance;
+mod remote_cached;
 mod remote_memory;
 mod setup;
 mod support;
@@ -55,3 +56,4 @@ conformance_suite!(uring, crate::Uring);
 conformance_suite!(pread, crate::Pread);
 conformance_suite!(remote, crate::remote_memory::RemoteMemory);
 conformance_suite!(chunked, crate::remote_memory::ChunkedMemory);
+conformance_suite!(cached, crate::remote_cached::CachedMemory);

@@ -27,38 +27,7 @@ impl EngineFactory for RemoteMemory {
     const BACKEND: &'static str = REMOTE_BACKEND;
 
     fn open(files: Arc<FileTable>, cfg: &ReaderConfig) -> Option<Box<dyn ReadEngine>> {
-        let runtime = Arc::new(RemoteRuntime::new(2).expect("a runtime of 2 threads"));
-        let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        let mut objects = Vec::with_capacity(files.len());
-        for i in 0..files.len() as u32 {
-            let key = format!("{i:08}");
-            // A file gone already is an object never uploaded: its reads 404.
-            if let Some(content) = files.path(i).and_then(|p| std::fs::read(p).ok()) {
-                runtime
-                    .block_on(mem.put(&Path::from(format!("t/{key}")), PutPayload::from(content)))
-                    .expect("a put into the in-memory store");
-            }
-            objects.push(RemoteObject {
-                key,
-                size: files.size_bytes(i).unwrap_or(0),
-                etag: None,
-            });
-        }
-        let store = StoreHandle::from_store(mem, "t", "memory:///t");
-        let fetch = FetchConfig {
-            window_max: (cfg.queue_depth as usize).max(8),
-            window_initial: (cfg.queue_depth as usize).max(8),
-            ..FetchConfig::default()
-        };
-        let engine = RemoteReadEngine::start(
-            runtime,
-            store,
-            Arc::new(objects),
-            fetch,
-            cfg.queue_depth as usize,
-        )
-        .expect("the remote engine starts");
-        Some(Box::new(engine))
+        Some(Box::new(open_remote(&files, cfg).0))
     }
 
     fn skip(group: &str, behaviour: &str) -> Option<&'static str> {
@@ -78,6 +47,47 @@ impl EngineFactory for RemoteMemory {
             _ => None,
         }
     }
+}
+
+/// The remote engine over an in-memory copy of `files` (key: the index,
+/// zero-padded), and the objects it reads, as a manifest lists them.
+pub fn open_remote(
+    files: &FileTable,
+    cfg: &ReaderConfig,
+) -> (RemoteReadEngine, Arc<Vec<RemoteObject>>) {
+    let runtime = Arc::new(RemoteRuntime::new(2).expect("a runtime of 2 threads"));
+    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mut objects = Vec::with_capacity(files.len());
+    for i in 0..files.len() as u32 {
+        let key = format!("{i:08}");
+        // A file gone already is an object never uploaded: its reads 404.
+        if let Some(content) = files.path(i).and_then(|p| std::fs::read(p).ok()) {
+            runtime
+                .block_on(mem.put(&Path::from(format!("t/{key}")), PutPayload::from(content)))
+                .expect("a put into the in-memory store");
+        }
+        objects.push(RemoteObject {
+            key,
+            size: files.size_bytes(i).unwrap_or(0),
+            etag: None,
+        });
+    }
+    let objects = Arc::new(objects);
+    let store = StoreHandle::from_store(mem, "t", "memory:///t");
+    let fetch = FetchConfig {
+        window_max: (cfg.queue_depth as usize).max(8),
+        window_initial: (cfg.queue_depth as usize).max(8),
+        ..FetchConfig::default()
+    };
+    let engine = RemoteReadEngine::start(
+        runtime,
+        store,
+        Arc::clone(&objects),
+        fetch,
+        cfg.queue_depth as usize,
+    )
+    .expect("the remote engine starts");
+    (engine, objects)
 }
 
 /// The chunk layer (`reader::chunked`) in front of the remote engine over the
