@@ -321,39 +321,7 @@ impl DataCache {
             move |source| OpenError { path, source }
         };
         let usage = Usage::open(&cfg.root).map_err(err(&cfg.root))?;
-        let dir = dataset_dir(&cfg.root, source_display);
-        let dataset = match dir.file_name() {
-            Some(name) => usage.dir().make_dir(name, usage::DIR_MODE),
-            None => Err(ring::safe_file::TrustError::Io {
-                path: dir.clone(),
-                source: std::io::ErrorKind::InvalidInput.into(),
-            }),
-        }
-        .map_err(|e| OpenError {
-            path: dir.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()),
-        })?;
-        let source_file = dir.join("source");
-        match dataset.open_trusted(std::ffi::OsStr::new("source")) {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() => dataset
-                .write_atomic(
-                    std::ffi::OsStr::new("source"),
-                    format!("{source_display}\n").as_bytes(),
-                    usage::FILE_MODE,
-                    false,
-                )
-                .map_err(err(&source_file))?,
-            Err(e) => {
-                return Err(OpenError {
-                    path: source_file,
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::PermissionDenied,
-                        e.to_string(),
-                    ),
-                })
-            }
-        }
+        let dir = open_dataset_dir(&usage, &cfg.root, source_display)?;
         let scan = usage.rescan().map_err(err(&cfg.root))?;
         let dataset_bytes: u64 = objects
             .iter()
@@ -384,29 +352,7 @@ impl DataCache {
             .enumerate()
             .map(|(i, &(o, off, _))| ((o, off), objects.len() + i))
             .collect();
-        // Built in place, one buffer for every path: no string per object.
-        // `hh/` + 16 hex + `-` + the file's size in decimal.
-        let sizes = objects
-            .iter()
-            .map(|o| o.size)
-            .chain(ranges.iter().map(|r| r.2));
-        let path_bytes = sizes
-            .map(|size| 20 + size.saturating_add(entry::FOOTER_BYTES).to_string().len())
-            .sum();
-        let mut list = FileList::with_capacity(entries, path_bytes);
-        for o in objects.iter() {
-            let id = Identity::of(&o.key, o.etag.as_deref().unwrap_or(""), o.size);
-            list.push(id.rel_path().as_bytes(), id.file_bytes());
-        }
-        for &(object, offset, len) in &ranges {
-            let o = &objects[object as usize];
-            let id = Identity::of(
-                &range_key(&o.key, offset, len),
-                o.etag.as_deref().unwrap_or(""),
-                len,
-            );
-            list.push(id.rel_path().as_bytes(), id.file_bytes());
-        }
+        let list = entry_files(&objects, &ranges);
         let files =
             FileTable::over(&dir, Arc::new(list), false).map_err(|e: ReadError| OpenError {
                 path: dir.clone(),
@@ -545,6 +491,79 @@ fn fs_space(path: &Path) -> Option<(u64, u64)> {
         st.f_blocks.saturating_mul(frsize),
         st.f_bavail.saturating_mul(frsize),
     ))
+}
+
+/// The dataset's directory under the cache, made if it is not there (0700),
+/// with its `source` file naming the source (for `ringfeed cache list`).
+fn open_dataset_dir(
+    usage: &Usage,
+    root: &Path,
+    source_display: &str,
+) -> Result<PathBuf, OpenError> {
+    let dir = dataset_dir(root, source_display);
+    let dataset = match dir.file_name() {
+        Some(name) => usage.dir().make_dir(name, usage::DIR_MODE),
+        None => Err(ring::safe_file::TrustError::Io {
+            path: dir.clone(),
+            source: std::io::ErrorKind::InvalidInput.into(),
+        }),
+    }
+    .map_err(|e| OpenError {
+        path: dir.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()),
+    })?;
+    let source_file = dir.join("source");
+    match dataset.open_trusted(std::ffi::OsStr::new("source")) {
+        Ok(_) => {}
+        Err(e) if e.is_not_found() => dataset
+            .write_atomic(
+                std::ffi::OsStr::new("source"),
+                format!("{source_display}\n").as_bytes(),
+                usage::FILE_MODE,
+                false,
+            )
+            .map_err(|source| OpenError {
+                path: source_file.clone(),
+                source,
+            })?,
+        Err(e) => {
+            return Err(OpenError {
+                path: source_file,
+                source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()),
+            })
+        }
+    }
+    Ok(dir)
+}
+
+/// The entries' relative paths and sizes: every object's, then every
+/// range's.
+fn entry_files(objects: &[RemoteObject], ranges: &[(u32, u64, u64)]) -> FileList {
+    let entries = objects.len() + ranges.len();
+    // Built in place, one buffer for every path: no string per object.
+    // `hh/` + 16 hex + `-` + the file's size in decimal.
+    let sizes = objects
+        .iter()
+        .map(|o| o.size)
+        .chain(ranges.iter().map(|r| r.2));
+    let path_bytes = sizes
+        .map(|size| 20 + size.saturating_add(entry::FOOTER_BYTES).to_string().len())
+        .sum();
+    let mut list = FileList::with_capacity(entries, path_bytes);
+    for o in objects.iter() {
+        let id = Identity::of(&o.key, o.etag.as_deref().unwrap_or(""), o.size);
+        list.push(id.rel_path().as_bytes(), id.file_bytes());
+    }
+    for &(object, offset, len) in ranges {
+        let o = &objects[object as usize];
+        let id = Identity::of(
+            &range_key(&o.key, offset, len),
+            o.etag.as_deref().unwrap_or(""),
+            len,
+        );
+        list.push(id.rel_path().as_bytes(), id.file_bytes());
+    }
+    list
 }
 
 #[cfg(test)]
