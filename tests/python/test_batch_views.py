@@ -70,6 +70,7 @@ class FakeHandle:
 
     def __init__(self):
         self.resume = None
+        self.images = None
         self.claims = set()
         self.call_lock = threading.Lock()
         self.pending = collections.deque()
