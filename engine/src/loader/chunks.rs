@@ -12,12 +12,14 @@ use crate::ring::segment::human_bytes;
 /// 256 slots 85-95k (bench/RESULTS-shards.md) while the chunk layer took
 /// only 8 small reads per inner slot (2,048 reads: 32 batches in flight
 /// whatever the slots); with that cap raised (`reader::chunked`), 64 slots
-/// 85k, 128 slots 136-185k, 256 slots 150-240k (issue 29). At the default
-/// block of 64 samples and window of 4 blocks that is 256 slots of 64
-/// samples: 256 chunk GETs (64 windows) in flight, about 72 MiB of chunks
-/// on their way at 4 KiB samples, which is what 200k samples/s over a
-/// 20 ms round trip needs (4,000 samples in flight at least).
-const LOOKAHEAD_WINDOWS: u64 = 64;
+/// 85k, 128 slots 136-185k, 256 slots 150-240k (issue 29). The loader's
+/// memory beside the ring grows with the GETs in flight (their chunk and
+/// receive buffers): measured peak less the ring, 20,000 × 4 KiB, 64
+/// slots ~83 MB, 128 slots ~131 MB, 256 slots ~148-260 MB. 32 windows
+/// (128 slots of 64 samples at the default block of 64 and window of 4)
+/// keeps it within the ring + 128 MiB the loader promises; more, with
+/// `--slots-per-rank`, buys up to ~1.4x for the memory.
+const LOOKAHEAD_WINDOWS: u64 = 32;
 
 /// The slots per rank a chunked block-order run wants for its lookahead
 /// (see `LOOKAHEAD_WINDOWS`), within `AUTO_RANK_BYTES_MAX` of slots per
