@@ -44,7 +44,7 @@ def _encode(i, rng):
     return out.getvalue(), ext
 
 
-def make_tree(root, per_class=32):
+def make_tree(root, per_class=72):
     rng = np.random.default_rng(7)
     for c in CLASSES:
         os.makedirs(root / c)
@@ -163,14 +163,37 @@ def test_a_center_crop_matches_pillow(tmp_path):
     assert psnr >= 30, "PSNR %.1f dB against Pillow's resize and centre crop" % psnr
 
 
+def broken_corpus(tree):
+    """Issue 30's corpus of bad inputs, beside the good images: five that
+    cannot be decoded, and a CMYK JPEG and a 16-bit PNG that must be."""
+    from test_decode_pixels import bomb_png, png16
+
+    jpeg = (tree / "ant" / "000.jpg").read_bytes()
+    sof = jpeg.index(b"\xff\xc0")
+    bad = {
+        "bee/zz-text.jpg": b"this is text, not a JPEG",
+        "bee/zz-zero.jpg": b"",
+        "cow/zz-cut.jpg": jpeg[:300],
+        "cow/zz-marker.jpg": jpeg[:sof] + b"\xff\x01" + jpeg[sof + 2:],
+        "cow/zz-bomb.png": bomb_png(),
+    }
+    for key, data in bad.items():
+        (tree / key).write_bytes(data)
+    rgb = np.random.default_rng(1).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    PIL.fromarray(rgb).convert("CMYK").save(out, "JPEG")
+    (tree / "ant" / "zz-cmyk.jpg").write_bytes(out.getvalue())
+    (tree / "ant" / "zz-16bit.png").write_bytes(png16(rgb.astype(np.uint16) * 257))
+    return len(bad)
+
+
 def test_a_bad_image_stops_the_run_by_default_and_is_a_flagged_zero_image_on_request(tmp_path):
     make_tree(tmp_path / "tree", per_class=4)
-    (tmp_path / "tree" / "bee" / "zz-text.jpg").write_bytes(b"this is text, not a JPEG")
-    (tmp_path / "tree" / "cow" / "zz-cut.jpg").write_bytes(((tmp_path / "tree" / "ant" / "000.jpg").read_bytes())[:300])
+    bad = broken_corpus(tmp_path / "tree")
     loader_name = name("bad")
     loader = serve(tmp_path / "tree", loader_name, "--batch-size", "2", "--no-shuffle")
     try:
-        with pytest.raises(ringfeed.Error, match="zz-text.jpg"):
+        with pytest.raises(ringfeed.Error, match="zz-"):
             with ringfeed.attach(loader_name, 0, timeout=30) as feed:
                 for batch in feed:
                     batch.release()
@@ -178,13 +201,16 @@ def test_a_bad_image_stops_the_run_by_default_and_is_a_flagged_zero_image_on_req
     finally:
         kill_survivors([loader])
     assert loader.returncode != 0
+    # In key order the first bad one is bee/zz-text.jpg.
     assert "bee/zz-text.jpg) cannot be decoded: not an image" in err and "--on-bad-sample zero" in err, err
-    seen, err = run(tmp_path / "tree", "zero", 1, "--batch-size", "2", "--on-bad-sample", "zero")
-    bad = sorted(index for (_, index), (_, _, flag) in seen.items() if flag)
-    assert len(bad) == 2, seen
-    assert "decoded 14 images (2 could not be decoded" in err, err
+    seen, err = run(tmp_path / "tree", "zero", 1, "--batch-size", "1", "--on-bad-sample", "zero")
+    flagged = sorted(index for (_, index), (_, _, flag) in seen.items() if flag)
+    assert len(flagged) == bad, seen
+    assert "decoded 19 images (%d could not be decoded" % bad in err, err
     zero = zlib.crc32(bytes(3 * 32 * 32))
-    assert all(seen[(0, i)][0] == zero for i in bad)
+    assert all(seen[(0, i)][0] == zero for i in flagged)
+    # The CMYK JPEG and the 16-bit PNG were decoded: no good image is zero.
+    assert all(crc != zero for (_, i), (crc, _, flag) in seen.items() if not flag)
 
 
 @pytest.mark.parametrize("flags, says", [
