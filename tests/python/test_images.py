@@ -65,7 +65,7 @@ def serve(root, loader, *flags):
         stderr=subprocess.PIPE, text=True)
 
 
-def read_all(loader, world_size):
+def read_all(loader, world_size, classes=len(CLASSES)):
     """{(epoch, index): (crc32 of the image, label, bad)} over every rank,
     one thread per rank."""
     seen, errors, lock = {}, [], threading.Lock()
@@ -74,7 +74,7 @@ def read_all(loader, world_size):
         try:
             with ringfeed.attach(loader, r, timeout=30) as feed:
                 assert feed.info.images.height == 32 and feed.info.images.chw
-                assert feed.info.images.classes == len(CLASSES)
+                assert feed.info.images.classes == classes
                 for batch in feed:
                     images, labels, bad = batch.images, batch.labels, batch.bad
                     assert images.shape == (len(batch), 3, 32, 32)
@@ -98,11 +98,11 @@ def read_all(loader, world_size):
     return seen
 
 
-def run(root, what, world_size, *flags):
+def run(root, what, world_size, *flags, classes=len(CLASSES)):
     loader_name = name(what)
     loader = serve(root, loader_name, "--world-size", str(world_size), *flags)
     try:
-        seen = read_all(loader_name, world_size)
+        seen = read_all(loader_name, world_size, classes)
         _, err = loader.communicate(timeout=60)
         assert loader.returncode == 0, err
     finally:
@@ -218,7 +218,8 @@ def test_a_bad_image_stops_the_run_by_default_and_is_a_flagged_zero_image_on_req
     (["--decode", "image", "--crop", "middle:224"], "is not a crop"),
     (["--decode", "image", "--crop", "random-resized:0"], "is not N or HxW"),
     (["--decode", "image", "--resize", "300"], "--resize sizes --crop center only"),
-    (["--decode", "image", "--format", "tar"], "cannot be used with --format tar"),
+    (["--decode", "image", "--record-bytes", "4"], "cannot be used with --record-bytes"),
+    (["--image-field", "png"], "--image-field shapes the decode stage"),
     (["--decode", "image", "--labels", "dirs"], "is not inside a class directory"),
 ])
 def test_image_flags_that_cannot_work_are_refused_before_serving(tmp_path, flags, says):
@@ -276,3 +277,37 @@ def test_ringfeed_run_trains_the_image_example_with_torchrun(tmp_path):
     # 48 images, W×B = 8 a step: 6 steps an epoch, 2 epochs, 2 ranks.
     assert "ringfeed: done: 24 batches, 96 samples" in out, out
     assert "decoded %d images (0 could not" % (2 * n) in out, out
+
+
+def test_tar_shard_samples_are_decoded_with_their_cls_labels(tmp_path):
+    """WebDataset shards: each sample's image member decoded, its label from
+    its .cls member; a sample without an image is a bad sample."""
+    import tarfile
+
+    rng = np.random.default_rng(5)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    labels = {}
+    for s in range(3):
+        with tarfile.open(shards / ("shard-%02d.tar" % s), "w") as tar:
+            for i in range(8):
+                key = "s%02d%02d" % (s, i)
+                data, ext = _encode(i, rng)
+                label = (s * 8 + i) % 5
+                members = [(key + ".cls", b"%d\n" % label)]
+                if key != "s0103":
+                    members.insert(0, (key + "." + ext.upper(), data))
+                labels[key] = label
+                for member, body in members:
+                    info = tarfile.TarInfo(member)
+                    info.size = len(body)
+                    tar.addfile(info, io.BytesIO(body))
+    seen, err = run(shards, "tar", 1, "--batch-size", "4", "--format", "tar", "--on-bad-sample", "zero",
+                    classes=0)
+    assert "labels from each tar sample's .cls member" in err, err
+    assert "decoded 24 images (1 could not be decoded" in err, err
+    # Manifest order is key order: sample i is the i-th key.
+    keys = sorted(labels)
+    for (_, index), (_, label, bad) in seen.items():
+        assert label == labels[keys[index]], (index, label)
+        assert bad == (keys[index] == "s0103")

@@ -5,7 +5,7 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use ringfeed_decode::{Crop, ImageSpec, Layout, DEFAULT_MAX_PIXELS};
 
-use crate::images::{DecodeConfig, LabelChoice, OnBadSample};
+use crate::images::{DecodeConfig, LabelChoice, OnBadSample, TarFields};
 
 /// The decode stage's flags, part of [`ServeArgs`](super::serve::ServeArgs).
 #[derive(Args, Debug, Clone)]
@@ -42,6 +42,14 @@ pub struct DecodeArgs {
     /// ImageFolder), none (-1), auto (dirs when every image is in one).
     #[arg(long, value_enum, default_value_t = LabelsFlag::Auto)]
     pub labels: LabelsFlag,
+    /// Tar samples (--format tar): the field (extension) of the image member
+    /// (default: the first jpg, jpeg, png or webp).
+    #[arg(long, value_name = "EXT")]
+    pub image_field: Option<String>,
+    /// Tar samples: the field of the label member, a decimal class index
+    /// (WebDataset's cls); a sample without one has label -1.
+    #[arg(long, value_name = "EXT", default_value = "cls")]
+    pub label_field: String,
     /// Most pixels an image may have before it is refused unread (a
     /// decompression bomb).
     #[arg(long, default_value_t = DEFAULT_MAX_PIXELS)]
@@ -84,6 +92,12 @@ pub enum LabelsFlag {
     None,
 }
 
+/// A field name as tar samples give it: the extension, lowercased, without
+/// a leading dot.
+fn field(ext: &str) -> String {
+    ext.trim_start_matches('.').to_ascii_lowercase()
+}
+
 /// `N` or `HxW`, each 1 or more.
 fn parse_size(flag: &str, s: &str) -> Result<(u32, u32)> {
     let bad = || anyhow::anyhow!("{flag}: size {s:?} is not N or HxW (e.g. 224 or 256x192)");
@@ -108,6 +122,8 @@ impl DecodeArgs {
                 (self.on_bad_sample != BadFlag::Error, "--on-bad-sample"),
                 (self.labels != LabelsFlag::Auto, "--labels"),
                 (self.max_pixels != DEFAULT_MAX_PIXELS, "--max-pixels"),
+                (self.image_field.is_some(), "--image-field"),
+                (self.label_field != "cls", "--label-field"),
             ];
             if let Some((_, flag)) = given.iter().find(|(g, _)| *g) {
                 bail!("{flag} shapes the decode stage; add --decode image, or drop it");
@@ -160,6 +176,10 @@ impl DecodeArgs {
                 LabelsFlag::Auto => LabelChoice::Auto,
                 LabelsFlag::Dirs => LabelChoice::Dirs,
                 LabelsFlag::None => LabelChoice::None,
+            },
+            tar: TarFields {
+                image: self.image_field.as_deref().map(field),
+                label: field(&self.label_field),
             },
         }))
     }

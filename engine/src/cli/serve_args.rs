@@ -350,8 +350,8 @@ impl ServeArgs {
             (Some(FormatFlag::Files), None) => SampleFormat::Files,
             (None, None) => SampleFormat::Auto,
         };
-        if serve.decode.is_some() && matches!(format, SampleFormat::Records | SampleFormat::Tar) {
-            bail!("--decode image decodes whole objects, one image each; it cannot be used with --format tar or --record-bytes (serve tar shards with --format files, or unpack them)");
+        if serve.decode.is_some() && format == SampleFormat::Records {
+            bail!("--decode image decodes an image per object or tar sample; it cannot be used with --record-bytes (records are not images)");
         }
         serve.check_ring_flags()?;
         crate::ring::segment::validate_name(&self.name)?;

@@ -13,7 +13,7 @@ mod labels;
 mod stage;
 
 pub use labels::{LabelChoice, Labels};
-pub use stage::{BadSample, DecodeStage, OnBadSample};
+pub use stage::{BadSample, DecodeStage, OnBadSample, TarFields};
 
 use ringfeed_decode::ImageSpec;
 
@@ -26,8 +26,10 @@ pub struct DecodeConfig {
     pub threads: usize,
     /// What an image that cannot be decoded does to the run.
     pub on_bad: OnBadSample,
-    /// Where labels come from.
+    /// Where labels come from (a tree of files).
     pub labels: LabelChoice,
+    /// A tar shard sample's image and label fields (`--format tar`).
+    pub tar: TarFields,
 }
 
 impl DecodeConfig {

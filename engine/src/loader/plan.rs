@@ -340,6 +340,8 @@ pub(super) struct DecodePlan {
     pub(super) format: ImageFormat,
     pub(super) staging_base: u64,
     pub(super) labels: Arc<Labels>,
+    /// Samples are tar samples: the image and label are members of each.
+    pub(super) tar: bool,
 }
 
 /// The decode stage's plan over `manifest`: its labels, and the slot's
@@ -349,12 +351,19 @@ fn decode_plan(
     manifest: &Manifest,
     batch_size: u32,
 ) -> Result<DecodePlan, PlanError> {
-    if manifest.record_bytes().is_some() || manifest.sample_ranges().is_some() {
+    if manifest.record_bytes().is_some() {
         return Err(PlanError::Decode(
-            "--decode image decodes whole objects, one image each; records (--record-bytes) and tar shards are not decoded (serve tar shards with --format files, or unpack them)".into(),
+            "--decode image decodes an image per object or tar sample; fixed-size records (--record-bytes) are not images".into(),
         ));
     }
-    let labels = Labels::of(manifest, d.labels).map_err(PlanError::Decode)?;
+    // Tar samples carry their labels in a member; a tree's come from its
+    // directories.
+    let tar = manifest.sample_ranges().is_some();
+    let labels = if tar {
+        Labels::default()
+    } else {
+        Labels::of(manifest, d.labels).map_err(PlanError::Decode)?
+    };
     let classes = u32::try_from(labels.classes.len())
         .map_err(|_| PlanError::Decode("more than 4 billion classes".into()))?;
     let spec = &d.spec;
@@ -371,6 +380,7 @@ fn decode_plan(
         format,
         staging_base,
         labels: Arc::new(labels),
+        tar,
     })
 }
 

@@ -130,7 +130,11 @@ impl Loader {
                 } else {
                     "(H, W, 3)"
                 },
-                p.labels.words()
+                if p.tar {
+                    format!("labels from each tar sample's .{} member", d.tar.label)
+                } else {
+                    p.labels.words()
+                }
             );
             DecodeStage::new(
                 d.spec,
@@ -139,6 +143,7 @@ impl Loader {
                 cfg.seed,
                 d.on_bad,
                 Arc::clone(&p.labels),
+                p.tar.then(|| d.tar.clone()),
                 threads,
             )
         });
