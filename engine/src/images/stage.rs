@@ -109,26 +109,26 @@ pub struct DecodeStage {
 }
 
 impl DecodeStage {
-    /// A stage writing `format`'s images for `spec`, reading raw samples at
-    /// or after `staging_base` of the payload, on `threads` threads.
+    /// A stage writing `format`'s images as `cfg` says (its tar fields
+    /// when `tar`), reading raw samples at or after `staging_base` of the
+    /// payload, on `threads` threads.
     pub fn new(
-        spec: ImageSpec,
+        cfg: &super::DecodeConfig,
         format: ImageFormat,
         staging_base: u64,
         seed: u64,
-        on_bad: OnBadSample,
         labels: Arc<Labels>,
-        tar: Option<TarFields>,
+        tar: bool,
         threads: usize,
     ) -> DecodeStage {
         DecodeStage {
-            spec,
+            spec: cfg.spec,
             format,
             staging_base,
             seed,
-            on_bad,
+            on_bad: cfg.on_bad,
             labels,
-            tar,
+            tar: tar.then(|| cfg.tar.clone()),
             decoders: (0..threads.max(1)).map(|_| Decoder::new()).collect(),
             decoded: 0,
             bad: 0,

@@ -137,13 +137,12 @@ impl Loader {
                 }
             );
             DecodeStage::new(
-                d.spec,
+                d,
                 p.format,
                 p.staging_base,
                 cfg.seed,
-                d.on_bad,
                 Arc::clone(&p.labels),
-                p.tar.then(|| d.tar.clone()),
+                p.tar,
                 threads,
             )
         });
