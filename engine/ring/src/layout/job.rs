@@ -76,13 +76,16 @@ pub struct ImageFormat {
 impl ImageFormat {
     /// Bytes of one image.
     pub fn image_bytes(&self) -> u64 {
-        u64::from(self.height) * u64::from(self.width) * 3
+        // Saturating: a format read from a header is hostile until `check`.
+        u64::from(self.height)
+            .saturating_mul(u64::from(self.width))
+            .saturating_mul(3)
     }
 
     /// Bytes of a slot's payload a batch of `samples` images takes: the
     /// images, the labels, the flags (the layout the loader plans).
     pub fn batch_bytes(&self, samples: u32) -> u64 {
-        self.bad_offset + u64::from(samples)
+        self.bad_offset.saturating_add(u64::from(samples))
     }
 
     /// The layout of a batch of up to `samples` images: labels after the
@@ -217,6 +220,28 @@ impl Job {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hostile_image_format_is_refused_without_overflow() {
+        // Found by the attach_next fuzzer: height × width × 3 overflowed.
+        for (h, w, labels, bad) in [
+            (u32::MAX, u32::MAX, 0, 0),
+            (u32::MAX, u32::MAX, u64::MAX, u64::MAX),
+            (1, 1, u64::MAX - 3, u64::MAX),
+        ] {
+            let f = ImageFormat {
+                height: h,
+                width: w,
+                chw: true,
+                classes: 0,
+                labels_offset: labels,
+                bad_offset: bad,
+            };
+            assert!(f.check(4, 1 << 20).is_err(), "{f:?}");
+            let _ = f.batch_bytes(u32::MAX);
+        }
+        assert!(ImageFormat::plan(4, 4, true, 3, 4).check(4, 4096).is_ok());
+    }
 
     #[test]
     fn the_resume_state_after_a_step_adds_the_loaders_start_in_its_first_epoch_only() {
