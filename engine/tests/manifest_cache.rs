@@ -552,3 +552,36 @@ fn a_missing_source_is_still_named_before_any_cache_lookup() {
         .unwrap_err();
     assert!(matches!(err, ManifestError::SourceMissing { .. }), "{err}");
 }
+
+// Issue 32: the manifests directory was used whoever owned it and whoever
+// could write to it (only its files were checked); it now follows the data
+// cache's rule.
+#[test]
+fn a_manifests_directory_another_user_may_write_to_is_neither_read_nor_written() {
+    use std::os::unix::fs::PermissionsExt;
+    let data = tree();
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = cache_in(cache_dir.path());
+    listed_then_cached(data.path(), &cache);
+    fs::set_permissions(cache_dir.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let (m, origin) = build(data.path(), &cache);
+    assert_eq!(m.len(), 4);
+    assert_listed(&origin, "writable by every user and not sticky");
+    match origin {
+        ManifestOrigin::Listed {
+            not_stored: Some(why),
+            ..
+        } => assert!(why.contains("not sticky"), "{why}"),
+        other => panic!("expected no store, got {other:?}"),
+    }
+    // Ours again: listed (the refused run removed its entry, as any listing
+    // it could not store does), stored, then taken from the cache.
+    fs::set_permissions(cache_dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    listed_then_cached(data.path(), &cache);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(cache_dir.path().join("manifests"), Some(65534), Some(65534))
+            .unwrap();
+        assert_listed(&build(data.path(), &cache).1, "uid 65534");
+    }
+}

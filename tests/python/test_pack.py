@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_util import as_nobody, need_root_and_setpriv, ringfeed_bin
+from e2e_util import NOBODY, as_nobody, need_root_and_setpriv, ringfeed_bin
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = REPO / "tests" / "servers"
@@ -430,27 +430,51 @@ def _small_tree(root, n=60):
         os.chmod(root / ("%03d.bin" % i), 0o644)
 
 
+# Run as nobody: plants a link to argv[2] at every temporary name of the old
+# pack in DEST argv[1], over and over, until killed.
+PLANTER = """
+import os, sys
+dest, victim = sys.argv[1], sys.argv[2]
+while True:
+    for n in range(400):
+        for suffix in (".tar.tmp", ".tar.idx.tmp"):
+            try:
+                os.symlink(victim, os.path.join(dest, ".shard-%06d%s" % (n, suffix)))
+            except OSError:
+                pass
+"""
+
+
 def test_pack_into_a_shared_sticky_dest_never_writes_through_links_another_user_planted(tmp_path, sticky_shared_dir):
     need_root_and_setpriv()
     victim = _victim(tmp_path)
     src = tmp_path / "src"
-    _small_tree(src)
+    _small_tree(src, n=600)
     dest = sticky_shared_dir / "out"
     dest.mkdir()
     os.chmod(dest, 0o1777)
-    # Every name the old pack used for its temporaries, planted for each shard.
+    # Every name the old pack used for its temporaries, planted for each shard
+    # before it starts (the old pack cleared those at its start)...
     as_nobody("cd %s; for i in $(seq 0 40); do n=$(printf %%06d $i);"
                " ln -s %s .shard-$n.tar.tmp; ln -s %s .shard-$n.tar.idx.tmp; done;"
                " ln -s %s ..ringfeed-pack.plan.tmp" % (shlex.quote(str(dest)), victim, victim, victim))
-    p = pack(src, dest, "--shard-size", "8KiB")
+    # ...and planted again and again while it runs, for the shards still to
+    # come: the old pack wrote the victim and published links as shards.
+    planter = subprocess.Popen(NOBODY + ["/usr/bin/python3", "-c", PLANTER, str(dest), str(victim)])
+    try:
+        time.sleep(0.3)
+        p = pack(src, dest, "--shard-size", "8KiB")
+    finally:
+        planter.kill()
+        planter.wait(timeout=10)
     assert victim.read_bytes() == b"root's secret, not for shards"
     published = sorted(dest.glob("shard-*"))
-    assert len(published) >= 6, published
+    assert len(published) >= 60, published
     for f in published:
         st = os.lstat(f)
         assert not os.path.islink(f) and st.st_uid == 0, (f, st)
     members = sum(len(tarfile.open(s).getnames()) for s in shards(dest))
-    assert members == 60
+    assert members == 600
     # The planted links are left as they were, and nothing was read through them.
     assert os.path.islink(dest / ".shard-000001.tar.tmp")
 

@@ -4,7 +4,8 @@
 //!
 //! "Another user" here is uid 65534 (nobody): the test runs as root and gives
 //! what it plants to that uid (`lchown`), which is the state a nobody process
-//! would leave. Skipped when not root. Each test uses its own name.
+//! would leave. Skipped when not root (a failure under tests/run.sh, which sets
+//! RINGFEED_TEST_REQUIRE_ROOT=1). Each test uses its own name.
 #![cfg(not(loom))]
 
 use std::os::unix::ffi::OsStrExt;
@@ -30,9 +31,20 @@ fn unique(test: &str) -> String {
     format!("trust-{}-{test}", std::process::id())
 }
 
+/// True when the test can play another user (it runs as root). Otherwise
+/// the test is skipped, saying so, unless `RINGFEED_TEST_REQUIRE_ROOT=1`
+/// (tests/run.sh): then not being root fails it.
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(
+        std::env::var_os("RINGFEED_TEST_REQUIRE_ROOT").is_none_or(|v| v != "1"),
+        "this test plays another user and needs root (RINGFEED_TEST_REQUIRE_ROOT=1: run the suite as root)"
+    );
+    eprintln!("skipped: this test plays another user and needs root");
+    false
 }
 
 fn give_to_nobody(path: &Path) {

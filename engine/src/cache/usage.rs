@@ -28,14 +28,14 @@ use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::entry::file_bytes_of_name;
-use crate::ring::safe_file::{self, Dir, TrustError};
+use crate::ring::safe_file::Dir;
 
 /// Mode of the cache's directories.
-pub const DIR_MODE: u32 = 0o700;
+pub const DIR_MODE: u32 = crate::source::private_dir::DIR_MODE;
 /// Mode of the cache's files.
 pub const FILE_MODE: u32 = 0o600;
 
@@ -93,63 +93,14 @@ impl Drop for Held<'_> {
     }
 }
 
-/// A file or directory of the cache that is not ours, as an I/O error.
-fn untrusted(e: TrustError) -> io::Error {
-    match e {
-        TrustError::Io { source, .. } => source,
-        other => io::Error::new(io::ErrorKind::PermissionDenied, other.to_string()),
-    }
-}
+use crate::source::private_dir::untrusted;
 
 /// Opens the data directory `root` (`<cache dir>/data`), making it (0700)
 /// and its parent if missing; refuses a cache directory another user owns
 /// or may write to (unless it is sticky), and a `data/` that is a link or
-/// another user's.
+/// another user's (`source::private_dir`).
 pub fn open_data_dir(root: &Path) -> io::Result<Dir> {
-    let base = match root.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(DIR_MODE)
-        .create(base)?;
-    // The cache directory may be a link the user made (to a bigger disk):
-    // followed, and then judged.
-    let base = fs::canonicalize(base)?;
-    let meta = fs::metadata(&base)?;
-    let mode = meta.mode() & 0o7777;
-    if !safe_file::trusted_owner(meta.uid()) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "the cache directory {} belongs to uid {}, not to this user (uid {}): its files are not trusted; pass a --cache-dir of your own",
-                base.display(),
-                meta.uid(),
-                safe_file::euid()
-            ),
-        ));
-    }
-    if mode & 0o002 != 0 && mode & 0o1000 == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "the cache directory {} is writable by every user and not sticky (mode {mode:04o}): anyone could replace its entries; pass a --cache-dir of your own",
-                base.display()
-            ),
-        ));
-    }
-    let name = root.file_name().unwrap_or(OsStr::new("data"));
-    let data = Dir::open(&base)?
-        .make_dir(name, DIR_MODE)
-        .map_err(untrusted)?;
-    let (owner, mode) = data.owner_and_mode()?;
-    if owner == safe_file::euid() && mode & 0o077 != 0 {
-        // Made by an older version (0755): its entries were readable by
-        // every user.
-        data.set_mode(DIR_MODE)?;
-    }
-    Ok(data)
+    crate::source::private_dir::open_private_dir(root)
 }
 
 /// Opens `name` in `dir` for reading and writing if it is a regular file of
@@ -435,7 +386,7 @@ mod tests {
         );
         fs::set_permissions(&open, fs::Permissions::from_mode(0o1777)).unwrap();
         Usage::open(&open.join("data")).unwrap();
-        if safe_file::euid() == 0 {
+        if crate::ring::safe_file::euid() == 0 {
             let theirs = dir.path().join("theirs");
             fs::create_dir(&theirs).unwrap();
             std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();

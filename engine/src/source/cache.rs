@@ -20,7 +20,7 @@
 use std::fs;
 use std::io::{self, BufReader, BufWriter};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -119,6 +119,12 @@ impl ManifestCache {
     /// `identity`), checking with up to `threads` threads.
     pub(crate) fn lookup(&self, source: &dyn Source, identity: &[u8], threads: usize) -> Lookup {
         let path = self.entry_path_of(identity);
+        if self.dir.exists() {
+            // Not from a directory another user may write to (issue 32).
+            if let Err(err) = super::private_dir::open_private_dir(&self.dir) {
+                return Lookup::Miss(format!("cannot use {}: {err}", self.dir.display()));
+            }
+        }
         let (file, len) = match open_cache_file(&path) {
             Ok((file, meta)) => (file, meta.len()),
             Err(err) if err.kind() == io::ErrorKind::NotFound => {
@@ -173,10 +179,8 @@ impl ManifestCache {
                 "the listing has nothing a later start could check".to_owned(),
             ));
         }
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)?;
+        // Made 0700, and refused if another user may write to it (issue 32).
+        super::private_dir::open_private_dir(&self.dir)?;
         let path = self.entry_path_of(identity);
         // Unique among processes, hosts sharing the directory and threads.
         static STORES: AtomicU64 = AtomicU64::new(0);

@@ -21,6 +21,7 @@
 
 pub(crate) mod cache;
 pub mod local;
+pub(crate) mod private_dir;
 pub mod relist;
 pub mod remote;
 mod spec;
