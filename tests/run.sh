@@ -83,6 +83,10 @@ step "test servers: install (first time: s3s-fs ~4 min, azurite ~2 min) and star
 export RINGFEED_SERVERS_PYTHON="$ROOT/.venv/bin/python"
 # shellcheck source=tests/servers/up.sh
 source tests/servers/up.sh
+# Every server is up now (up.sh fails otherwise): a test that would skip for want of one
+# fails instead, so no remote test (test_cache.py's shared-cache attacks among them) is
+# skipped in silence.
+export RINGFEED_TEST_REQUIRE_REMOTE=1
 # engine/tests/remote_s3.rs writes into an existing bucket; s3s-fs buckets are directories.
 export RINGFEED_TEST_S3_BUCKET=ringfeed-test
 mkdir -p "$RINGFEED_TEST_S3_DATA/$RINGFEED_TEST_S3_BUCKET"
