@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Fails, naming them, if processes a test run started are still running:
-# those whose command line, working directory or an open file is under one
-# of DIR... (the run's temporary directories: tests/run.sh points TMPDIR
-# there, so pytest's tmp_path, the servers' state and the loaders' sources
-# all live under it). Every server or loader a test starts must be stopped
-# by that test's teardown.
+# those whose command line, working directory, an open file or an
+# environment variable is under one of DIR... (the run's temporary
+# directories: tests/run.sh points TMPDIR there, so pytest's tmp_path, the
+# servers' state and the loaders' sources all live under it, and every
+# process the run starts inherits TMPDIR: a loader of a remote URL, run
+# from the checkout, names nothing under DIR but its environment). Every
+# server or loader a test starts must be stopped by that test's teardown.
 #
 #   tests/leftovers.sh DIR...
 set -uo pipefail
@@ -33,6 +35,11 @@ touches() {
             target=$(readlink "$fd" 2>/dev/null) || continue
             case "$target" in "$root"/*) echo "it holds $target open"; return ;; esac
         done
+        # VAR=ROOT or VAR=ROOT/...: each variable given a trailing / first.
+        if { tr '\0' '\n' <"$dir/environ"; } 2>/dev/null | sed 's|$|/|' | grep -qF -- "=$root/"; then
+            echo "its environment names $root"
+            return
+        fi
     done
 }
 

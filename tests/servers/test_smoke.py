@@ -253,3 +253,26 @@ def test_a_second_start_in_one_state_dir_is_refused_and_stop_leaves_nothing_runn
     (tmp_path / "nginx.pid").write_text("1\n")
     subprocess.run([script, "stop", "nginx", str(tmp_path)], capture_output=True, timeout=60, check=True)
     assert Path("/proc/1").exists() and not (tmp_path / "nginx.pid").exists()
+
+
+# ---------------------------------------------------------------- leftovers
+
+
+def test_leftovers_names_a_process_tied_to_the_run_only_by_its_environment(tmp_path):
+    """tests/run.sh ends with tests/leftovers.sh RUN_TMP: a loader of a remote
+    URL, started from the checkout, names nothing under RUN_TMP on its command
+    line, cwd or open files, only in the TMPDIR it inherits; it was missed."""
+    script = str(REPO / "tests" / "leftovers.sh")
+    run = tmp_path / "run"
+    run.mkdir()
+    leaked = subprocess.Popen(["sleep", "60"], cwd="/", env=dict(os.environ, TMPDIR=str(run)),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        found = subprocess.run(["bash", script, str(run)], capture_output=True, text=True, timeout=60)
+        assert found.returncode == 1, found.stderr
+        assert "pid %d is still running (its environment names %s)" % (leaked.pid, run) in found.stderr, found.stderr
+    finally:
+        leaked.kill()
+        leaked.wait()
+    clean = subprocess.run(["bash", script, str(run)], capture_output=True, text=True, timeout=60)
+    assert clean.returncode == 0, clean.stderr

@@ -431,4 +431,41 @@ mod tests {
         assert_eq!(entries[1].href, "/d/e");
         assert_eq!((entries[1].size, entries[1].etag.as_deref()), (None, None));
     }
+
+    #[test]
+    fn an_answer_past_the_byte_cap_is_an_error_naming_it() {
+        // Elements of 64 KiB of text, no entries: only the byte cap can end
+        // it (each element's text is one event, so the parser's own buffer
+        // stays small).
+        let element = format!("<x>{}</x>", "a".repeat((64 << 10) - 7));
+        let chunk = Bytes::from(element.repeat(16));
+        let stream = futures::stream::repeat_with(move || Ok(chunk.clone())).boxed();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let body = StreamBody {
+            stream,
+            handle: runtime.handle().clone(),
+            chunk: Bytes::new(),
+            total: 0,
+        };
+        let err = parse_multistatus(body, PROPFIND_ENTRIES_MAX).unwrap_err();
+        assert!(
+            err.contains(&format!("longer than {PROPFIND_BYTES_MAX} bytes")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_name_past_the_field_cap_is_an_error_naming_it() {
+        let long = "a".repeat(PROPFIND_FIELD_BYTES_MAX + 1);
+        let xml = format!(
+            "<D:multistatus xmlns:D=\"DAV:\"><D:response><D:href>/d/{long}</D:href></D:response></D:multistatus>"
+        );
+        let err = parse_multistatus(xml.as_bytes(), 10).unwrap_err();
+        assert!(
+            err.contains(&format!("longer than {PROPFIND_FIELD_BYTES_MAX} bytes")),
+            "{err}"
+        );
+    }
 }
