@@ -34,9 +34,9 @@ ENTRY_BYTES = OBJECT_BYTES + FOOTER_BYTES
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """(env, boto3 client) of a running s3s-fs."""
+    boto3 = pytest.importorskip("boto3")  # before the server starts: a skip here must not leak it
     state = tmp_path_factory.mktemp("servers")
     env = start_server(state, "s3")
-    boto3 = pytest.importorskip("boto3")
     client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
                           aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
     yield env, client
