@@ -34,6 +34,10 @@ export TMPDIR=$RUN_TMP
 # metadata, as the AWS CLI's does (docs/remote.md); GCS and Azure are given
 # credentials or endpoints by the tests that use them.
 export AWS_EC2_METADATA_DISABLED=true
+# And should a GCS or Azure test lack credentials, its metadata lookup (GCE:
+# metadata.google.internal, then 169.254.169.254; Azure managed identity:
+# 169.254.169.254) goes to a closed local port instead (issue 31).
+export GCE_METADATA_HOST=127.0.0.1:1 GCE_METADATA_IP=127.0.0.1:1 AZURE_MSI_ENDPOINT=http://127.0.0.1:1/
 
 step "tools"
 need_apt=()

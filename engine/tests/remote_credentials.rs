@@ -1,7 +1,9 @@
 //! S3 credentials as users hold them, against a signature-checking server
 //! (s3s-fs): keys only in a profile of the shared credentials file, a
 //! profile whose `credential_process` prints them, a profile with a wrong
-//! secret (a 403 that names the profile), a profile that does not exist.
+//! secret (a 403 that names the profile), a `credential_process` that
+//! prints credentials that expired in 2001 (refused at open, naming when),
+//! a profile that does not exist.
 //!
 //! Needs `RINGFEED_TEST_S3_ENDPOINT`, `RINGFEED_TEST_S3_BUCKET` (default
 //! `ringfeed-test`, an existing bucket) and the server's keys in
@@ -67,6 +69,18 @@ fn s3_credentials_from_a_profile_or_its_credential_process_are_used_and_a_refusa
     )
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // Right keys that expired long ago: s3s-fs would take them, the loader must not.
+    let expired_script = dir.path().join("print-expired-creds.sh");
+    std::fs::write(
+        &expired_script,
+        format!(
+            "#!/bin/sh\nprintf '%s' '{{\"Version\": 1, \"AccessKeyId\": \"{key}\", \
+             \"SecretAccessKey\": \"{secret}\", \"SessionToken\": \"t\", \
+             \"Expiration\": \"2001-01-01T00:00:00Z\"}}'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&expired_script, std::fs::Permissions::from_mode(0o700)).unwrap();
     let credentials = dir.path().join("credentials");
     std::fs::write(
         &credentials,
@@ -80,9 +94,11 @@ fn s3_credentials_from_a_profile_or_its_credential_process_are_used_and_a_refusa
     std::fs::write(
         &config,
         format!(
-            "[profile proc]\ncredential_process = {}\n\n[profile broken]\ncredential_process = {}\n",
+            "[profile proc]\ncredential_process = {}\n\n[profile broken]\ncredential_process = {}\n\n\
+             [profile old]\ncredential_process = {}\n",
             script.display(),
-            dir.path().join("no-such-command").display()
+            dir.path().join("no-such-command").display(),
+            expired_script.display()
         ),
     )
     .unwrap();
@@ -143,6 +159,22 @@ fn s3_credentials_from_a_profile_or_its_credential_process_are_used_and_a_refusa
             assert!(text.contains("profile 'broken'"), "{text}");
         }
         other => panic!("expected a credential source error, got {other:?}"),
+    }
+
+    // Expired credentials from a credential_process: refused when the store
+    // opens, saying when they expired and where they came from.
+    std::env::set_var("AWS_PROFILE", "old");
+    match StoreHandle::open(&url) {
+        Err(e @ RemoteError::CredentialSource { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("expired at 2001-01-01T00:00:00Z")
+                    && text.contains("credential_process of AWS profile 'old'")
+                    && !text.contains(&secret),
+                "{text}"
+            );
+        }
+        other => panic!("expected an expired credentials error, got {other:?}"),
     }
 
     // A profile that is in neither file.

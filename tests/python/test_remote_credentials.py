@@ -48,7 +48,17 @@ def profiles(dataset, state_dir, tmp_path_factory):
         "[train]\naws_access_key_id = %s\naws_secret_access_key = %s\n\n"
         "[wrong]\naws_access_key_id = %s\naws_secret_access_key = not-the-secret\n" % (key, secret, key)
     )
-    (d / "config").write_text("[profile proc]\ncredential_process = %s\n" % script)
+    # A credential_process whose credentials expired long ago (the keys are
+    # right: s3s-fs does not know they expired, so only the loader can say so).
+    expired = d / "print-expired-creds.sh"
+    expired.write_text(
+        "#!/bin/sh\nprintf '%%s' '{\"Version\": 1, \"AccessKeyId\": \"%s\", \"SecretAccessKey\": \"%s\", "
+        "\"SessionToken\": \"t\", \"Expiration\": \"2001-01-01T00:00:00Z\"}'\n" % (key, secret)
+    )
+    expired.chmod(stat.S_IRWXU)
+    (d / "config").write_text(
+        "[profile proc]\ncredential_process = %s\n\n[profile old]\ncredential_process = %s\n" % (script, expired)
+    )
     server_env = {k: v for k, v in env.items() if k not in CREDENTIAL_VARS}
     server_env.update(
         AWS_SHARED_CREDENTIALS_FILE=str(d / "credentials"),
@@ -100,3 +110,18 @@ def test_no_credentials_anywhere_says_what_was_tried_and_the_fix(profiles, no_ke
     )
     assert run.returncode != 0
     assert "no AWS credentials found" in run.stderr and "AWS_PROFILE=NAME" in run.stderr, run.stderr
+
+
+def test_expired_credentials_from_a_credential_process_are_refused_at_start_naming_when_and_the_source(
+    profiles, no_key_env
+):
+    source, env, secret = profiles
+    run = subprocess.run(
+        [ringfeed_bin(), "serve", "--source", source, "--name", "creds-old-%d" % os.getpid(),
+         "--batch-size", "4", "--epochs", "1", "--manifest-max-age", "0"],
+        env=dict(os.environ, **env, AWS_PROFILE="old"), capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode != 0, run.stderr
+    assert "expired at 2001-01-01T00:00:00Z" in run.stderr, run.stderr
+    assert "credential_process of AWS profile 'old'" in run.stderr, run.stderr
+    assert secret not in run.stderr, run.stderr

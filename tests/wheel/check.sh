@@ -49,12 +49,17 @@ esac
 
 # A fresh venv outside the checkout; every step from here on runs with only
 # the venv and /usr/bin:/bin on PATH, from $WORK, with none of the
-# checkout's RINGFEED_* overrides.
+# checkout's RINGFEED_* overrides. HOME and TMPDIR are fresh empty folders
+# (pip's cache is kept apart), so that whatever the installed ringfeed
+# writes outside the venv can be seen at the end.
 BASE=$("$PY" -c 'import sys; print(sys._base_executable)')
 VENV=$WORK/venv
+mkdir "$WORK/home" "$WORK/tmp"
 clean() {
     (cd "$WORK" && env -u RINGFEED_LIB -u RINGFEED_BIN -u RINGFEED_LIB_DIR -u PYTHONPATH -u VIRTUAL_ENV \
-        -u CARGO_HOME -u RUSTUP_HOME PATH="$VENV/bin:/usr/bin:/bin" OMP_NUM_THREADS=1 "$@")
+        -u CARGO_HOME -u RUSTUP_HOME -u RINGFEED_CACHE_DIR -u XDG_CACHE_HOME -u XDG_CONFIG_HOME \
+        -u XDG_DATA_HOME -u XDG_RUNTIME_DIR HOME="$WORK/home" TMPDIR="$WORK/tmp" \
+        PIP_CACHE_DIR="$WORK/pip-cache" PATH="$VENV/bin:/usr/bin:/bin" OMP_NUM_THREADS=1 "$@")
 }
 "$BASE" -m venv "$VENV"
 if clean sh -c 'command -v cargo || command -v rustc'; then fail "Rust is on the clean PATH"; fi
@@ -97,10 +102,15 @@ say "ringfeed --version, python -m ringfeed --version, ringfeed.__version__: $ve
 say "ringfeed demo"
 clean ringfeed demo >"$WORK/demo.log" 2>&1 || { cat "$WORK/demo.log"; fail "ringfeed demo"; }
 grep -q "exactly-once check passed" "$WORK/demo.log" || { cat "$WORK/demo.log"; fail "ringfeed demo did not pass its check"; }
+demo_name=$(sed -n 's/.*\/dev\/shm\/ringfeed-\(demo-[0-9]*\).*/\1/p' "$WORK/demo.log" | head -1)
+[ -n "$demo_name" ] || { cat "$WORK/demo.log"; fail "no loader name in ringfeed demo's output"; }
 
 say "ringfeed run -- torchrun --standalone --nproc-per-node 2 examples/train_ddp.py"
 mkdir "$WORK/data"
 for shard in 0 1 2; do head -c $((256 * 100)) /dev/urandom >"$WORK/data/shard-$shard.bin"; done
+# Older than the manifest cache's 2 s guard (ctime), as a user's dataset is:
+# its listing is cached, in HOME (checked after the uninstall).
+sleep 3
 t=$SECONDS
 clean timeout 300 ringfeed run --source "$WORK/data" --batch-size 4 --record-bytes 256 --epochs 2 \
     -- torchrun --standalone --nproc-per-node 2 "$ROOT/examples/train_ddp.py" >"$WORK/run.log" 2>&1 \
@@ -109,11 +119,25 @@ grep -q "ringfeed: done: 148 batches, 592 samples" "$WORK/run.log" && grep -q "e
     || { cat "$WORK/run.log"; fail "ringfeed run -- torchrun did not train both epochs"; }
 name=$(sed -n 's/.*ringfeed run: loader "\([^"]*\)".*/\1/p' "$WORK/run.log" | head -1)
 [ -n "$name" ] || { cat "$WORK/run.log"; fail "no loader name in ringfeed run's output"; }
-if compgen -G "/dev/shm/*$name*" >/dev/null; then fail "the loader left $(echo /dev/shm/*"$name"*)"; fi
-say "torchrun trained 2 epochs from the ring in $((SECONDS - t))s; loader $name left nothing in /dev/shm"
+for loader in "$name" "$demo_name"; do
+    if compgen -G "/dev/shm/*$loader*" >/dev/null; then fail "the loader left $(echo /dev/shm/*"$loader"*)"; fi
+done
+say "torchrun trained 2 epochs from the ring in $((SECONDS - t))s; loaders $demo_name and $name left nothing in /dev/shm"
 
 say "pip uninstall -y ringfeed"
 clean python -m pip uninstall -q -y ringfeed
 (cd "$VENV" && find . | sort) >"$WORK/after"
 diff -u "$WORK/before" "$WORK/after" || fail "pip uninstall left the files above in the venv"
-say "wheel check passed: uninstall left the venv as before ($(wc -l <"$WORK/after") entries)"
+# Outside the venv: in HOME only ringfeed's cache directory, the cached
+# listing of the run's --source (~/.cache/ringfeed/manifests/ID.manifest),
+# which pip uninstall keeps as it keeps pip's own cache (docs/install.md says
+# so and how to remove it); nothing in TMPDIR but torchrun's own leftovers
+# (torchelastic_*, torchinductor_USER); /dev/shm was checked above.
+(cd "$WORK" && find home tmp -mindepth 1 | sort) >"$WORK/outside"
+grep -v -x -e 'home/.cache' -e 'home/.cache/ringfeed' -e 'home/.cache/ringfeed/manifests' \
+    -e 'home/.cache/ringfeed/manifests/[0-9a-f]*\.manifest' -e 'tmp/torchelastic_[^/]*\(/.*\)\{0,1\}' \
+    -e 'tmp/torchinductor_[^/]*\(/.*\)\{0,1\}' "$WORK/outside" >"$WORK/stray" || true
+[ ! -s "$WORK/stray" ] || { cat "$WORK/stray"; fail "the files above were left outside the venv (in HOME or TMPDIR)"; }
+cached=$(grep -c '^home/.cache/ringfeed/manifests/.*\.manifest$' "$WORK/outside" || true)
+[ "$cached" = 1 ] || fail "expected the run's one cached manifest in ~/.cache/ringfeed/manifests, found $cached"
+say "wheel check passed: uninstall left the venv as before ($(wc -l <"$WORK/after") entries), and outside it only the run's cached manifest in ~/.cache/ringfeed (nothing in TMPDIR or /dev/shm)"

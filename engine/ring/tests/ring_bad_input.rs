@@ -47,6 +47,7 @@ const SLOT_TABLE_OFFSET_AT: usize = 56;
 const PAYLOAD_OFFSET_AT: usize = 64;
 const JOB_WORLD_SIZE_AT: usize = 96;
 const FIRST_RANK_AT: usize = 100;
+const LOADER_RELEASE_AT: usize = 4064;
 // Slot fields, from the start of a slot's metadata.
 const GENERATION_AT: u64 = 0;
 const N_SAMPLES_AT: u64 = 24;
@@ -240,13 +241,49 @@ fn another_abi_version_is_named_with_both_versions() {
         ),
         "{err:?}"
     );
+    let ours = env!("CARGO_PKG_VERSION");
     assert!(
         msg.contains("version 7")
             && msg.contains("version 1")
             && msg.contains(&path_of(&name))
-            && msg.contains(&format!("ringfeed {}", env!("CARGO_PKG_VERSION")))
+            && msg.contains(&format!("this library is ringfeed {ours}"))
+            && msg.contains(&format!("from a loader of ringfeed {ours} "))
             && msg.contains("a newer ringfeed")
-            && msg.contains("pip install ringfeed=="),
+            && msg.contains(&format!("pip install ringfeed=={ours}")),
+        "{msg}"
+    );
+}
+
+#[test]
+fn another_abi_version_names_the_loaders_release_from_the_header_or_says_it_is_not_recorded() {
+    let name = unique("abi-release");
+    let mut bytes = real_segment_bytes(&name);
+    put_u32(&mut bytes, ABI_VERSION_AT, 9);
+    bytes[LOADER_RELEASE_AT..LOADER_RELEASE_AT + 32].fill(0);
+    bytes[LOADER_RELEASE_AT..LOADER_RELEASE_AT + 5].copy_from_slice(b"9.8.7");
+    let seg = craft(&name, &bytes, true);
+    let msg = attach_err(&name, 0).to_string();
+    assert!(
+        msg.contains("from a loader of ringfeed 9.8.7 (ring ABI version 9")
+            && msg.contains("pip install ringfeed==9.8.7")
+            && msg.contains(&format!(
+                "this library is ringfeed {}",
+                env!("CARGO_PKG_VERSION")
+            )),
+        "{msg}"
+    );
+    drop(seg);
+    // A loader that predates the field left zeros there.
+    let name = unique("abi-norelease");
+    let mut bytes = real_segment_bytes(&name);
+    put_u32(&mut bytes, ABI_VERSION_AT, 9);
+    bytes[LOADER_RELEASE_AT..LOADER_RELEASE_AT + 32].fill(0);
+    let _seg = craft(&name, &bytes, true);
+    let msg = attach_err(&name, 0).to_string();
+    assert!(
+        msg.contains("a ringfeed release that does not record it")
+            && msg.contains("run `ringfeed --version` where the loader runs")
+            && msg.contains("pip install ringfeed==VERSION"),
         "{msg}"
     );
 }

@@ -180,6 +180,44 @@ fn wait_on<T: Send + 'static>(
         })
 }
 
+/// `t` as `YYYY-MM-DDTHH:MM:SSZ` (UTC), as an `Expiration` is written.
+fn utc(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3_600,
+        rest % 3_600 / 60,
+        rest % 60
+    )
+}
+
+/// Words saying when credentials expired, if their expiry has passed:
+/// aws-config hands out what a source gave, expired or not (a
+/// `credential_process` printing an old `Expiration`, a stale cache file),
+/// and a server that does not check (or a clock that is off) would go on.
+fn expired(expiry: Option<SystemTime>) -> Option<String> {
+    let expiry = expiry?;
+    let ago = SystemTime::now().duration_since(expiry).ok()?;
+    Some(format!(
+        "they expired at {} ({} s ago, by this machine's clock)",
+        utc(expiry),
+        ago.as_secs()
+    ))
+}
+
 fn to_object_store(creds: &Credentials) -> Arc<AwsCredential> {
     Arc::new(AwsCredential {
         key_id: creds.access_key_id().to_string(),
@@ -242,6 +280,11 @@ impl CredentialProvider for AwsChainProvider {
         };
         match loaded {
             Ok(Ok(creds)) => {
+                if let Some(when) = expired(creds.expiry()) {
+                    return Err(fail(format!(
+                        "the refreshed credentials are no newer: {when}"
+                    )));
+                }
                 let fresh = to_object_store(&creds);
                 if let Ok(mut cached) = self.cached.write() {
                     *cached = (Arc::clone(&fresh), creds.expiry());
@@ -328,6 +371,15 @@ pub(crate) fn s3_provider(url: &str) -> Result<Option<AwsCredentialProvider>, Re
         }
     };
     let source = describe(&creds, &profile);
+    if let Some(when) = expired(creds.expiry()) {
+        return Err(failed(
+            source,
+            when,
+            "refresh them where they come from (run the credential_process command by hand to see \
+             what it prints; `aws sso login --profile NAME` for SSO), check this machine's clock, \
+             or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        ));
+    }
     announce(url, Scheme::S3, &source);
     Ok(Some(Arc::new(AwsChainProvider {
         chain: Arc::new(chain),
@@ -383,7 +435,12 @@ fn azure_cli_logged_in() -> bool {
 /// before probing instance metadata, which is not there off Azure).
 pub(crate) fn azure_source() -> (String, bool) {
     let set = |v: &str| env_value(v).is_some();
-    let source = if env_true("AZURE_STORAGE_USE_EMULATOR") {
+    // object_store takes this one before its own order (and then ignores the
+    // Azure CLI flag): the start line says so, and the CLI is not turned on.
+    let forced = env_value("AZURE_CREDENTIAL_TYPE").filter(|t| t != "auto");
+    let source = if let Some(kind) = forced {
+        return (format!("AZURE_CREDENTIAL_TYPE={kind}"), false);
+    } else if env_true("AZURE_STORAGE_USE_EMULATOR") {
         "the Azurite emulator's well-known account (AZURE_STORAGE_USE_EMULATOR)"
     } else if set("AZURE_STORAGE_TOKEN") || set("AZURE_STORAGE_BEARER_TOKEN") {
         "bearer token (AZURE_STORAGE_TOKEN)"
@@ -408,4 +465,31 @@ pub(crate) fn azure_source() -> (String, bool) {
         "managed identity (instance metadata or IDENTITY_ENDPOINT)"
     };
     (source.to_string(), false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expiry_is_written_as_an_rfc3339_utc_time() {
+        let at = |secs: u64| utc(SystemTime::UNIX_EPOCH + Duration::from_secs(secs));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(at(978_307_200), "2001-01-01T00:00:00Z");
+        assert_eq!(at(951_782_400 + 3_661), "2000-02-29T01:01:01Z");
+        assert_eq!(at(4_102_444_799), "2099-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn only_an_expiry_in_the_past_is_expired() {
+        assert_eq!(expired(None), None);
+        let future = SystemTime::now() + Duration::from_secs(3_600);
+        assert_eq!(expired(Some(future)), None);
+        let past = SystemTime::UNIX_EPOCH + Duration::from_secs(978_307_200);
+        let said = expired(Some(past)).unwrap();
+        assert!(
+            said.starts_with("they expired at 2001-01-01T00:00:00Z ("),
+            "{said}"
+        );
+    }
 }

@@ -21,6 +21,17 @@ const ATTACH_RETRY_FIRST: Duration = Duration::from_micros(200);
 /// waits without a watch.
 const ATTACH_POLL: Duration = Duration::from_millis(10);
 
+/// The loader's release as its header records it (at the same offset in
+/// every ABI version): None when it is not there (a loader that predates
+/// the field) or is not printable text.
+fn loader_release(header: &[u8]) -> Option<String> {
+    let field = header.get(LOADER_RELEASE_OFFSET..LOADER_RELEASE_OFFSET + LOADER_RELEASE_BYTES)?;
+    let text = field.split(|&b| b == 0).next()?;
+    let text = std::str::from_utf8(text).ok()?;
+    let printable = !text.is_empty() && text.chars().all(|c| c.is_ascii_graphic());
+    printable.then(|| text.to_string())
+}
+
 pub(super) fn corrupt(path: &str, what: impl Into<String>) -> AttachError {
     AttachError::Corrupt {
         path: path.to_string(),
@@ -53,6 +64,7 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
             path: path.to_string(),
             found: abi,
             expected: ABI_VERSION,
+            loader_release: loader_release(bytes),
         });
     }
     if u64::from(u32_at(12)) != HEADER_BYTES || u64::from(u32_at(28)) != PAGE_BYTES {

@@ -8,6 +8,25 @@ use crate::segment::{self, NameError};
 /// `ringfeed` command, the Python package and this crate agree).
 const PACKAGE_VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// The loader's release in words, for the ABI mismatch.
+fn loader_words(release: Option<&str>) -> String {
+    match release {
+        Some(r) => format!("ringfeed {r}"),
+        None => "a ringfeed release that does not record it (run `ringfeed --version` where the \
+                 loader runs)"
+            .to_string(),
+    }
+}
+
+/// What to install for the trainers, for the ABI mismatch.
+fn release_fix(release: Option<&str>) -> String {
+    match release {
+        Some(r) => format!("install ringfeed {r} for the trainers (pip install ringfeed=={r})"),
+        None => "install the loader's release for the trainers (pip install ringfeed==VERSION)"
+            .to_string(),
+    }
+}
+
 /// A feed used in a child forked from the process that attached it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("this feed of {name:?} rank {rank} was attached by process {attached_by}; a forked child cannot take or give back its batches: take them in that process (a torch DataLoader over a feed needs num_workers=0), or attach in the child")]
@@ -45,7 +64,7 @@ pub enum AttachError {
         what: String,
     },
     /// The segment was made by another version of ringfeed.
-    #[error("{path} uses ring ABI version {found} (its loader is {age} ringfeed than this one), but this library is ringfeed {PACKAGE_VERSION} and speaks ring ABI version {expected}; the loader and the trainers must run the same ringfeed release: run `ringfeed --version` where the loader runs and install that release for the trainers (pip install ringfeed==VERSION), or restart the loader with the `ringfeed` {PACKAGE_VERSION} installed beside this binding", age = if .found > .expected { "a newer" } else { "an older" })]
+    #[error("{path} is from a loader of {loader} (ring ABI version {found}, {age} ringfeed than this one), but this library is ringfeed {PACKAGE_VERSION} and speaks ring ABI version {expected}; the loader and the trainers must run the same ringfeed release: {fix}, or restart the loader with the `ringfeed` {PACKAGE_VERSION} installed beside this binding", loader = loader_words(.loader_release.as_deref()), age = if .found > .expected { "a newer" } else { "an older" }, fix = release_fix(.loader_release.as_deref()))]
     AbiMismatch {
         /// The segment path.
         path: String,
@@ -53,6 +72,9 @@ pub enum AttachError {
         found: u32,
         /// Version expected.
         expected: u32,
+        /// The loader's release, as its header records it (None: not
+        /// recorded, a loader that predates the field).
+        loader_release: Option<String>,
     },
     /// Rank outside 0..W.
     #[error("rank {rank} is out of range: loader {name:?} serves {world_size} rank(s) on this machine (ranks 0 to {last}); check LOCAL_RANK, and the loader's --world-size (the whole job) and --nnodes", last = .world_size.saturating_sub(1))]

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::futex;
 use crate::layout::{
-    state, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES,
+    state, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, LOADER_RELEASE_BYTES,
+    LOADER_RELEASE_OFFSET, MAGIC, PAGE_BYTES,
 };
 use crate::protocol::{self, ReleaseRefusal};
 use crate::segment::{self, LOADER_LOCK_BYTE};

@@ -174,9 +174,21 @@ pub struct Header {
     // --- offset 1288: the loader's counters, rewritten every ~100 ms ---
     /// Figures for `ringfeed stat`, one word per [`Counter`]; Relaxed.
     pub counters: [AtomicU64; COUNTER_WORDS],
-    // --- offset 1544 to 4096: reserved ---
-    _reserved2: [AtomicU64; 319],
+    // --- offset 1544 to 4064: reserved ---
+    _reserved2: [AtomicU64; 315],
+    // --- offset 4064: the loader's release, here in every ABI version ---
+    /// The loader's ringfeed release (its package version, as `ringfeed
+    /// --version` says it), UTF-8, NUL-padded, [`LOADER_RELEASE_BYTES`] at
+    /// most: at [`LOADER_RELEASE_OFFSET`] in every ABI version, so that a
+    /// trainer of another ABI can name it. All zero from a loader that
+    /// predates the field.
+    pub loader_release: [AtomicU64; LOADER_RELEASE_BYTES / 8],
 }
+
+/// Where the loader's release sits in the header, in every ABI version.
+pub const LOADER_RELEASE_OFFSET: usize = 4064;
+/// Bytes the header gives the loader's release.
+pub const LOADER_RELEASE_BYTES: usize = 32;
 
 /// Longest abort message the header holds, in bytes.
 pub const ABORT_MESSAGE_MAX_BYTES: usize = 1024;
@@ -323,6 +335,8 @@ mod model {
 const _: () = {
     use std::mem::{offset_of, size_of};
     assert!(size_of::<Header>() as u64 == HEADER_BYTES);
+    assert!(offset_of!(Header, loader_release) == LOADER_RELEASE_OFFSET);
+    assert!(LOADER_RELEASE_OFFSET + LOADER_RELEASE_BYTES == HEADER_BYTES as usize);
     assert!(offset_of!(Header, abi_version) == 8);
     assert!(offset_of!(Header, world_size) == 16);
     assert!(offset_of!(Header, slots_per_rank) == 20);

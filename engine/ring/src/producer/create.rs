@@ -11,7 +11,8 @@ use super::backing::Backing;
 use super::errors::{alloc_error, open_existing_error, shm_too_small};
 use super::{CreateError, Producer};
 use crate::layout::{
-    state, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, MAGIC, PAGE_BYTES,
+    state, Job, Layout, RingGeometry, ABI_VERSION, HEADER_BYTES, LOADER_RELEASE_BYTES, MAGIC,
+    PAGE_BYTES,
 };
 use crate::segment::{self, LOADER_LOCK_BYTE};
 use crate::sync::Ordering;
@@ -215,6 +216,15 @@ impl Producer {
         h.payload_offset.store(l.payload_offset, r);
         h.slot_meta_bytes.store(l.slot_meta_bytes, r);
         h.loader_pid.store(std::process::id(), r);
+        let mut release = [0u8; LOADER_RELEASE_BYTES];
+        let version = env!("CARGO_PKG_VERSION").as_bytes();
+        let n = version.len().min(LOADER_RELEASE_BYTES);
+        release[..n].copy_from_slice(&version[..n]);
+        for (word, bytes) in h.loader_release.iter().zip(release.chunks_exact(8)) {
+            let mut le = [0u8; 8];
+            le.copy_from_slice(bytes);
+            word.store(u64::from_le_bytes(le), r);
+        }
         h.created_unix_ms.store(now_unix_ms(), r);
         h.job_world_size.store(job.job_world_size, r);
         h.first_rank.store(job.first_rank, r);
