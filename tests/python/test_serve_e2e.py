@@ -172,10 +172,16 @@ def test_serve_errors_name_the_path_or_value(dataset, args, needle):
 
 @pytest.mark.parametrize("sig", [15, 1], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_stops_the_loader_removes_its_segment_and_tells_the_trainers(dataset, c_consumer, sig):
+    import signal
+
     name = "e2e-sig%d-%s" % (sig, uuid.uuid4().hex[:8])
     loader = subprocess.Popen(
         [ringfeed_bin(), "serve", "--source", str(dataset[0]), "--name", name, "--batch-size", "4", "--world-size", "2", "--epochs", "1000"],
         stderr=subprocess.PIPE,
+        # The signal's default disposition, whatever the suite inherited: a suite started under
+        # `nohup` passes SIGHUP on ignored, and the loader rightly keeps an ignored SIGHUP
+        # ignored (test_nohup_keeps_the_loader_up...), so this test hung there.
+        preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL),
     )
     # Rank 0 never attaches, so the run cannot finish; rank 1 reads until told.
     consumer = subprocess.Popen([c_consumer, name, "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
