@@ -185,13 +185,16 @@ def test_sigterm_stops_the_loader_removes_its_segment_and_tells_the_trainers(dat
     )
     # Rank 0 never attaches, so the run cannot finish; rank 1 reads until told.
     consumer = subprocess.Popen([c_consumer, name, "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    import time
-    deadline = time.time() + 20
-    while not os.path.exists("/dev/shm/ringfeed-" + name) and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    loader.send_signal(sig)
-    _, loader_err = loader.communicate(timeout=10)
+    try:
+        deadline = time.time() + 20
+        while not os.path.exists("/dev/shm/ringfeed-" + name) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        loader.send_signal(sig)
+        _, loader_err = loader.communicate(timeout=10)
+    except BaseException:
+        kill_survivors([loader, consumer])  # a loader that did not stop must not outlive the test
+        raise
     assert loader.returncode == 128 + sig, loader_err.decode()
     assert not os.path.exists("/dev/shm/ringfeed-" + name)
     (rc, _, err), = wait_all([consumer], 10)
