@@ -450,15 +450,21 @@ impl ReadEngine for CachedEngine {
             // SYNC POINT: Acquire pairs with the writer's (or the check's)
             // Release store of CACHED: the CRC it stored first is seen.
             let entry = self.entry_of(op);
-            let state = shared.state[entry.index].load(Ordering::Acquire);
-            let cached = state == STATE_CACHED;
-            // SAFETY: the caller's contract on `op.dest`.
-            if state == STATE_WRITING
-                && entry.whole
-                && unsafe { self.serve_pending(&shared, entry, op) }
-            {
-                continue;
+            let mut state = shared.state[entry.index].load(Ordering::Acquire);
+            if state == STATE_WRITING && entry.whole {
+                // SAFETY: the caller's contract on `op.dest`.
+                if unsafe { self.serve_pending(&shared, entry, op) } {
+                    continue;
+                }
+                // The writer finished between the load above and the look
+                // in `pending`: it stores the outcome (CACHED, or ABSENT
+                // after a failed write) before it removes the body, and the
+                // `pending` lock orders that store before this load. Read
+                // again, so a just-published entry is a hit, not a second
+                // fetch (a CI run saw 201 fetches of 200 objects).
+                state = shared.state[entry.index].load(Ordering::Acquire);
             }
+            let cached = state == STATE_CACHED;
             let inner = ReadOp {
                 user_data: id,
                 spare_byte: false,
