@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 
 use super::entry::file_bytes_of_name;
 use crate::ring::safe_file::Dir;
+use crate::source::private_dir::untrusted;
 
 /// Mode of the cache's directories.
 pub const DIR_MODE: u32 = crate::source::private_dir::DIR_MODE;
@@ -92,8 +93,6 @@ impl Drop for Held<'_> {
         let _ = flock(self.0, libc::LOCK_UN);
     }
 }
-
-use crate::source::private_dir::untrusted;
 
 /// Opens the data directory `root` (`<cache dir>/data`), making it (0700)
 /// and its parent if missing; refuses a cache directory another user owns

@@ -182,26 +182,9 @@ fn wait_on<T: Send + 'static>(
 
 /// `t` as `YYYY-MM-DDTHH:MM:SSZ` (UTC), as an `Expiration` is written.
 fn utc(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rest / 3_600,
-        rest % 3_600 / 60,
-        rest % 60
-    )
+    chrono::DateTime::<chrono::Utc>::from(t)
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 /// Words saying when credentials expired, if their expiry has passed:
@@ -434,13 +417,13 @@ fn azure_cli_logged_in() -> bool {
 /// login` was run, the CLI is used (as the Azure SDK's default chain would
 /// before probing instance metadata, which is not there off Azure).
 pub(crate) fn azure_source() -> (String, bool) {
-    let set = |v: &str| env_value(v).is_some();
     // object_store takes this one before its own order (and then ignores the
     // Azure CLI flag): the start line says so, and the CLI is not turned on.
-    let forced = env_value("AZURE_CREDENTIAL_TYPE").filter(|t| t != "auto");
-    let source = if let Some(kind) = forced {
+    if let Some(kind) = env_value("AZURE_CREDENTIAL_TYPE").filter(|t| t != "auto") {
         return (format!("AZURE_CREDENTIAL_TYPE={kind}"), false);
-    } else if env_true("AZURE_STORAGE_USE_EMULATOR") {
+    }
+    let set = |v: &str| env_value(v).is_some();
+    let source = if env_true("AZURE_STORAGE_USE_EMULATOR") {
         "the Azurite emulator's well-known account (AZURE_STORAGE_USE_EMULATOR)"
     } else if set("AZURE_STORAGE_TOKEN") || set("AZURE_STORAGE_BEARER_TOKEN") {
         "bearer token (AZURE_STORAGE_TOKEN)"

@@ -1,11 +1,11 @@
-//! A directory of ringfeed's cache (`CACHE_DIR/data`, `CACHE_DIR/tar-index`),
+//! A directory of ringfeed's cache (`CACHE_DIR/data`, `CACHE_DIR/tar-index`,
+//! `CACHE_DIR/manifests`),
 //! opened only if no other user can have put anything in it: the cache
 //! directory is ours (or root's) and not writable by others unless sticky,
 //! and the subdirectory itself is ours, not a link, and made 0700 (an older,
 //! 0755 one tightened). Below the cache, the tar index and the source
 //! floors can all use it.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -62,7 +62,15 @@ pub fn open_private_dir(root: &Path) -> io::Result<Dir> {
             ),
         ));
     }
-    let name = root.file_name().unwrap_or(OsStr::new("data"));
+    let Some(name) = root.file_name() else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} names no directory inside the cache directory; pass a --cache-dir that is a plain path",
+                root.display()
+            ),
+        ));
+    };
     let dir = Dir::open(&base)?
         .make_dir(name, DIR_MODE)
         .map_err(untrusted)?;
