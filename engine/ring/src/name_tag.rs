@@ -33,7 +33,7 @@ pub fn tag(name: &str) -> [u64; 2] {
 /// Writes loader `name`'s tag into the header of the ring `view` maps
 /// (while it is CREATING: the READY store's Release publishes it).
 pub(crate) fn write(view: &crate::view::View, name: &str) {
-    const _: () = assert!(NAME_TAG_OFFSET % 8 == 0);
+    const _: () = assert!(NAME_TAG_OFFSET.is_multiple_of(8));
     const _: () = assert!(NAME_TAG_OFFSET + NAME_TAG_BYTES <= crate::layout::HEADER_BYTES as usize);
     for (i, word) in tag(name).into_iter().enumerate() {
         // SAFETY: the mapping is at least HEADER_BYTES long (asserted above
