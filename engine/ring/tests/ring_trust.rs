@@ -294,7 +294,10 @@ fn a_hard_link_to_another_loaders_ring_is_refused_under_its_name_and_not_under_i
     )
     .err()
     .expect("another loader's ring is refused");
-    assert!(started.elapsed() < Duration::from_secs(2), "refused at once");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused at once"
+    );
     assert!(matches!(err, AttachError::NameMismatch { .. }), "{err:?}");
     assert!(err.to_string().contains("hard link"), "{err}");
     // The link does not stop the ring's own trainers.

@@ -418,7 +418,12 @@ async fn answer(
             // bug, said as such rather than as half a response.
             let plain = "text/plain; charset=utf-8";
             match metrics.render() {
-                Ok(body) => ("200", "OK", CONTENT_TYPE, body),
+                // A URL in a label (a source, an endpoint) shows redacted,
+                // as on stderr.
+                Ok(body) => match crate::remote::scrub(&body) {
+                    std::borrow::Cow::Borrowed(_) => ("200", "OK", CONTENT_TYPE, body),
+                    std::borrow::Cow::Owned(scrubbed) => ("200", "OK", CONTENT_TYPE, scrubbed),
+                },
                 Err(_) => (
                     "500",
                     "Internal Server Error",
