@@ -15,7 +15,8 @@
 //! an absolute HOME is kept; otherwise HOME becomes the effective uid's home
 //! from the password database (`getpwuid_r`), as a login shell would set it;
 //! and when there is none, no home-based file is read at all (the AWS
-//! profile files are pointed at `/dev/null`, the others are skipped) and a
+//! profile files and the Azure CLI's directory are pointed at `/dev/null`,
+//! HOME is left unset, so object_store looks for no GCS file) and a
 //! warning says so. No path is ever built from a literal `~` or the working
 //! directory. `XDG_*` directories count only when absolute (the XDG spec
 //! says a relative one is invalid).
@@ -43,14 +44,20 @@ pub enum Home {
     Unknown {
         /// Why, in words.
         why: String,
-        /// The AWS file variables pointed at `/dev/null` (those not set).
+        /// The variables pointed at `/dev/null` (those that were not set).
         blanked: Vec<&'static str>,
     },
 }
 
-/// What an unusable HOME's files are pointed at: AWS's two profile files,
-/// which aws-config would otherwise look for under a literal `~`.
-const AWS_FILE_VARS: [&str; 2] = ["AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"];
+/// The variables pointed at `/dev/null` when there is no home (those not
+/// set): AWS's two profile files, which aws-config would otherwise look for
+/// under a literal `~`, and the Azure CLI's directory, which `az` (run for
+/// its login) would look for under `~` the same way.
+const HOME_FILE_VARS: [&str; 3] = [
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AZURE_CONFIG_DIR",
+];
 
 static SETTLED: OnceLock<Home> = OnceLock::new();
 
@@ -80,7 +87,7 @@ pub fn settle() -> &'static Home {
             Err(why) => {
                 std::env::remove_var("HOME");
                 let mut blanked = Vec::new();
-                for var in AWS_FILE_VARS {
+                for var in HOME_FILE_VARS {
                     if std::env::var_os(var).is_none_or(|v| v.is_empty()) {
                         std::env::set_var(var, "/dev/null");
                         blanked.push(var);

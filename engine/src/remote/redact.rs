@@ -120,11 +120,13 @@ pub fn remember_env_secrets() {
     remember_urls_in(values);
 }
 
-/// Remembers the secrets of every URL in `values`.
+/// Remembers the secrets of every URL in `values`: passwords, and the
+/// values of signing parameters only (a `page=100000` of some URL in the
+/// environment must not blank every "100000" ringfeed prints).
 fn remember_urls_in(values: impl Iterator<Item = String>) {
     for value in values {
         for (start, end) in urls_in(&value) {
-            remember_secrets(&value[start..end]);
+            remember_secrets_with(&value[start..end], &secret_param);
         }
     }
 }
@@ -181,6 +183,12 @@ fn redact_with(url: &str, redact_param: &dyn Fn(&str) -> bool) -> String {
 /// The secrets of `url` (its password and query values, as written and
 /// percent-decoded), remembered for [`scrub`] for the rest of the process.
 pub fn remember_secrets(url: &str) {
+    remember_secrets_with(url, &|_| true);
+}
+
+/// [`remember_secrets`], remembering the values of the query parameters
+/// `secret` names (a bare value always).
+fn remember_secrets_with(url: &str, secret: &dyn Fn(&str) -> bool) {
     let redacted = redact_url(url);
     if redacted == url {
         return;
@@ -204,7 +212,11 @@ pub fn remember_secrets(url: &str) {
     if let Some((_, query)) = url[authority_end..].split_once('?') {
         let query = query.split('#').next().unwrap_or("");
         for p in query.split('&') {
-            let value = p.split_once('=').map_or(p, |(_, v)| v);
+            let value = match p.split_once('=') {
+                Some((name, value)) if secret(name) => value,
+                Some(_) => continue,
+                None => p,
+            };
             found.push(value.to_string());
             found.push(percent_decode(value));
         }
@@ -355,13 +367,13 @@ mod tests {
     fn the_secrets_of_urls_in_the_environment_are_scrubbed_from_any_text() {
         let env = [
             "x".to_string(),
-            "http://svc:EnvPass-777@h:1/?token=EnvToken-888".to_string(),
+            "http://svc:EnvPass-777@h:1/?token=EnvToken-888&page=4455667".to_string(),
         ];
         remember_urls_in(env.into_iter());
-        let text = "a library said: auth EnvPass-777 refused, token EnvToken-888";
+        let text = "a library said: auth EnvPass-777 refused, token EnvToken-888, 4455667 left";
         assert_eq!(
             scrub(text),
-            "a library said: auth REDACTED refused, token REDACTED"
+            "a library said: auth REDACTED refused, token REDACTED, 4455667 left"
         );
     }
 
