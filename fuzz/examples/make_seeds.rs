@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ringfeed_ring::layout::{ClassNames, Job, KeyArea};
 use ringfeed_ring::{segment, AttachOptions, Consumer, Next, Producer, RingGeometry, SampleEntry};
 
 fn geometry(world_size: u32, slots_per_rank: u32, max_samples_per_slot: u32) -> RingGeometry {
@@ -111,5 +112,19 @@ fn main() {
     publish(&mut p, 0, 1, 2);
     p.abort(9);
     seeds.save("aborted", &name, 0, None);
+    drop(p);
+
+    // Keys in every slot and the class names in slot 0 (flags bits 6, 7).
+    let keys = KeyArea::plan(2 * 100, 12);
+    let classes = ["ant".to_string(), "bee".to_string(), "cow".to_string()];
+    let job = Job {
+        keys: Some(keys),
+        class_names: ClassNames::plan(keys.end(2), &classes),
+        ..Job::single(1)
+    };
+    let mut p = Producer::create_with_class_names(&name, geometry(1, 2, 2), job, &classes)
+        .expect("create");
+    publish(&mut p, 0, 1, 2);
+    seeds.save("keys-and-names", &name, 0, None);
     drop(p);
 }

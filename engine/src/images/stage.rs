@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use ringfeed_decode::{zero_fill, Decoder, ImageSpec};
 
+use super::labels::Sample;
 use super::Labels;
 use crate::ring::layout::ImageFormat;
 use crate::ring::SampleEntry;
@@ -20,13 +21,13 @@ pub enum OnBadSample {
 
 /// An image that cannot be decoded, under `--on-bad-sample error`.
 #[derive(Debug, thiserror::Error)]
-#[error("sample {index} ({key}) cannot be decoded: {why}; fix or remove it, or pass --on-bad-sample zero to serve a zero image in its place (flagged in batch.bad)")]
+#[error("sample {index} ({key}) {why}; fix or remove it, or pass --on-bad-sample zero to serve a zero image in its place (flagged in batch.bad)")]
 pub struct BadSample {
     /// The sample's index.
     pub index: u64,
     /// Its object, as messages name it.
     pub key: String,
-    /// What was wrong.
+    /// What was wrong: "cannot be decoded: …", or its label's fault.
     pub why: String,
 }
 
@@ -37,29 +38,17 @@ pub struct TarFields {
     /// The image's field (`--image-field`); None: the first of jpg, jpeg,
     /// png, webp.
     pub image: Option<String>,
-    /// The label's field (`--label-field`, default cls): a decimal integer;
-    /// a sample without one has label -1.
+    /// The label's field (`--label-field`, default cls): a decimal integer
+    /// (read by `Labels`).
     pub label: String,
 }
 
 /// Fields an image is found in when `--image-field` is not given.
 const IMAGE_FIELDS: [&[u8]; 4] = [b"jpg", b"jpeg", b"png", b"webp"];
 
-/// A tar sample's label alone (one without an image has one too).
-fn label_only(sample: &[u8], fields: &TarFields) -> Option<i64> {
+/// A tar sample's image bytes.
+fn tar_image<'a>(sample: &'a [u8], fields: &TarFields) -> Result<&'a [u8], String> {
     let mut cursor = 0;
-    while let Ok(Some(f)) = crate::ring::tar_fields::next_field(sample, &mut cursor) {
-        if f.field_name().as_ref() == fields.label.as_bytes() {
-            return String::from_utf8_lossy(f.data).trim().parse().ok();
-        }
-    }
-    None
-}
-
-/// A tar sample's image bytes and its label, if it has one.
-fn tar_parts<'a>(sample: &'a [u8], fields: &TarFields) -> Result<(&'a [u8], Option<i64>), String> {
-    let mut cursor = 0;
-    let (mut image, mut label) = (None, None);
     while let Some(f) = crate::ring::tar_fields::next_field(sample, &mut cursor)
         .map_err(|e| format!("its tar members cannot be read: {e}"))?
     {
@@ -68,28 +57,17 @@ fn tar_parts<'a>(sample: &'a [u8], fields: &TarFields) -> Result<(&'a [u8], Opti
             Some(want) => name.as_ref() == want.as_bytes(),
             None => IMAGE_FIELDS.contains(&name.as_ref()),
         };
-        if wanted && image.is_none() {
-            image = Some(f.data);
-        }
-        if name.as_ref() == fields.label.as_bytes() {
-            let text = String::from_utf8_lossy(f.data);
-            label = Some(text.trim().parse::<i64>().map_err(|_| {
-                format!(
-                    "its .{} member {:?} is not a whole number (a class index)",
-                    fields.label,
-                    text.chars().take(40).collect::<String>()
-                )
-            })?);
+        if wanted {
+            return Ok(f.data);
         }
     }
-    let image = image.ok_or_else(|| match &fields.image {
+    Err(match &fields.image {
         Some(want) => format!("it has no .{want} member (--image-field)"),
         None => {
             "it has no .jpg, .jpeg, .png or .webp member; name the image's field with --image-field"
                 .to_string()
         }
-    })?;
-    Ok((image, label))
+    })
 }
 
 /// The decode stage of a run.
@@ -166,23 +144,31 @@ impl DecodeStage {
         let outs: Vec<&mut [u8]> = images.chunks_exact_mut(image).take(n).collect();
         let results = run_parallel(&mut self.decoders, outs, |decoder, i, out| {
             let e = &samples[i];
-            let (bytes, label) = match &self.tar {
-                Some(fields) => tar_parts(raw(e), fields)?,
-                None => (raw(e), None),
+            let bytes = match &self.tar {
+                Some(fields) => tar_image(raw(e), fields)?,
+                None => raw(e),
             };
             decoder
                 .decode_into(bytes, &self.spec, self.seed, epoch, e.index, out)
-                .map(|_| label)
+                .map(|_| ())
                 .map_err(|e| e.to_string())
         });
         for (i, result) in results.into_iter().enumerate() {
             let index = samples[i].index;
-            let mut tar_label = None;
+            let sample = match &self.tar {
+                Some(_) => Sample::Tar(raw(&samples[i])),
+                None => Sample::File(file_of(index)),
+            };
+            // A label the trainer cannot use is a bad sample too
+            // (labels.rs); a sample that cannot be decoded says that first.
+            let label = self.labels.label(sample);
+            let result = match (result, &label) {
+                (Err(why), _) => Err(format!("cannot be decoded: {why}")),
+                (Ok(()), Err(why)) => Err(why.clone()),
+                (Ok(()), Ok(_)) => Ok(()),
+            };
             let flag = match result {
-                Ok(label) => {
-                    tar_label = label;
-                    0
-                }
+                Ok(()) => 0,
                 Err(why) if self.on_bad == OnBadSample::Error => {
                     return Err(BadSample {
                         index,
@@ -201,18 +187,8 @@ impl DecodeStage {
                 }
             };
             bad[i] = flag;
-            let label = match &self.tar {
-                // A bad sample's label is still its own, where it has one.
-                Some(fields) => tar_label
-                    .or_else(|| {
-                        tar_parts(raw(&samples[i]), fields)
-                            .ok()
-                            .and_then(|(_, l)| l)
-                    })
-                    .or_else(|| label_only(raw(&samples[i]), fields))
-                    .unwrap_or(-1),
-                None => self.labels.of_file(file_of(index)),
-            };
+            // A bad sample's label is still its own, where it is usable.
+            let label = label.unwrap_or(-1);
             labels[i * 8..(i + 1) * 8].copy_from_slice(&label.to_le_bytes());
             samples[i].offset = (i * image) as u64;
             samples[i].len = image as u64;
@@ -228,8 +204,8 @@ impl DecodeStage {
 fn run_parallel<'a>(
     decoders: &mut [Decoder],
     outs: Vec<&'a mut [u8]>,
-    work: impl Fn(&mut Decoder, usize, &mut [u8]) -> Result<Option<i64>, String> + Sync,
-) -> Vec<Result<Option<i64>, String>> {
+    work: impl Fn(&mut Decoder, usize, &mut [u8]) -> Result<(), String> + Sync,
+) -> Vec<Result<(), String>> {
     let n = outs.len();
     let threads = decoders.len().min(n).max(1);
     if threads == 1 {
@@ -244,7 +220,7 @@ fn run_parallel<'a>(
     for (i, out) in outs.into_iter().enumerate() {
         buckets[i % threads].push((i, out));
     }
-    let mut results: Vec<Option<Result<Option<i64>, String>>> = (0..n).map(|_| None).collect();
+    let mut results: Vec<Option<Result<(), String>>> = (0..n).map(|_| None).collect();
     std::thread::scope(|scope| {
         let work = &work;
         let handles: Vec<_> = decoders
