@@ -124,7 +124,20 @@ fn main() {
     };
     let mut p = Producer::create_with_class_names(&name, geometry(1, 2, 2), job, &classes)
         .expect("create");
-    publish(&mut p, 0, 1, 2);
+    let mut claim = p.try_claim(0).expect("claim").expect("a free slot");
+    let table: Vec<SampleEntry> = (0..2)
+        .map(|i| SampleEntry {
+            offset: i * 100,
+            len: 100,
+            index: i,
+        })
+        .collect();
+    for (i, byte) in claim.payload_mut()[..200].iter_mut().enumerate() {
+        *byte = (i % 251) as u8;
+    }
+    keys.write(claim.payload_mut(), 0, &[b"ant/0001.jpg"], None);
+    keys.write(claim.payload_mut(), 1, &[b"records.bin"], Some(9));
+    p.publish(claim, 0, 0, &table).expect("publish");
     seeds.save("keys-and-names", &name, 0, None);
     drop(p);
 }

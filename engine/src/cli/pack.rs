@@ -26,7 +26,7 @@ pub struct PackArgs {
     /// into a shard.
     #[arg(long)]
     pub follow_links_outside: bool,
-    /// Labels of an ImageFolder tree (root/<class>/.../image): auto (when
+    /// Labels of an ImageFolder tree (root/CLASS/.../image): auto (when
     /// every file is under a class directory and every sample has an image),
     /// dirs, or none. Each sample then gets a .cls member (its class index,
     /// classes in byte order of their names) and every shard's index the
