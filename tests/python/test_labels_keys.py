@@ -282,3 +282,26 @@ def test_batch_key_gives_every_sources_keys_from_python_and_c(tmp_path, keys_c):
         both = {**py, **c}
         assert both == {(0, i): keys[i] for i in range(12)}, both
         assert py_classes == c_classes == (CLASSES if flags else [])
+
+
+def test_batch_key_gives_a_remote_objects_key_relative_to_the_prefix(tmp_path, keys_c):
+    """Remote too: the key of an object served from http(s):// (nginx
+    WebDAV) is its key under the source prefix, as for a local tree."""
+    import shutil
+    from pathlib import Path
+
+    from remote_util import need_server
+
+    url = need_server("nginx")
+    base = Path(os.environ["RINGFEED_TEST_NGINX_ROOT"]) / name("keys")
+    names = ["a/b/one.bin", "a/two.bin", "z.bin", "zz/last.bin"]
+    for i, rel in enumerate(names):
+        (tmp_path / "tree" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tree" / rel).write_bytes(bytes([i]) * 33)
+    shutil.copytree(tmp_path / "tree", base / "train")
+    try:
+        source = url + base.name + "/train/"
+        py, c, _, _ = serve_to_python_and_c(keys_c, source, "remote", "--batch-size", "1", "--no-shuffle")
+        assert {**py, **c} == {(0, i): k for i, k in enumerate(names)}, (py, c)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
