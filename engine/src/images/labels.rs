@@ -79,8 +79,14 @@ impl Labels {
         label_field: &str,
         num_classes: Option<u32>,
     ) -> Result<Labels, String> {
+        let unlabelled = || {
+            match num_classes {
+            Some(n) => Err(format!("--num-classes {n}, but this run has no labels (--labels none, or a tree with files outside class directories): drop it, or label the dataset")),
+            None => Ok(Labels::default()),
+        }
+        };
         if choice == LabelChoice::None {
-            return Ok(Labels::default());
+            return unlabelled();
         }
         let labels = match manifest.key_facts() {
             Some(facts) if choice == LabelChoice::Dirs => {
@@ -98,7 +104,7 @@ impl Labels {
             }
             None => match tree_labels(manifest, choice)? {
                 Some(labels) => labels,
-                None => return Ok(Labels::default()),
+                None => return unlabelled(),
             },
         };
         labels.with_count(num_classes)

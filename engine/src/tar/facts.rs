@@ -4,6 +4,7 @@
 //! indexes that have them required to agree.
 
 use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 
 use super::index::TarIndex;
 use super::name::split_key;
@@ -17,14 +18,39 @@ pub struct ShardFacts {
     key_bytes_max: u64,
     fields: BTreeSet<Vec<u8>>,
     dirs: DirClassesBuilder,
-    classes: Vec<Vec<u8>>,
+    classes: Option<Arc<Vec<Vec<u8>>>>,
+}
+
+/// One copy of each distinct class list the shards' indexes record (every
+/// shard of a packed dataset has the same: a thousand names, not a thousand
+/// copies of them).
+#[derive(Debug, Default)]
+pub struct ClassLists(Mutex<Vec<Arc<Vec<Vec<u8>>>>>);
+
+impl ClassLists {
+    /// The shared copy of `classes` (None: an index without names).
+    fn intern(&self, classes: &[Vec<u8>]) -> Option<Arc<Vec<Vec<u8>>>> {
+        if classes.is_empty() {
+            return None;
+        }
+        let Ok(mut seen) = self.0.lock() else {
+            return Some(Arc::new(classes.to_vec()));
+        };
+        if let Some(same) = seen.iter().find(|s| s.as_slice() == classes) {
+            return Some(Arc::clone(same));
+        }
+        let new = Arc::new(classes.to_vec());
+        seen.push(Arc::clone(&new));
+        Some(new)
+    }
 }
 
 impl ShardFacts {
-    /// The facts of `index`'s members (a sample's key is its members' key).
-    pub fn of(index: &TarIndex) -> ShardFacts {
+    /// The facts of `index`'s members (a sample's key is its members' key),
+    /// its class names shared through `lists`.
+    pub fn of(index: &TarIndex, lists: &ClassLists) -> ShardFacts {
         let mut facts = ShardFacts {
-            classes: index.classes.clone(),
+            classes: lists.intern(&index.classes),
             ..ShardFacts::default()
         };
         let mut last_key: &[u8] = &[];
@@ -51,7 +77,7 @@ impl ShardFacts {
 pub fn merge(shards: Vec<(String, ShardFacts)>) -> Result<KeyFacts, String> {
     let mut out = KeyFacts::default();
     let mut dirs = DirClassesBuilder::default();
-    let mut classes: Option<(String, Vec<Vec<u8>>)> = None;
+    let mut classes: Option<(String, Arc<Vec<Vec<u8>>>)> = None;
     for (name, shard) in shards {
         out.key_bytes_max = out.key_bytes_max.max(shard.key_bytes_max);
         for field in shard.fields {
@@ -61,18 +87,18 @@ pub fn merge(shards: Vec<(String, ShardFacts)>) -> Result<KeyFacts, String> {
             out.fields.insert(field);
         }
         dirs.merge(shard.dirs);
-        if shard.classes.is_empty() {
+        let Some(these) = shard.classes else {
             continue;
-        }
+        };
         match &classes {
-            None => classes = Some((name, shard.classes)),
-            Some((first, theirs)) if *theirs != shard.classes => {
+            None => classes = Some((name, these)),
+            Some((first, theirs)) if *theirs != these => {
                 return Err(format!(
                     "the indexes of tar shards {first} and {name} record different class names ({} and {} classes{}): \
                      they are not one dataset's; pack the dataset again into one DEST, or serve them apart",
                     theirs.len(),
-                    shard.classes.len(),
-                    first_difference(theirs, &shard.classes)
+                    these.len(),
+                    first_difference(theirs, &these)
                 ));
             }
             Some(_) => {}
@@ -82,8 +108,8 @@ pub fn merge(shards: Vec<(String, ShardFacts)>) -> Result<KeyFacts, String> {
     out.classes = classes
         .map(|(_, names)| {
             names
-                .into_iter()
-                .map(|n| String::from_utf8_lossy(&n).into_owned())
+                .iter()
+                .map(|n| String::from_utf8_lossy(n).into_owned())
                 .collect()
         })
         .unwrap_or_default();
@@ -139,11 +165,13 @@ mod tests {
             bytes.starts_with(b"ringfeed-tar-index 2\nshard_bytes 3072\nclass cat\nclass dog\n")
         );
         assert_eq!(TarIndex::parse(&bytes).unwrap(), a);
-        let facts = merge(vec![
-            ("a".into(), ShardFacts::of(&a)),
-            ("b".into(), ShardFacts::of(&b)),
-        ])
-        .unwrap();
+        let lists = ClassLists::default();
+        let (fa, fb) = (ShardFacts::of(&a, &lists), ShardFacts::of(&b, &lists));
+        assert!(
+            Arc::ptr_eq(fa.classes.as_ref().unwrap(), fb.classes.as_ref().unwrap()),
+            "one copy"
+        );
+        let facts = merge(vec![("a".into(), fa), ("b".into(), fb)]).unwrap();
         assert_eq!(facts.key_bytes_max, "dog/long-key-here".len() as u64);
         assert!(facts.has_field("jpg") && facts.has_field("cls") && facts.has_field("webp"));
         assert_eq!(
@@ -154,16 +182,16 @@ mod tests {
         // A shard without names (indexed from its headers) takes the others'.
         let c = index(&["top.jpg"], &[]);
         let facts = merge(vec![
-            ("c".into(), ShardFacts::of(&c)),
-            ("a".into(), ShardFacts::of(&a)),
+            ("c".into(), ShardFacts::of(&c, &lists)),
+            ("a".into(), ShardFacts::of(&a, &lists)),
         ])
         .unwrap();
         assert_eq!(facts.classes, ["cat", "dog"]);
         assert_eq!(facts.dirs, DirClasses::Outside(b"top".to_vec()));
         let other = index(&["x/1.jpg"], &["cat", "emu"]);
         let e = merge(vec![
-            ("a".into(), ShardFacts::of(&a)),
-            ("o".into(), ShardFacts::of(&other)),
+            ("a".into(), ShardFacts::of(&a, &lists)),
+            ("o".into(), ShardFacts::of(&other, &lists)),
         ])
         .unwrap_err();
         assert!(

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use super::cache::{IndexCache, INDEX_FILE_BYTES_MAX};
-use super::facts::ShardFacts;
+use super::facts::{ClassLists, ShardFacts};
 use super::group::{group, SampleRange};
 use super::index::{TarIndex, SIDECAR_SUFFIX};
 use super::local::{scan_file, LocalScanError};
@@ -204,6 +204,8 @@ struct Progress {
     untagged: AtomicUsize,
     /// An index could not be written to the cache (warned once).
     cache_unwritable: AtomicBool,
+    /// The class lists the indexes record, one copy of each.
+    class_lists: ClassLists,
 }
 
 impl Progress {
@@ -245,7 +247,7 @@ fn samples_of(
     progress
         .members
         .fetch_add(index.members.len() as u64, Ordering::Relaxed);
-    Ok((samples, ShardFacts::of(index)))
+    Ok((samples, ShardFacts::of(index, &progress.class_lists)))
 }
 
 /// A sidecar's index if it is valid for a shard of `shard_bytes`; a warning
