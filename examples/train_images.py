@@ -72,9 +72,9 @@ def resnet18(classes, width=64):
 
 
 def open_validation(device):
-    """The validation loader named by VAL_LOADER (its images and labels), an
-    iterator over its batches, and how many batches one of its epochs gives
-    this rank (ceil(n / (W × B)) under --tail keep); None without it."""
+    """The validation loader named by VAL_LOADER (its images and labels),
+    how many batches one of its epochs gives this rank (ceil(n / (W × B))
+    under --tail keep), and its images; None without it."""
     name = os.environ.get("VAL_LOADER")
     if not name:
         return None
@@ -82,14 +82,15 @@ def open_validation(device):
     info = feed.info
     ranks = info.job_world_size or info.world_size
     steps = math.ceil(info.dataset_samples / (ranks * info.max_samples_per_slot))
-    return iter(ringfeed.torch.Loader(feed, device=device)), steps, info.dataset_samples
+    return ringfeed.torch.Loader(feed, device=device), steps, info.dataset_samples
 
 
 @torch.no_grad()
 def validate(model, val, mean, std, distributed):
     """One epoch of the validation loader: (right answers, images) over
     every rank."""
-    batches, steps, _ = val
+    loader, steps, _ = val
+    batches = iter(loader)  # goes on where the last epoch stopped
     net = model.module if distributed else model  # no DDP collective per batch
     net.eval()
     counts = torch.zeros(2, dtype=torch.float64, device=mean.device)
