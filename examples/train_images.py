@@ -1,6 +1,9 @@
-"""Train an image classifier with torchrun, the loader decoding the images.
+"""Train an image classifier with torchrun, the loader decoding the images,
+and validate it every epoch on a second loader.
 
-    ringfeed run --source /data/imagenet/train --batch-size 64 --epochs 90 \
+    ringfeed serve --source /data/imagenet/val --name val --batch-size 64 --epochs 90 \
+        --world-size 8 --decode image --crop center:224 --tail keep &
+    VAL_LOADER=val ringfeed run --source /data/imagenet/train --batch-size 64 --epochs 90 \
         --decode image --crop random-resized:224 --flip \
         -- torchrun --nproc-per-node 8 examples/train_images.py
 
@@ -12,10 +15,20 @@ them). Each rank gets (images, labels) from ringfeed.torch.Loader with no
 argument: on the GPU, copied once from the pinned ring. Normalisation is two
 lines on the device. The trainer decodes nothing.
 
+Validation (VAL_LOADER=NAME, a loader serving the val split): after each
+training epoch every rank takes one epoch of the validation loader, whose
+`--tail keep` serves every validation image exactly once across the ranks,
+every rank the same number of steps (the last batches short or empty), and
+`--crop center:224` torchvision's Resize(256) + CenterCrop(224). The counts
+of right answers are summed over the ranks (one all_reduce) and rank 0
+prints the top-1 accuracy. The model runs as its own module there, not
+through DDP, so no collective depends on how many images a rank got.
+
 The model is a ResNet-18 (written out here, so that torchvision is not
 needed); SMALL=1 shrinks its width for a test on the CPU. STEPS=N stops after
 N steps of each epoch.
 """
+import math
 import os
 
 import torch
@@ -58,6 +71,49 @@ def resnet18(classes, width=64):
     return nn.Sequential(*layers)
 
 
+def open_validation(device):
+    """The validation loader named by VAL_LOADER (its images and labels),
+    how many batches one of its epochs gives this rank (ceil(n / (W × B))
+    under --tail keep), and its images; None without it."""
+    name = os.environ.get("VAL_LOADER")
+    if not name:
+        return None
+    feed = ringfeed.attach(name)  # rank from LOCAL_RANK, as the training feed
+    info = feed.info
+    ranks = info.job_world_size or info.world_size
+    steps = math.ceil(info.dataset_samples / (ranks * info.max_samples_per_slot))
+    return ringfeed.torch.Loader(feed, device=device), steps, info.dataset_samples
+
+
+@torch.no_grad()
+def validate(model, val, mean, std, distributed):
+    """One epoch of the validation loader: (right answers, images) over
+    every rank."""
+    loader, steps, _ = val
+    batches = iter(loader)  # goes on where the last epoch stopped
+    net = model.module if distributed else model  # no DDP collective per batch
+    net.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=mean.device)
+    for _ in range(steps):
+        x, y = next(batches)
+        if len(y):  # the last steps' batches may be short, or empty
+            pred = net(x.float().sub_(mean).div_(std)).argmax(1)
+            counts[0] += (pred == y).sum()
+            counts[1] += len(y)
+        del x, y  # on the CPU a view of the slot: dropped, the slot goes back
+    net.train()
+    if distributed:
+        dist.all_reduce(counts)  # every rank took the same number of steps
+    return counts
+
+
+def say_top1(val, counts, epoch):
+    right, seen = counts.tolist()
+    if int(os.environ.get("RANK", 0)) == 0:
+        print("epoch %d val top-1 %.1f%% of %d images (%d in the val split)" % (
+            epoch, 100.0 * right / max(seen, 1), seen, val[2]), flush=True)
+
+
 def main():
     distributed = "RANK" in os.environ
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
@@ -69,7 +125,10 @@ def main():
     images = feed.info.images
     if images is None:
         raise SystemExit("the loader serves bytes, not images: start it with --decode image")
-    classes = max(images.classes, 1)
+    names = feed.classes  # ImageFolder's order: label i names names[i]
+    classes = max(images.classes, len(names), 1)
+    if int(os.environ.get("RANK", 0)) == 0 and names:
+        print("classes: %d (%s ... %s)" % (len(names), names[0], names[-1]), flush=True)
     model = resnet18(classes, width=8 if os.environ.get("SMALL") else 64).to(device)
     if distributed:
         model = nn.parallel.DistributedDataParallel(model)
@@ -77,7 +136,12 @@ def main():
     mean, std = MEAN.to(device), STD.to(device)
     steps = int(os.environ.get("STEPS", -1))
     loader = ringfeed.torch.Loader(feed, device=device)
+    val = open_validation(device)
+    epoch = None
     for x, y in loader:
+        if val is not None and epoch is not None and loader.epoch != epoch:
+            say_top1(val, validate(model, val, mean, std, distributed), epoch)  # the epoch just trained
+        epoch = loader.epoch
         if 0 <= steps <= loader.step:
             continue  # take the epoch's other batches, train on none
         x = x.float().sub_(mean).div_(std)  # normalise on the device
@@ -89,6 +153,8 @@ def main():
             print("rank %s epoch %d step %d loss %.3f images %s" % (
                 os.environ.get("RANK", 0), loader.epoch, loader.step, loss.item(), tuple(x.shape)), flush=True)
         del x, y
+    if val is not None and epoch is not None:
+        say_top1(val, validate(model, val, mean, std, distributed), epoch)
     loader.close()
     if distributed:
         dist.destroy_process_group()

@@ -313,6 +313,37 @@ typedef struct rf_image_format {
 } rf_image_format;
 
 /**
+ * A sample's key (`rf_batch_key`): the object's key relative to the
+ * source (`cat/0001.jpg`), or a tar sample's key (`shard-dir/000123`), and
+ * for `--record-bytes` the record's index in that object.
+ */
+typedef struct rf_key {
+  /**
+   * The key's bytes, in the slot: valid until the batch is released. Not
+   * NUL-terminated, not necessarily UTF-8.
+   */
+  const uint8_t *key;
+  /**
+   * Bytes of `key`.
+   */
+  uint64_t len;
+  /**
+   * The record's index in its object (`serve --record-bytes`), else
+   * UINT64_MAX.
+   */
+  uint64_t record;
+  /**
+   * 1 when the key was longer than 4096 bytes and `key` holds its first
+   * 4096; else 0.
+   */
+  uint32_t cut;
+  /**
+   * Zero.
+   */
+  uint32_t reserved;
+} rf_key;
+
+/**
  * One member (field) of a tar sample: pointers into the sample's own bytes,
  * valid as long as the sample is (until its batch is released). No string
  * is NUL-terminated.
@@ -552,6 +583,53 @@ const char *rf_last_error(void);
 uint32_t rf_abi_version(void);
 
 /**
+ * Fills `*out` with the key of sample `i` of `batch` (taken by `rf_next`
+ * on this feed and not released).
+ *
+ * Returns RF_OK; RF_E_INVALID for NULL pointers or `i` not below
+ * `batch->n_samples`; RF_E_STALE when `batch` is not held by this feed
+ * (released already, or another feed's); RF_E_VERSION when the loader
+ * keeps no keys (an older `ringfeed serve`); RF_E_CORRUPT when the
+ * loader's entry is malformed.
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `batch` is readable;
+ * `out` is writable.
+ */
+int32_t rf_batch_key(const struct rf_feed *feed,
+                     const struct rf_batch *batch,
+                     uint32_t i,
+                     struct rf_key *out);
+
+/**
+ * Fills `*count` with the number of class names the loader recorded (the
+ * labels' classes, in ImageFolder order: `serve --decode image` over a
+ * tree's class directories, or shards packed from one); 0 when it
+ * recorded none (no labels, or only their count: `rf_image_format`).
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `count` is writable.
+ */
+int32_t rf_get_class_count(const struct rf_feed *feed, uint32_t *count);
+
+/**
+ * Fills `*name` and `*len` with class name `i` (label `i` names it): a
+ * pointer into the ring, valid while the feed is attached, UTF-8, not
+ * NUL-terminated. Returns RF_OK, RF_END when `i` is not below
+ * `rf_get_class_count` (so a loop may call until RF_END), RF_E_CORRUPT
+ * when the loader's names region is malformed, RF_E_INVALID for NULL
+ * pointers.
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `name` and `len` are
+ * writable.
+ */
+int32_t rf_get_class_name(const struct rf_feed *feed,
+                          uint32_t i,
+                          const uint8_t **name,
+                          uint64_t *len);
+
+/**
  * The state a loader goes on from, given a state `(in_epoch, in_samples)`
  * of a dataset of `dataset_samples` samples served `samples_per_step`
  * (`W × B`) a step: one with less than a step left of its epoch is the next
@@ -680,5 +758,9 @@ RF_STATIC_ASSERT(sizeof(rf_info) == 48, "rf_info is 48 bytes");
 RF_STATIC_ASSERT(offsetof(rf_info, slot_payload_bytes) == 16, "rf_info.slot_payload_bytes at 16");
 RF_STATIC_ASSERT(offsetof(rf_info, payload_region) == 24, "rf_info.payload_region at 24");
 RF_STATIC_ASSERT(offsetof(rf_info, batches_expected) == 40, "rf_info.batches_expected at 40");
+RF_STATIC_ASSERT(sizeof(rf_key) == 32, "rf_key is 32 bytes");
+RF_STATIC_ASSERT(offsetof(rf_key, len) == 8, "rf_key.len at 8");
+RF_STATIC_ASSERT(offsetof(rf_key, record) == 16, "rf_key.record at 16");
+RF_STATIC_ASSERT(offsetof(rf_key, cut) == 24, "rf_key.cut at 24");
 
 #endif  /* RINGFEED_H */

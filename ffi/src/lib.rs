@@ -12,9 +12,11 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
+mod names;
 mod resume;
 mod start;
 mod tar;
+pub use names::{rf_batch_key, rf_get_class_count, rf_get_class_name, rf_key};
 pub use resume::{rf_resume_advance, rf_resume_after, rf_resume_normal};
 pub use start::{rf_get_start_mode, rf_request_start};
 pub use tar::{rf_tar_field, rf_tar_field_next};

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ringfeed_ring::layout::{ClassNames, Job, KeyArea};
 use ringfeed_ring::{segment, AttachOptions, Consumer, Next, Producer, RingGeometry, SampleEntry};
 
 fn geometry(world_size: u32, slots_per_rank: u32, max_samples_per_slot: u32) -> RingGeometry {
@@ -111,5 +112,32 @@ fn main() {
     publish(&mut p, 0, 1, 2);
     p.abort(9);
     seeds.save("aborted", &name, 0, None);
+    drop(p);
+
+    // Keys in every slot and the class names in slot 0 (flags bits 6, 7).
+    let keys = KeyArea::plan(2 * 100, 12);
+    let classes = ["ant".to_string(), "bee".to_string(), "cow".to_string()];
+    let job = Job {
+        keys: Some(keys),
+        class_names: ClassNames::plan(keys.end(2), &classes),
+        ..Job::single(1)
+    };
+    let mut p = Producer::create_with_class_names(&name, geometry(1, 2, 2), job, &classes)
+        .expect("create");
+    let mut claim = p.try_claim(0).expect("claim").expect("a free slot");
+    let table: Vec<SampleEntry> = (0..2)
+        .map(|i| SampleEntry {
+            offset: i * 100,
+            len: 100,
+            index: i,
+        })
+        .collect();
+    for (i, byte) in claim.payload_mut()[..200].iter_mut().enumerate() {
+        *byte = (i % 251) as u8;
+    }
+    keys.write(claim.payload_mut(), 0, &[b"ant/0001.jpg"], None);
+    keys.write(claim.payload_mut(), 1, &[b"records.bin"], Some(9));
+    p.publish(claim, 0, 0, &table).expect("publish");
+    seeds.save("keys-and-names", &name, 0, None);
     drop(p);
 }

@@ -17,7 +17,9 @@
 //!
 //! ASan does not see reads past a batch inside the mapping (it is not heap),
 //! so the harness checks every batch against the layout itself: that is the
-//! reference model the ring is held to.
+//! reference model the ring is held to. Each batch's sample keys and the
+//! class names (header bytes 1608–1671, flags bits 6 and 7) are read too, and
+//! each must lie inside its own slot's payload (the names: slot 0's).
 #![no_main]
 
 use std::fs::File;
@@ -120,6 +122,35 @@ fn check_batch(consumer: &Consumer, b: &BatchRef) -> u64 {
     sum
 }
 
+/// Reads every key of `b` and every class name (at most a few hundred):
+/// each must lie inside its slot's payload, the names inside slot 0's.
+fn check_names(consumer: &Consumer, b: &BatchRef) -> u64 {
+    let g = consumer.layout().geometry;
+    let (payloads, _) = consumer.payload_region();
+    let inside = |bytes: &[u8], slot: u32| {
+        let start = payloads as usize + slot as usize * g.slot_payload_bytes as usize;
+        let p = bytes.as_ptr() as usize;
+        assert!(
+            p >= start && p + bytes.len() <= start + g.slot_payload_bytes as usize,
+            "a name outside slot {slot}'s payload"
+        );
+        bytes.iter().fold(0u64, |acc, &x| acc.wrapping_add(u64::from(x)))
+    };
+    let mut sum = 0u64;
+    for i in 0..=b.n_samples {
+        if let Ok(k) = consumer.sample_key(b.slot, b.generation, Some(b.data), i) {
+            assert!(i < b.n_samples, "a key past the batch");
+            sum = sum.wrapping_add(inside(k.key, b.slot));
+        }
+    }
+    for i in 0..consumer.class_count().min(300) {
+        if let Ok(Some(name)) = consumer.class_name(i) {
+            sum = sum.wrapping_add(inside(name, 0));
+        }
+    }
+    sum
+}
+
 fuzz_target!(|data: &[u8]| {
     let [rank, flags, segment_bytes @ ..] = data else {
         return;
@@ -140,6 +171,7 @@ fuzz_target!(|data: &[u8]| {
         match consumer.next(Some(Duration::ZERO)) {
             Ok(Next::Batch(b)) => {
                 std::hint::black_box(check_batch(&consumer, &b));
+                std::hint::black_box(check_names(&consumer, &b));
                 if flags & 2 == 0 {
                     let _ = consumer.release(b.slot, b.generation);
                 }

@@ -279,6 +279,47 @@ def test_ringfeed_run_trains_the_image_example_with_torchrun(tmp_path):
     assert "decoded %d images (0 could not" % (2 * n) in out, out
 
 
+def test_the_image_example_validates_each_epoch_through_tail_keep(tmp_path):
+    """examples/train_images.py with VAL_LOADER: a second loader serves the
+    val split with --crop center --tail keep, and after each training epoch
+    the two ranks take one epoch of it, every val image exactly once, and
+    rank 0 prints the top-1 over all of them."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from e2e_util import ROOT
+
+    pytest.importorskip("torch")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun not found next to %s; install torch" % sys.executable
+    make_tree(tmp_path / "train", per_class=8)
+    n_val = make_tree(tmp_path / "val", per_class=5)  # 15: not a multiple of W×B = 8
+    val_name = name("val")
+    val = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--source", str(tmp_path / "val"), "--name", val_name, "--batch-size", "4",
+         "--world-size", "2", "--epochs", "2", "--manifest-cache", "off", "--decode", "image",
+         "--crop", "center:64", "--tail", "keep"],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        job = subprocess.run(
+            [ringfeed_bin(), "run", "--source", str(tmp_path / "train"), "--batch-size", "4", "--epochs", "2",
+             "--manifest-cache", "off", "--decode", "image", "--crop", "random-resized:64", "--flip",
+             "--", torchrun, "--standalone", "--nproc-per-node", "2", str(ROOT / "examples" / "train_images.py")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=dict(os.environ, OMP_NUM_THREADS="1", SMALL="1", VAL_LOADER=val_name), timeout=240)
+        out = job.stdout.decode(errors="replace")
+        assert job.returncode == 0, out
+        _, val_err = val.communicate(timeout=60)
+        assert val.returncode == 0, val_err
+    finally:
+        kill_survivors([val])
+    assert "classes: 3 (ant ... cow)" in out, out
+    for epoch in range(2):
+        assert "epoch %d val top-1 " % epoch in out and "%% of %d images (%d in the val split)" % (n_val, n_val) in out, out
+    assert "decoded %d images (0 could not" % (2 * n_val) in val_err, val_err
+
+
 def test_tar_shard_samples_are_decoded_with_their_cls_labels(tmp_path):
     """WebDataset shards: each sample's image member decoded, its label from
     its .cls member; a sample without an image is a bad sample."""

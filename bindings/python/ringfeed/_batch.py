@@ -2,13 +2,15 @@
 place. Every view keeps the slot's base alive; the base's finalizer
 (``_handle.give_back``) gives the slot back when the last one dies."""
 
+import contextlib
 import ctypes
 import functools
+import os
 import weakref
 
 import numpy as np
 
-from . import _handle, _lib, tar
+from . import _handle, _lib, errors, tar
 from ._lib import LIB
 
 _SAMPLE_DTYPE = np.dtype([("offset", "<u8"), ("len", "<u8"), ("index", "<u8")])
@@ -276,8 +278,44 @@ class Batch:
         return tar.fields(self.sample(i), lowercase)
 
     def key(self, i):
-        """The WebDataset key of tar sample ``i`` (``"a/b/000123"``)."""
-        return tar.key(self.sample(i))
+        """Sample ``i``'s key, relative to the source: the object's key
+        (``"cat/0001.jpg"``, local or remote), a tar sample's WebDataset key
+        (``"a/b/000123"``, also under ``--decode image``), or for
+        ``--record-bytes`` the tuple ``(key, record)``: the object's key and
+        the record's index in it. A str (bytes that are not UTF-8 kept as
+        surrogate escapes, as ``os.fsdecode`` does). ``keys()`` gives all."""
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("sample %d out of range: the batch has %d samples" % (i, n))
+        return self._keys([i % n])[0]
+
+    def keys(self):
+        """Every sample's key (see ``key``), a list in sample order."""
+        return self._keys(range(len(self)))
+
+    def _keys(self, which):
+        self._live_base()
+        alive = self._finalizer.peek()
+        if alive is None:
+            raise ValueError("this batch was released: its keys are gone with its slot")
+        _, _, (handle, raw, _), _ = alive
+        if not LIB.has("rf_batch_key"):
+            return [tar.key(self.sample(i)) for i in which]
+        out, key = [], _lib.rf_key()
+        # A forked child must not wait on a call_lock its parent's thread held
+        # at the fork; reading a key there only reads the mapping.
+        lock = handle.call_lock if handle.pid == os.getpid() else contextlib.nullcontext()
+        with lock:
+            for i in which:
+                rc = LIB.rf_batch_key(handle.ptr, ctypes.byref(raw), i, ctypes.byref(key))
+                if rc == _lib.RF_E_VERSION:
+                    # A loader that keeps no keys: tar samples still carry theirs.
+                    return [tar.key(self.sample(j)) for j in which]
+                if rc != _lib.RF_OK:
+                    raise errors.error_for(rc, LIB.last_error())
+                text = ctypes.string_at(key.key, key.len).decode("utf-8", "surrogateescape") if key.len else ""
+                out.append(text if key.record == _lib.NOT_A_RECORD else (text, key.record))
+        return out
 
     def array(self, dtype="uint8", shape=None):
         """Zero-copy numpy view of the payload as ``shape`` items of ``dtype``.

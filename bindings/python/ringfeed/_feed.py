@@ -130,6 +130,7 @@ class Feed:
     def __init__(self, handle, info):
         self._handle = handle
         self._info = info
+        self._classes = handle.classes
         self._name = handle.name
         self._rank = handle.rank
         handle.feeds.add(self)
@@ -155,6 +156,15 @@ class Feed:
     def info(self):
         """The ring's shape: a FeedInfo named tuple."""
         return self._info
+
+    @property
+    def classes(self):
+        """The class names of the labels, in ImageFolder order (label ``i``
+        names ``classes[i]``): a new list of str. From the tree's class
+        directories (``serve --decode image``), or from the shards' indexes
+        when ``ringfeed pack`` wrote them; empty when the loader knows none
+        (no labels, or only their count: ``info.images.classes``)."""
+        return list(self._classes)
 
     @property
     def order(self):
@@ -488,11 +498,31 @@ def attach(name=None, rank=None, timeout=30.0):
             info = info._replace(images=ImageFormat(fmt.height, fmt.width, bool(fmt.chw), fmt.classes,
                                                     fmt.labels_offset, fmt.bad_offset))
             handle.images = info.images
+    handle.classes = _class_names(handle)
     if info.start is not None:
         job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
         handle.resume = (info.start, info.dataset_samples, job_world_size * info.max_samples_per_slot)
     _job.check_job(info, name, rank_from_env)
     return Feed(handle, info)
+
+
+def _class_names(handle):
+    """The class names the loader recorded, in class order (a tuple of str;
+    empty when it recorded none, or the library predates them)."""
+    if not LIB.has("rf_get_class_name"):
+        return ()
+    count = ctypes.c_uint32()
+    rc = LIB.rf_get_class_count(handle.ptr, ctypes.byref(count))
+    if rc != _lib.RF_OK:
+        raise errors.error_for(rc, LIB.last_error())
+    names = []
+    ptr, n = ctypes.c_void_p(), ctypes.c_uint64()
+    for i in range(count.value):
+        rc = LIB.rf_get_class_name(handle.ptr, i, ctypes.byref(ptr), ctypes.byref(n))
+        if rc != _lib.RF_OK:
+            raise errors.error_for(rc, LIB.last_error() if rc < 0 else "class %d of %d is missing" % (i, count.value))
+        names.append(ctypes.string_at(ptr.value, n.value).decode("utf-8", "replace") if n.value else "")
+    return tuple(names)
 
 
 def _raise_held_here(name, rank, error):

@@ -95,6 +95,22 @@ class rf_info(ctypes.Structure):
     ]
 
 
+class rf_key(ctypes.Structure):
+    """A sample's key (rf_batch_key): a view of the slot, until release."""
+
+    _fields_ = [
+        ("key", ctypes.c_void_p),
+        ("len", ctypes.c_uint64),
+        ("record", ctypes.c_uint64),
+        ("cut", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+    ]
+
+
+# rf_key.record of a sample that is not a record.
+NOT_A_RECORD = 2**64 - 1
+
+
 class rf_job(ctypes.Structure):
     """Where a feed's ranks sit in the training job (rf_get_job)."""
 
@@ -106,7 +122,7 @@ class rf_job(ctypes.Structure):
 
 
 # The sizes the Rust side has; a mismatch means this file drifted from the ABI.
-for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16)):
+for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16), (rf_key, 32)):
     if ctypes.sizeof(_struct) != _size:
         raise ImportError(
             "ringfeed: ctypes struct %s is %d bytes, the C ABI says %d"
@@ -133,7 +149,7 @@ _REQUIRED = ("rf_attach", "rf_next", "rf_release", "rf_get_info", "rf_detach", "
 _OPTIONAL = (
     "rf_get_job", "rf_resume_state", "rf_get_taken", "rf_get_start", "rf_resume_normal", "rf_resume_after",
     "rf_resume_advance", "rf_request_start", "rf_get_start_mode", "rf_get_order", "rf_get_order_block",
-    "rf_get_image_format",
+    "rf_get_image_format", "rf_batch_key", "rf_get_class_count", "rf_get_class_name",
 )
 
 
@@ -186,6 +202,15 @@ def _declare(lib):
     if hasattr(lib, "rf_get_image_format"):
         lib.rf_get_image_format.argtypes = [_feed_p, ctypes.POINTER(rf_image_format)]
         lib.rf_get_image_format.restype = ctypes.c_int
+    if hasattr(lib, "rf_batch_key"):
+        lib.rf_batch_key.argtypes = [_feed_p, ctypes.POINTER(rf_batch), ctypes.c_uint32, ctypes.POINTER(rf_key)]
+        lib.rf_batch_key.restype = ctypes.c_int
+    if hasattr(lib, "rf_get_class_name"):
+        lib.rf_get_class_count.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32)]
+        lib.rf_get_class_count.restype = ctypes.c_int
+        lib.rf_get_class_name.argtypes = [_feed_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_void_p),
+                                          ctypes.POINTER(ctypes.c_uint64)]
+        lib.rf_get_class_name.restype = ctypes.c_int
     if hasattr(lib, "rf_get_order_block"):
         lib.rf_get_order_block.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]
         lib.rf_get_order_block.restype = ctypes.c_int

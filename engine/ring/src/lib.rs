@@ -33,8 +33,8 @@ pub mod tar_fields;
 mod view;
 
 pub use consumer::{
-    AttachError, AttachOptions, BatchRef, Consumer, Next, NextError, ReleaseError, StartError,
-    StartMode,
+    AttachError, AttachOptions, BatchRef, ClassNameError, Consumer, KeyError, Next, NextError,
+    ReleaseError, StartError, StartMode,
 };
 pub use layout::{Layout, RingGeometry};
 pub use producer::{CreateError, Producer, PublishError, Reclaimed, SlotClaim};

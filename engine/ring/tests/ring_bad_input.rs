@@ -426,6 +426,8 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
         // the 4096-byte payload.
         images: Some(ImageFormat::plan(16, 20, true, 1000, 4)),
         awaits_start: false,
+        keys: None,
+        class_names: None,
     };
     let _producer = Producer::create_in_job(&name, GEOMETRY, job).unwrap();
     let consumer = Consumer::attach(&name, 1, SHORT).unwrap();
@@ -447,6 +449,8 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
             order: None,
             images: None,
             awaits_start: false,
+            keys: None,
+            class_names: None,
         },
     )
     .err()

@@ -41,7 +41,8 @@ pub struct DecodeArgs {
     #[arg(long, value_enum, default_value_t = BadFlag::Error)]
     pub on_bad_sample: BadFlag,
     /// Labels: dirs (the first directory of each key, as torchvision's
-    /// ImageFolder), none (-1), auto (dirs when every image is in one).
+    /// ImageFolder; of each tar sample's key too), none (-1), auto (a tree:
+    /// dirs when every image is in one; tar shards: the label member).
     #[arg(long, value_enum, default_value_t = LabelsFlag::Auto)]
     pub labels: LabelsFlag,
     /// Tar samples (--format tar): the field (extension) of the image member
@@ -49,9 +50,14 @@ pub struct DecodeArgs {
     #[arg(long, value_name = "EXT")]
     pub image_field: Option<String>,
     /// Tar samples: the field of the label member, a decimal class index
-    /// (WebDataset's cls); a sample without one has label -1.
+    /// (WebDataset's cls); a sample without one is a bad sample.
     #[arg(long, value_name = "EXT", default_value = "cls")]
     pub label_field: String,
+    /// How many classes the labels index, where the dataset does not say
+    /// (tar shards whose indexes record no class names): a label must be
+    /// 0 <= label < N, else it is a bad sample (without it, only >= 0).
+    #[arg(long, value_name = "N")]
+    pub num_classes: Option<u32>,
     /// Most pixels an image may have before it is refused unread (a
     /// decompression bomb); at most what --decode-memory holds at 3 bytes
     /// a pixel.
@@ -141,6 +147,7 @@ impl DecodeArgs {
                 ),
                 (self.image_field.is_some(), "--image-field"),
                 (self.label_field != "cls", "--label-field"),
+                (self.num_classes.is_some(), "--num-classes"),
             ];
             if let Some((_, flag)) = given.iter().find(|(g, _)| *g) {
                 bail!("{flag} shapes the decode stage; add --decode image, or drop it");
@@ -204,6 +211,7 @@ impl DecodeArgs {
                 LabelsFlag::Dirs => LabelChoice::Dirs,
                 LabelsFlag::None => LabelChoice::None,
             },
+            num_classes: self.num_classes,
             tar: TarFields {
                 image: self.image_field.as_deref().map(field),
                 label: field(&self.label_field),

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Args;
 
-use crate::pack::{pack, PackConfig};
+use crate::pack::{pack, PackConfig, PackLabels};
 
 /// Arguments of `ringfeed pack`.
 #[derive(Args, Debug, Clone)]
@@ -26,6 +26,25 @@ pub struct PackArgs {
     /// into a shard.
     #[arg(long)]
     pub follow_links_outside: bool,
+    /// Labels of an ImageFolder tree (root/CLASS/.../image): auto (when
+    /// every file is under a class directory and every sample has an image),
+    /// dirs, or none. Each sample then gets a .cls member (its class index,
+    /// classes in byte order of their names) and every shard's index the
+    /// class names, so that `serve --decode image` on the shards gives the
+    /// tree's labels and class names.
+    #[arg(long, value_enum, default_value_t = LabelsArg::Auto)]
+    pub labels: LabelsArg,
+}
+
+/// `ringfeed pack --labels`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LabelsArg {
+    /// Labels when the tree is an ImageFolder tree.
+    Auto,
+    /// The first directory of every file.
+    Dirs,
+    /// No label members.
+    None,
 }
 
 /// A size such as `4096`, `64KiB`, `256MiB`, `1GiB`, `500MB`, `2G`.
@@ -65,6 +84,11 @@ pub fn run(args: &PackArgs) -> Result<()> {
         shard_size: args.shard_size,
         progress: true,
         follow_links_outside: args.follow_links_outside,
+        labels: match args.labels {
+            LabelsArg::Auto => PackLabels::Auto,
+            LabelsArg::Dirs => PackLabels::Dirs,
+            LabelsArg::None => PackLabels::None,
+        },
     })?;
     crate::cli::say::say_err!(
         "ringfeed pack: {} shards in {} ({} written now, {} kept from an earlier run), {} files, {} bytes",

@@ -312,6 +312,8 @@ pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Resul
             order: None,
             images: None,
             awaits_start: false,
+            keys: None,
+            class_names: None,
         },
     ))
 }

@@ -15,7 +15,7 @@ mod pool;
 mod stage;
 mod tar;
 
-pub use labels::{LabelChoice, Labels};
+pub use labels::{tar_key, LabelChoice, Labels, Sample};
 pub use pool::IdleWatch;
 pub use stage::{BadSample, DecodeStage, OnBadSample, StageError};
 pub use tar::TarFields;
@@ -34,8 +34,11 @@ pub struct DecodeConfig {
     pub memory_bytes: u64,
     /// What an image that cannot be decoded does to the run.
     pub on_bad: OnBadSample,
-    /// Where labels come from (a tree of files).
+    /// Where labels come from (`--labels`).
     pub labels: LabelChoice,
+    /// Classes the labels index (`--num-classes`), where the dataset does
+    /// not say (tar shards without class names); must agree where it does.
+    pub num_classes: Option<u32>,
     /// A tar shard sample's image and label fields (`--format tar`).
     pub tar: TarFields,
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use ringfeed_decode::{DecodeError, Decoder, ImageSpec, MemoryBudget};
 
-use super::tar::{tar_parts, TarFields};
+use super::tar::{tar_image, TarFields};
 
 /// Why one sample gave no image.
 pub(super) enum SampleError {
@@ -30,8 +30,9 @@ pub(super) enum SampleError {
     Panicked(Box<dyn std::any::Any + Send>),
 }
 
-/// A sample's outcome: its tar label (if it has one) or why it failed.
-pub(super) type SampleResult = Result<Option<i64>, SampleError>;
+/// A sample's outcome: decoded, or why not (its label is read when the
+/// batch is finished: `Labels::label`).
+pub(super) type SampleResult = Result<(), SampleError>;
 
 /// A pointer into the ring, sent to a worker.
 #[derive(Clone, Copy)]
@@ -249,9 +250,9 @@ fn decode_one(shared: &Shared, decoder: &mut Decoder, job: &Job) -> SampleResult
             std::slice::from_raw_parts_mut(s.out.0, shared.spec.output_len()),
         )
     };
-    let (bytes, label) = match &shared.tar {
-        Some(fields) => tar_parts(raw, fields).map_err(SampleError::Bad)?,
-        None => (raw, None),
+    let bytes = match &shared.tar {
+        Some(fields) => tar_image(raw, fields).map_err(SampleError::Bad)?,
+        None => raw,
     };
     let stopping = || shared.stopping.load(Ordering::Relaxed);
     match decoder.decode_into_unless(
@@ -263,7 +264,7 @@ fn decode_one(shared: &Shared, decoder: &mut Decoder, job: &Job) -> SampleResult
         out,
         &stopping,
     ) {
-        Ok(_) => Ok(label),
+        Ok(_) => Ok(()),
         Err(DecodeError::Stopped) => Err(SampleError::Stopped),
         Err(e) => Err(SampleError::Bad(e.to_string())),
     }

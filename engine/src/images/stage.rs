@@ -7,8 +7,9 @@ use std::time::Duration;
 use crossbeam_channel::RecvTimeoutError;
 use ringfeed_decode::{zero_fill, MemoryBudget};
 
+use super::labels::Sample;
 use super::pool::{IdleWatch, Pool, SampleError, SampleJob};
-use super::tar::{label_only, tar_parts, TarFields};
+use super::tar::TarFields;
 use super::Labels;
 use crate::ring::layout::ImageFormat;
 use crate::ring::SampleEntry;
@@ -37,13 +38,13 @@ const STOP_POLL: Duration = Duration::from_millis(20);
 
 /// An image that cannot be decoded, under `--on-bad-sample error`.
 #[derive(Debug, thiserror::Error)]
-#[error("sample {index} ({key}) cannot be decoded: {why}; fix or remove it, or pass --on-bad-sample zero to serve a zero image in its place (flagged in batch.bad)")]
+#[error("sample {index} ({key}) {why}; fix or remove it, or pass --on-bad-sample zero to serve a zero image in its place (flagged in batch.bad)")]
 pub struct BadSample {
     /// The sample's index.
     pub index: u64,
     /// Its object, as messages name it.
     pub key: String,
-    /// What was wrong.
+    /// What was wrong: "cannot be decoded: …", or its label's fault.
     pub why: String,
 }
 
@@ -175,7 +176,7 @@ impl DecodeStage {
             })
             .collect();
         let results = self.pool.submit(epoch, jobs);
-        let mut outcome: Vec<Option<Result<Option<i64>, String>>> = (0..n).map(|_| None).collect();
+        let mut outcome: Vec<Option<Result<(), String>>> = (0..n).map(|_| None).collect();
         let mut got = 0;
         while got < n {
             if stopped() {
@@ -186,7 +187,7 @@ impl DecodeStage {
                 Ok((i, result)) => {
                     got += 1;
                     outcome[i] = Some(match result {
-                        Ok(label) => Ok(label),
+                        Ok(()) => Ok(()),
                         Err(SampleError::Bad(why)) => Err(why),
                         Err(SampleError::Stopped) => {
                             self.pool.stop();
@@ -212,7 +213,7 @@ impl DecodeStage {
         &mut self,
         payload: &mut [u8],
         samples: &mut [SampleEntry],
-        outcome: Vec<Option<Result<Option<i64>, String>>>,
+        outcome: Vec<Option<Result<(), String>>>,
         file_of: impl Fn(u64) -> u32,
         key_of: impl Fn(u64) -> String,
     ) -> Result<(), BadSample> {
@@ -233,14 +234,22 @@ impl DecodeStage {
         };
         for (i, result) in outcome.into_iter().enumerate() {
             let index = samples[i].index;
-            let mut tar_label = None;
             // Every sample's result came in (decode_batch waits for all).
             let result = result.unwrap_or_else(|| Err("not decoded".into()));
+            let sample = match &self.tar {
+                Some(_) => Sample::Tar(raw(&samples[i])),
+                None => Sample::File(file_of(index)),
+            };
+            // A label the trainer cannot use is a bad sample too
+            // (labels.rs); a sample that cannot be decoded says that first.
+            let label = self.labels.label(sample);
+            let result = match (result, &label) {
+                (Err(why), _) => Err(format!("cannot be decoded: {why}")),
+                (Ok(()), Err(why)) => Err(why.clone()),
+                (Ok(()), Ok(_)) => Ok(()),
+            };
             let flag = match result {
-                Ok(label) => {
-                    tar_label = label;
-                    0
-                }
+                Ok(()) => 0,
                 Err(why) if self.on_bad == OnBadSample::Error => {
                     return Err(BadSample {
                         index,
@@ -259,18 +268,8 @@ impl DecodeStage {
                 }
             };
             bad[i] = flag;
-            let label = match &self.tar {
-                // A bad sample's label is still its own, where it has one.
-                Some(fields) => tar_label
-                    .or_else(|| {
-                        tar_parts(raw(&samples[i]), fields)
-                            .ok()
-                            .and_then(|(_, l)| l)
-                    })
-                    .or_else(|| label_only(raw(&samples[i]), fields))
-                    .unwrap_or(-1),
-                None => self.labels.of_file(file_of(index)),
-            };
+            // A bad sample's label is still its own, where it is usable.
+            let label = label.unwrap_or(-1);
             labels[i * 8..(i + 1) * 8].copy_from_slice(&label.to_le_bytes());
             samples[i].offset = (i * image) as u64;
             samples[i].len = image as u64;

@@ -17,7 +17,7 @@
 //! Rooms: `job` (the configuration), `build` (composition), `plan` (slot
 //! sizing, the run's plan), `slots` (how many per rank), `stack` (the reader stack), `relisting` (the
 //! background re-list), `run`, `pending`, `chunks`, `start` (the loop:
-//! claim, read, publish), `watch` (stalls, trainers that do not come),
+//! claim, read, publish), `keys` (each batch's sample keys), `watch` (stalls, trainers that do not come),
 //! `stop` and `signals` (what ends a run), `errors` (one enum per
 //! operation).
 
@@ -26,6 +26,7 @@ mod chunks;
 mod counters;
 mod errors;
 mod job;
+mod keys;
 mod pending;
 mod plan;
 mod relisting;

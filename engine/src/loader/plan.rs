@@ -151,10 +151,9 @@ impl Plan {
             Some(d) => Some(decode_plan(d, &manifest, cfg.batch_size)?),
             None => None,
         };
-        // With the decode stage the raw samples land after the images.
-        let payload_bytes = decode
-            .as_ref()
-            .map_or(slot_bytes, |d| d.staging_base + slot_bytes);
+        // The samples (after any images), their keys, the class names.
+        let names = SlotNames::plan(slot_bytes, &manifest, cfg.batch_size, decode.as_ref());
+        let payload_bytes = names.end;
         let batches_per_rank = sampler.total_steps().unwrap_or(u64::MAX);
         if cfg.slots_per_rank == Some(1) && batches_per_rank > 1 {
             tracing::warn!(
@@ -206,6 +205,8 @@ impl Plan {
         let target = read_target(&cfg, &source, &manifest, &sampler, data_cache)?;
         let job = Job {
             images: decode.as_ref().map(|d| d.format),
+            keys: Some(names.keys),
+            class_names: names.classes,
             plan_digest: plan_digest(&cfg, &manifest),
             start: Some(RunStart {
                 epoch: cfg.start.epoch,
@@ -319,6 +320,52 @@ impl Plan {
     pub fn slots_per_rank(&self) -> u32 {
         self.slots_per_rank
     }
+
+    /// The class names the ring records (`Job::class_names`), in class
+    /// order; empty when none are known.
+    pub fn class_names(&self) -> &[String] {
+        match (&self.decode, self.job.class_names) {
+            (Some(d), Some(_)) => &d.labels.classes,
+            _ => &[],
+        }
+    }
+}
+
+/// Where a slot keeps its samples' keys and slot 0 the class names: after
+/// every other region of the payload (the samples' `slot_bytes`, after the
+/// decode stage's images when there is one).
+struct SlotNames {
+    keys: crate::ring::layout::KeyArea,
+    classes: Option<crate::ring::layout::ClassNames>,
+    /// The payload's size with them.
+    end: u64,
+}
+
+impl SlotNames {
+    fn plan(
+        slot_bytes: u64,
+        manifest: &Manifest,
+        batch_size: u32,
+        decode: Option<&DecodePlan>,
+    ) -> SlotNames {
+        use crate::ring::layout::{ClassNames, KeyArea};
+        let data_end = decode.map_or(slot_bytes, |d| d.staging_base + slot_bytes);
+        let keys = KeyArea::plan(data_end, manifest.key_bytes_max());
+        let after_keys = keys.end(batch_size);
+        let classes = decode.and_then(|d| ClassNames::plan(after_keys, &d.labels.classes));
+        if decode.is_some_and(|d| !d.labels.classes.is_empty()) && classes.is_none() {
+            tracing::warn!(
+                "the class names are more than a ring records ({} names at most, {} bytes): trainers get labels and their count, not the names",
+                crate::ring::layout::CLASS_NAMES_MAX,
+                crate::ring::layout::CLASS_NAMES_BYTES_MAX
+            );
+        }
+        SlotNames {
+            keys,
+            classes,
+            end: classes.map_or(after_keys, |c| c.end()),
+        }
+    }
 }
 
 /// What, besides the sample count, decides the order of every epoch, as
@@ -356,16 +403,12 @@ fn decode_plan(
             "--decode image decodes an image per object or tar sample; fixed-size records (--record-bytes) are not images".into(),
         ));
     }
-    // Tar samples carry their labels in a member; a tree's come from its
-    // directories.
+    // Tar samples carry their labels in a member (or their keys'
+    // directories); a tree's come from its directories.
     let tar = manifest.sample_ranges().is_some();
-    let labels = if tar {
-        Labels::default()
-    } else {
-        Labels::of(manifest, d.labels).map_err(PlanError::Decode)?
-    };
-    let classes = u32::try_from(labels.classes.len())
-        .map_err(|_| PlanError::Decode("more than 4 billion classes".into()))?;
+    let labels =
+        Labels::of(manifest, d.labels, &d.tar.label, d.num_classes).map_err(PlanError::Decode)?;
+    let classes = labels.count;
     let spec = &d.spec;
     let format = ImageFormat::plan(
         spec.height(),

@@ -95,7 +95,9 @@ impl Loader {
         if let Some(w) = &opened.fallback_warning {
             tracing::warn!("{w}");
         }
-        let producer = match Producer::create_in_job(&cfg.name, geometry, plan.job) {
+        let created =
+            Producer::create_with_class_names(&cfg.name, geometry, plan.job, plan.class_names());
+        let producer = match created {
             Err(e @ CreateError::ShmTooSmall { .. }) => {
                 // The ring layer does not know the flags.
                 let advice = plan.smaller_ring_advice(&e);
@@ -131,11 +133,7 @@ impl Loader {
                     "(H, W, 3)"
                 },
                 d.memory_bytes >> 20,
-                if p.tar {
-                    format!("labels from each tar sample's .{} member", d.tar.label)
-                } else {
-                    p.labels.words()
-                }
+                p.labels.words()
             );
             DecodeStage::new(
                 d,
@@ -556,6 +554,10 @@ impl Loader {
     fn publish_ready(&mut self, stop: &StopToken) -> Result<(), RunError> {
         for r in 0..self.plan.cfg.world_size {
             while let Some(mut done) = self.pending.pop_ready(r, self.producer.published(r)) {
+                if let Some(area) = self.plan.job.keys {
+                    let payload = done.claim.payload_mut();
+                    super::keys::write_keys(area, payload, &done.samples, &self.plan.manifest);
+                }
                 if let Some(stage) = &mut self.decode {
                     let (manifest, plan) = (&self.plan.manifest, &self.plan);
                     let decoded = stage.decode_batch(

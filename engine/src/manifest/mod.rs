@@ -29,10 +29,12 @@
 
 mod file_list;
 pub(crate) mod format;
+pub mod keys;
 mod ranges;
 mod stamps;
 
 pub use file_list::{FileList, FileRef};
+pub use keys::KeyFacts;
 pub use ranges::SampleRanges;
 pub use stamps::{DirStamp, LinkStamp};
 
@@ -242,6 +244,8 @@ pub struct Manifest {
     first_record: Vec<u64>,
     /// Ranges mode: every sample's range.
     ranges: Option<Arc<SampleRanges>>,
+    /// Ranges mode: what indexing learnt of the samples' keys.
+    key_facts: Option<Arc<KeyFacts>>,
     len: u64,
     total_bytes: u64,
     max_sample_bytes: u64,
@@ -287,6 +291,7 @@ impl Manifest {
             record_bytes,
             first_record: Vec::new(),
             ranges: None,
+            key_facts: None,
             len: 0,
             total_bytes,
             max_sample_bytes: 0,
@@ -444,6 +449,32 @@ impl Manifest {
     /// Size of the largest sample (N in record mode).
     pub fn max_sample_bytes(&self) -> u64 {
         self.max_sample_bytes
+    }
+
+    /// This manifest with `facts` about its samples' keys (ranges mode).
+    pub fn with_key_facts(mut self, facts: KeyFacts) -> Manifest {
+        self.key_facts = Some(Arc::new(facts));
+        self
+    }
+
+    /// What indexing learnt of the samples' keys (tar shards); None for a
+    /// manifest of whole objects or records, whose keys are its objects'.
+    pub fn key_facts(&self) -> Option<&KeyFacts> {
+        self.key_facts.as_deref()
+    }
+
+    /// Bytes of the longest sample key: a tar sample's key, else an
+    /// object's (O(objects)).
+    pub fn key_bytes_max(&self) -> u64 {
+        match &self.key_facts {
+            Some(facts) => facts.key_bytes_max,
+            None => self
+                .files
+                .paths_bytes()
+                .map(|k| k.len() as u64)
+                .max()
+                .unwrap_or(0),
+        }
     }
 }
 

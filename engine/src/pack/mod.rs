@@ -15,6 +15,7 @@
 
 mod dest;
 pub mod header;
+pub mod labels;
 pub mod plan;
 mod read;
 
@@ -33,6 +34,7 @@ use crate::tar::TarIndex;
 
 use dest::ShardWriter;
 pub use dest::{Dest, PARTS_IN_FLIGHT, PART_BYTES};
+pub use labels::PackLabels;
 pub use plan::{shard_name, PackPlan, PLAN_FILE};
 pub use read::STREAM_OBJECT_BYTES;
 use read::{Expected, Input, Pending};
@@ -76,6 +78,9 @@ pub struct PackConfig {
     pub progress: bool,
     /// A local source: list links to files outside it too.
     pub follow_links_outside: bool,
+    /// `--labels`: an ImageFolder tree's class index as each sample's
+    /// `.cls` member, and the class names in the indexes.
+    pub labels: PackLabels,
 }
 
 /// What a run did.
@@ -149,7 +154,8 @@ pub fn pack(cfg: &PackConfig) -> Result<PackReport> {
         }
     };
     let versions = version_words(&expected);
-    let plan = PackPlan::new(&cfg.source, &files, &versions, cfg.shard_size)?;
+    let plan = PackPlan::new(&cfg.source, &files, &versions, cfg.shard_size, cfg.labels)?;
+    tracing::info!("pack: labels: {}", plan.labels_said);
     let dest = open_dest(&cfg.dest, &input, shard_mode)?;
     runtime.block_on(run(cfg, &plan, &files, &input, &expected, &dest))
 }
@@ -396,7 +402,8 @@ async fn write_shards(
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0),
-        // Every member of the shards to write, in order.
+        // Every object of the shards to write, in order (label members
+        // are not read).
         order: todo
             .iter()
             .flat_map(|&s| {
@@ -404,6 +411,7 @@ async fn write_shards(
                 plan.members[shard.first_member..shard.first_member + shard.members]
                     .iter()
                     .copied()
+                    .filter(|&m| plan.label_member(files, m).is_none())
             })
             .collect(),
         next: 0,
@@ -456,7 +464,16 @@ async fn write_shard(
     let zeros = [0u8; plan::END_OF_ARCHIVE_BYTES as usize];
     let shard = &plan.shards[s];
     let mut written = 0u64;
-    for _ in 0..shard.members {
+    for &m in &plan.members[shard.first_member..shard.first_member + shard.members] {
+        if let Some((name, data)) = plan.label_member(files, m) {
+            let head = header::member_header(&name, data.len() as u64);
+            let pad = header::padding(data.len() as u64);
+            writer.write(&head).await?;
+            writer.write(&data).await?;
+            writer.write(&zeros[..pad as usize]).await?;
+            written += head.len() as u64 + data.len() as u64 + pad;
+            continue;
+        }
         while reads.next < reads.order.len()
             && (reads.in_flight.is_empty()
                 || (reads.in_flight.len() < READS_IN_FLIGHT_MAX
@@ -476,6 +493,12 @@ async fn write_shard(
         let Some((i, pending)) = reads.in_flight.pop_front() else {
             bail!("internal: no read for a member of {}", shard_name(s));
         };
+        if i != m {
+            bail!(
+                "internal: the read of object {i} came for member {m} of {}",
+                shard_name(s)
+            );
+        }
         let (key, size) = (files.path_bytes(i), files.size_bytes(i));
         let head = header::member_header(key, size);
         match pending {
@@ -538,7 +561,7 @@ impl Progress {
             files: 0,
             bytes: 0,
             shards: 0,
-            files_total: todo.iter().map(|&s| plan.shards[s].members as u64).sum(),
+            files_total: todo.iter().map(|&s| plan.shard_files(s) as u64).sum(),
             shards_total: todo.len(),
         }
     }

@@ -14,6 +14,7 @@ use crate::tar::index::TAR_BLOCK_BYTES;
 use crate::tar::{split_key, TarIndex, TarMember};
 
 use super::header::{member_header_bytes, padding};
+use super::labels::{ClassMembers, PackLabels, LABEL_MEMBER};
 
 /// First line of the plan file.
 pub const PLAN_MAGIC_LINE: &str = "ringfeed-pack-plan 1";
@@ -45,6 +46,9 @@ pub enum PlanError {
         /// Their common extension.
         ext: String,
     },
+    /// `--labels` cannot be honoured.
+    #[error("{0}")]
+    Labels(String),
 }
 
 /// One shard of the plan.
@@ -71,10 +75,16 @@ pub struct PackPlan {
     pub input_bytes: u64,
     /// Digest of the listing: keys, sizes and versions (mtimes, ETags).
     pub input_digest: u64,
-    /// Object indices (into the listing) in tar order.
+    /// Object indices (into the listing) in tar order; an index with
+    /// [`LABEL_MEMBER`] set is the `.cls` member of the sample whose first
+    /// object it names ([`PackPlan::label_member`]).
     pub members: Vec<usize>,
     /// The shards, in order.
     pub shards: Vec<ShardPlan>,
+    /// The label members' classes (`--labels`), None: no labels written.
+    pub labels: Option<ClassMembers>,
+    /// What `--labels` decided, in words.
+    pub labels_said: String,
 }
 
 /// Name of shard `i` in DEST.
@@ -119,6 +129,7 @@ impl PackPlan {
         files: &FileList,
         versions: &[u64],
         shard_size: u64,
+        labels: PackLabels,
     ) -> Result<PackPlan, PlanError> {
         if files.is_empty() {
             return Err(PlanError::Empty {
@@ -152,11 +163,27 @@ impl PackPlan {
                 exts.insert(ext, i);
             }
         }
+        let (labels, labels_said) =
+            ClassMembers::decide(labels, files, &groups).map_err(PlanError::Labels)?;
+        if let Some(classes) = &labels {
+            for group in &mut groups {
+                insert_label_member(group, files, classes);
+            }
+        }
         let member_bytes = |i: usize| {
-            let size = files.size_bytes(i);
-            member_header_bytes(files.path_bytes(i), size) + size + padding(size)
+            let (name, size) = match &labels {
+                Some(classes) if i & LABEL_MEMBER != 0 => {
+                    let (name, data) = classes.member(files, i & !LABEL_MEMBER);
+                    (std::borrow::Cow::Owned(name), data.len() as u64)
+                }
+                _ => (
+                    std::borrow::Cow::Borrowed(files.path_bytes(i)),
+                    files.size_bytes(i),
+                ),
+            };
+            member_header_bytes(&name, size) + size + padding(size)
         };
-        let mut members = Vec::with_capacity(files.len());
+        let mut members = Vec::with_capacity(files.len() + groups.len());
         let mut shards: Vec<ShardPlan> = Vec::new();
         let mut open = ShardPlan {
             first_member: 0,
@@ -191,7 +218,25 @@ impl PackPlan {
             input_digest: listing_digest(files, versions),
             members,
             shards,
+            labels,
+            labels_said,
         })
+    }
+
+    /// The name and bytes of member `m` (an entry of `members`) when it is
+    /// a label member, else None (an object of the listing).
+    pub fn label_member(&self, files: &FileList, m: usize) -> Option<(Vec<u8>, Vec<u8>)> {
+        let classes = self.labels.as_ref().filter(|_| m & LABEL_MEMBER != 0)?;
+        Some(classes.member(files, m & !LABEL_MEMBER))
+    }
+
+    /// Objects (not label members) of shard `s`.
+    pub fn shard_files(&self, s: usize) -> usize {
+        let shard = &self.shards[s];
+        self.members[shard.first_member..shard.first_member + shard.members]
+            .iter()
+            .filter(|&&m| self.labels.is_none() || m & LABEL_MEMBER == 0)
+            .count()
     }
 
     /// The index shard `s` will have (TAR-INDEX.md).
@@ -201,13 +246,16 @@ impl PackPlan {
         let members = self.members[shard.first_member..shard.first_member + shard.members]
             .iter()
             .map(|&i| {
-                let (name, size) = (files.path_bytes(i), files.size_bytes(i));
-                let header = member_header_bytes(name, size);
+                let (name, size) = match self.label_member(files, i) {
+                    Some((name, data)) => (name, data.len() as u64),
+                    None => (files.path_bytes(i).to_vec(), files.size_bytes(i)),
+                };
+                let header = member_header_bytes(&name, size);
                 let member = TarMember {
                     header_offset: at,
                     data_offset: at + header,
                     size,
-                    name: name.to_vec(),
+                    name,
                 };
                 at += header + size + padding(size);
                 member
@@ -216,6 +264,11 @@ impl PackPlan {
         TarIndex {
             shard_bytes: shard.bytes,
             members,
+            classes: self
+                .labels
+                .as_ref()
+                .map(|l| l.classes.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -227,6 +280,7 @@ impl PackPlan {
         let _ = writeln!(s, "{PLAN_MAGIC_LINE}");
         let _ = writeln!(s, "source {}", source.escape_debug());
         let _ = writeln!(s, "shard_size {}", self.shard_size);
+        let _ = writeln!(s, "{}", self.labels_line());
         let _ = writeln!(
             s,
             "input {} {} {:016x}",
@@ -280,6 +334,16 @@ impl PackPlan {
                 ));
             }
         }
+        // A plan from before labels has no such line: it wrote none.
+        let labels =
+            line("labels ").map_or_else(|| "labels 0".to_string(), |l| format!("labels {l}"));
+        if labels != self.labels_line() {
+            return Some(format!(
+                "{dest} was planned {} label members, this run {}; rerun with the --labels of that run, or {fix}",
+                if labels == "labels 0" { "without" } else { "with" },
+                if self.labels.is_some() { "writes them" } else { "writes none" }
+            ));
+        }
         match line("shard_size ") {
             Some(found) if found == self.shard_size.to_string() => None,
             found => Some(format!(
@@ -289,6 +353,39 @@ impl PackPlan {
             )),
         }
     }
+}
+
+impl PackPlan {
+    /// The plan file's record of the label members: their class count and
+    /// a digest of the names ("labels 0": none).
+    fn labels_line(&self) -> String {
+        match &self.labels {
+            None => "labels 0".to_string(),
+            Some(l) => {
+                let words = l
+                    .classes
+                    .iter()
+                    .flat_map(|c| c.iter().map(|&b| u64::from(b)).chain([u64::MAX]));
+                format!(
+                    "labels {} {:016x}",
+                    l.classes.len(),
+                    digest_words(0x636c_6173, words)
+                )
+            }
+        }
+    }
+}
+
+/// Puts the sample's label member among its objects in byte order of
+/// names (a sample's members are in that order).
+fn insert_label_member(group: &mut Vec<usize>, files: &FileList, classes: &ClassMembers) {
+    let first = group[0];
+    let (name, _) = classes.member(files, first);
+    let at = group
+        .iter()
+        .position(|&i| files.path_bytes(i) > name.as_slice())
+        .unwrap_or(group.len());
+    group.insert(at, LABEL_MEMBER | first);
 }
 
 #[cfg(test)]
@@ -307,12 +404,12 @@ mod tests {
     fn objects_of_one_key_become_one_sample_even_where_byte_order_splits_them() {
         // Byte-wise: "a-b.y" (0x2d) sorts between "a.x" and "a.z" (0x2e).
         let f = files(&[("a-b.y", 1), ("a.x", 1), ("a.z", 1), ("b.x", 1)]);
-        let plan = PackPlan::new("src", &f, &[], 1 << 20).unwrap();
+        let plan = PackPlan::new("src", &f, &[], 1 << 20, PackLabels::None).unwrap();
         let names: Vec<&[u8]> = plan.members.iter().map(|&i| f.path_bytes(i)).collect();
         assert_eq!(names, [&b"a-b.y"[..], b"a.x", b"a.z", b"b.x"]);
         assert_eq!(plan.shards[0].samples, 3);
         let f = files(&[("a.x", 1), ("a-b.y", 1), ("a.z", 1)]);
-        let plan = PackPlan::new("src", &f, &[], 1 << 20).unwrap();
+        let plan = PackPlan::new("src", &f, &[], 1 << 20, PackLabels::None).unwrap();
         assert_eq!(plan.members, [0, 2, 1]);
     }
 
@@ -326,7 +423,7 @@ mod tests {
             ("c.x", 9000),
             ("d.x", 1),
         ]);
-        let plan = PackPlan::new("src", &f, &[], 1024 + 3 * 1536).unwrap();
+        let plan = PackPlan::new("src", &f, &[], 1024 + 3 * 1536, PackLabels::None).unwrap();
         let shape: Vec<(usize, usize)> =
             plan.shards.iter().map(|s| (s.members, s.samples)).collect();
         assert_eq!(shape, [(3, 2), (1, 1), (1, 1)]);
@@ -339,7 +436,7 @@ mod tests {
     #[test]
     fn two_files_that_are_one_field_of_one_sample_are_refused_naming_both() {
         let f = files(&[("x", 1), ("x.", 1)]);
-        let e = PackPlan::new("src", &f, &[], 1 << 20)
+        let e = PackPlan::new("src", &f, &[], 1 << 20, PackLabels::None)
             .unwrap_err()
             .to_string();
         assert!(
@@ -351,15 +448,15 @@ mod tests {
     #[test]
     fn a_plan_file_of_other_input_or_shard_size_is_named_as_such() {
         let f = files(&[("a.x", 10)]);
-        let plan = PackPlan::new("src", &f, &[7], 4096).unwrap();
+        let plan = PackPlan::new("src", &f, &[7], 4096, PackLabels::None).unwrap();
         assert_eq!(plan.mismatch(plan.to_text("src").as_bytes(), "D"), None);
-        let other = PackPlan::new("src", &f, &[8], 4096).unwrap();
+        let other = PackPlan::new("src", &f, &[8], 4096, PackLabels::None).unwrap();
         let e = other.mismatch(plan.to_text("src").as_bytes(), "D").unwrap();
         assert!(
             e.contains("input changed") && e.contains("other names or times"),
             "{e}"
         );
-        let other = PackPlan::new("src", &f, &[7], 8192).unwrap();
+        let other = PackPlan::new("src", &f, &[7], 8192, PackLabels::None).unwrap();
         let e = other.mismatch(plan.to_text("src").as_bytes(), "D").unwrap();
         assert!(e.contains("--shard-size 4096"), "{e}");
     }

@@ -132,6 +132,7 @@ mod tests {
         let shard = TarIndex {
             shard_bytes: 1024,
             members: Vec::new(),
+            classes: Vec::new(),
         };
         cache.put(b"x", &shard).unwrap();
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
@@ -152,6 +153,7 @@ mod tests {
         let shard = TarIndex {
             shard_bytes: 1024,
             members: Vec::new(),
+            classes: Vec::new(),
         };
         cache.put(b"x", &shard).unwrap();
         let set_mode =

@@ -113,6 +113,7 @@ mod tests {
         TarIndex {
             shard_bytes: names.len() as u64 * 1024,
             members,
+            classes: Vec::new(),
         }
     }
 

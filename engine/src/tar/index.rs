@@ -4,8 +4,9 @@
 //! writes to any `Write`; where the files live is the source's business.
 //!
 //! ```text
-//! ringfeed-tar-index 1
+//! ringfeed-tar-index 1                             (2 when class lines follow)
 //! shard_bytes <decimal size of the .tar>
+//! class <name>                                     version 2 only: one line per class, in class order
 //! <header_offset> <data_offset> <size> <name>      one line per member, in tar order
 //! end <member_count> <crc32 of all preceding bytes, 8 lowercase hex>
 //! ```
@@ -16,8 +17,14 @@
 
 use std::io::{self, Write};
 
-/// The first line of every index.
+/// The first line of every index without class names.
 pub const INDEX_MAGIC_LINE: &[u8] = b"ringfeed-tar-index 1";
+/// The first line of an index with class names (`ringfeed pack` of an
+/// ImageFolder tree): version 1 readers refuse it and read the shard's
+/// headers instead, losing only the names.
+pub const INDEX_MAGIC_LINE_V2: &[u8] = b"ringfeed-tar-index 2";
+/// Most class names an index may hold.
+pub const CLASSES_MAX: usize = 1 << 20;
 /// What a sidecar's name adds to its shard's name (`a.tar` -> `a.tar.idx`).
 pub const SIDECAR_SUFFIX: &str = ".idx";
 /// Bytes of a tar block: headers and data start on multiples of it.
@@ -56,13 +63,17 @@ pub struct TarIndex {
     pub shard_bytes: u64,
     /// Its regular-file members, in tar order.
     pub members: Vec<TarMember>,
+    /// The dataset's class names, in class order: the `.cls` members' values
+    /// index them (written by `ringfeed pack` of an ImageFolder tree, the
+    /// same in every shard's index). Empty: none recorded.
+    pub classes: Vec<Vec<u8>>,
 }
 
 /// Why an index's bytes are not a valid index.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TarIndexError {
-    /// The first line is not `ringfeed-tar-index 1`.
-    #[error("not a ringfeed tar index (first line is not 'ringfeed-tar-index 1'); delete it to have the shard indexed from its headers")]
+    /// The first line is not `ringfeed-tar-index 1` (or 2).
+    #[error("not a ringfeed tar index (first line is not 'ringfeed-tar-index 1' or 2); delete it to have the shard indexed from its headers")]
     BadMagic,
     /// A line does not have the shape its place asks for.
     #[error("line {line}: {what}")]
@@ -119,10 +130,11 @@ impl TarIndex {
             at: 0,
             line: 0,
         };
-        match lines.next_line() {
-            Some(first) if first == INDEX_MAGIC_LINE => {}
+        let with_classes = match lines.next_line() {
+            Some(first) if first == INDEX_MAGIC_LINE => false,
+            Some(first) if first == INDEX_MAGIC_LINE_V2 => true,
             _ => return Err(TarIndexError::BadMagic),
-        }
+        };
         let shard_line = lines.next_line().ok_or(TarIndexError::Truncated)?;
         let shard_bytes = match shard_line.strip_prefix(b"shard_bytes ") {
             Some(value) => parse_u64(value)
@@ -132,10 +144,25 @@ impl TarIndex {
         let mut index = TarIndex {
             shard_bytes,
             members: Vec::new(),
+            classes: Vec::new(),
         };
         loop {
             let before_line = lines.at;
             let line = lines.next_line().ok_or(TarIndexError::Truncated)?;
+            if let Some(name) = line.strip_prefix(b"class ").filter(|_| with_classes) {
+                if !index.members.is_empty() || index.classes.len() >= CLASSES_MAX {
+                    return Err(bad_line(
+                        &lines,
+                        "a class line after a member, or more than CLASSES_MAX (1048576)",
+                    ));
+                }
+                let name = unescape_name(name).map_err(|what| bad_line(&lines, what))?;
+                if name.is_empty() || name.len() > NAME_BYTES_MAX {
+                    return Err(bad_line(&lines, "a class name is empty or too long"));
+                }
+                index.classes.push(name);
+                continue;
+            }
             if let Some(rest) = line.strip_prefix(b"end ") {
                 let computed = crc32fast::hash(&bytes[..before_line]);
                 return finish(index, &lines, rest, computed);
@@ -161,6 +188,13 @@ impl TarIndex {
     /// Checks every member's geometry: what [`TarIndex::parse`] checks,
     /// for an index built in memory before it is written.
     pub fn check(&self) -> Result<(), TarIndexError> {
+        let bad_class = |c: &Vec<u8>| c.is_empty() || c.len() > NAME_BYTES_MAX;
+        if self.classes.len() > CLASSES_MAX || self.classes.iter().any(bad_class) {
+            return Err(TarIndexError::BadLine {
+                line: 3,
+                what: "a class name is empty or too long, or more than CLASSES_MAX".into(),
+            });
+        }
         let mut previous = None;
         for (i, member) in self.members.iter().enumerate() {
             check_member(member, previous, self.shard_bytes).map_err(|what| {
@@ -187,9 +221,18 @@ impl TarIndex {
         })?;
         let mut crc = crc32fast::Hasher::new();
         let mut line = Vec::with_capacity(256);
-        line.extend_from_slice(INDEX_MAGIC_LINE);
+        line.extend_from_slice(if self.classes.is_empty() {
+            INDEX_MAGIC_LINE
+        } else {
+            INDEX_MAGIC_LINE_V2
+        });
         line.push(b'\n');
         line.extend_from_slice(format!("shard_bytes {}\n", self.shard_bytes).as_bytes());
+        for class in &self.classes {
+            line.extend_from_slice(b"class ");
+            escape_name(class, &mut line);
+            line.push(b'\n');
+        }
         crc.update(&line);
         out.write_all(&line)?;
         for member in &self.members {
@@ -424,6 +467,7 @@ mod tests {
                 ),
                 member(5120, 5632, 512, b"a/.hidden.txt"),
             ],
+            classes: Vec::new(),
         }
     }
 
@@ -451,6 +495,7 @@ mod tests {
         let index = TarIndex {
             shard_bytes: 1024,
             members: vec![],
+            classes: Vec::new(),
         };
         let bytes = written(&index);
         assert_eq!(
@@ -546,7 +591,7 @@ mod tests {
     #[test]
     fn another_format_is_not_read() {
         assert_eq!(
-            TarIndex::parse(b"ringfeed-tar-index 2\n"),
+            TarIndex::parse(b"ringfeed-tar-index 3\n"),
             Err(TarIndexError::BadMagic)
         );
         assert_eq!(TarIndex::parse(b""), Err(TarIndexError::BadMagic));
@@ -611,6 +656,7 @@ mod tests {
         let index = TarIndex {
             shard_bytes: 100,
             members: vec![member(0, 512, 3, b"a.x")],
+            classes: Vec::new(),
         };
         let err = index.write(&mut Vec::new()).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);

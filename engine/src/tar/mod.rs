@@ -5,6 +5,7 @@
 //! docs/shards.md describes the format, the grouping and the errors.
 
 pub mod cache;
+pub mod facts;
 pub mod group;
 pub mod index;
 pub mod local;

@@ -178,6 +178,7 @@ impl Scanner {
             index: TarIndex {
                 shard_bytes,
                 members: Vec::new(),
+                classes: Vec::new(),
             },
         }
     }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use super::cache::{IndexCache, INDEX_FILE_BYTES_MAX};
+use super::facts::{ClassLists, ShardFacts};
 use super::group::{group, SampleRange};
 use super::index::{TarIndex, SIDECAR_SUFFIX};
 use super::local::{scan_file, LocalScanError};
@@ -130,10 +131,11 @@ pub fn tar_manifest(
     }
     let mut ranges = SampleRanges::new();
     let mut counts = Counts::default();
+    let mut facts = Vec::with_capacity(jobs.len());
     for (job, result) in jobs.iter().zip(results) {
         // Every shard was indexed when none failed (both indexers run
         // until the last job or the first failure).
-        let (samples, how) = result
+        let (samples, shard_facts, how) = result
             .unwrap_or_else(|| {
                 Err(format!(
                     "tar shard {} was not indexed (an internal error: please report it)",
@@ -150,15 +152,13 @@ pub fn tar_manifest(
             // job.shard < jobs.len() <= files.len() <= MAX_FILES < u32::MAX.
             ranges.push(job.shard as u32, s.offset_bytes, s.len_bytes);
         }
+        facts.push((
+            names.object_name(&job.key).display().to_string(),
+            shard_facts,
+        ));
     }
-    let untagged = progress.untagged.load(Ordering::Relaxed);
-    let uncached = match (cache, untagged) {
-        (None, _) => "; index cache off".to_owned(),
-        (Some(_), 0) => String::new(),
-        (Some(_), n) => {
-            format!("; {n} without an ETag or a last-modified time, so not kept in the index cache")
-        }
-    };
+    let facts = super::facts::merge(facts).map_err(ManifestError::Shard)?;
+    let uncached = uncached_words(cache, progress.untagged.load(Ordering::Relaxed));
     tracing::info!(
         "tar shards: {} indexed in {:.2} s ({} from the index cache, {} from .tar.idx sidecars, {} from their headers), {} members in {} samples{uncached}",
         jobs.len(),
@@ -169,7 +169,18 @@ pub fn tar_manifest(
         progress.members.load(Ordering::Relaxed),
         ranges.len()
     );
-    Manifest::from_ranges(shards, ranges, &NamesOf(names))
+    Ok(Manifest::from_ranges(shards, ranges, &NamesOf(names))?.with_key_facts(facts))
+}
+
+/// What the indexing log line says of shards not kept in the index cache.
+fn uncached_words(cache: Option<&IndexCache>, untagged: usize) -> String {
+    match (cache, untagged) {
+        (None, _) => "; index cache off".to_owned(),
+        (Some(_), 0) => String::new(),
+        (Some(_), n) => {
+            format!("; {n} without an ETag or a last-modified time, so not kept in the index cache")
+        }
+    }
 }
 
 /// How one shard's index was had.
@@ -180,8 +191,9 @@ enum How {
     Scanned,
 }
 
-/// A shard's samples, or the message of what is wrong with it.
-type ShardResult = Result<(Vec<SampleRange>, How), String>;
+/// A shard's samples and the facts of their keys, or the message of what
+/// is wrong with it.
+type ShardResult = Result<(Vec<SampleRange>, ShardFacts, How), String>;
 
 #[derive(Default)]
 struct Progress {
@@ -192,6 +204,8 @@ struct Progress {
     untagged: AtomicUsize,
     /// An index could not be written to the cache (warned once).
     cache_unwritable: AtomicBool,
+    /// The class lists the indexes record, one copy of each.
+    class_lists: ClassLists,
 }
 
 impl Progress {
@@ -222,18 +236,18 @@ fn scan_message(shard: &str, err: &ScanError) -> String {
     )
 }
 
-/// Groups `index` (of `shard`) into samples.
+/// Groups `index` (of `shard`) into samples, with the facts of their keys.
 fn samples_of(
     shard: &str,
     index: &TarIndex,
     progress: &Progress,
-) -> Result<Vec<SampleRange>, String> {
+) -> Result<(Vec<SampleRange>, ShardFacts), String> {
     let mut samples = Vec::new();
     group(index, |s| samples.push(s)).map_err(|e| scan_message(shard, &e))?;
     progress
         .members
         .fetch_add(index.members.len() as u64, Ordering::Relaxed);
-    Ok(samples)
+    Ok((samples, ShardFacts::of(index, &progress.class_lists)))
 }
 
 /// A sidecar's index if it is valid for a shard of `shard_bytes`; a warning
@@ -349,7 +363,8 @@ fn index_local_shard(
         .as_bytes(),
     );
     if let Some(index) = cache.and_then(|c| c.get(&identity, job.size_bytes)) {
-        return Ok((samples_of(&name, &index, progress)?, How::Cached));
+        let (samples, facts) = samples_of(&name, &index, progress)?;
+        return Ok((samples, facts, How::Cached));
     }
     let from_sidecar = job.sidecar.then(|| {
         let sidecar = format!("{name}{SIDECAR_SUFFIX}");
@@ -366,13 +381,13 @@ fn index_local_shard(
             }
         },
     };
-    let samples = samples_of(&name, &index, progress)?;
+    let (samples, facts) = samples_of(&name, &index, progress)?;
     if let Some(cache) = cache {
         if let Err(err) = cache.put(&identity, &index) {
             progress.cache_write_failed(cache, &name, &err);
         }
     }
-    Ok((samples, how))
+    Ok((samples, facts, how))
 }
 
 fn index_remote(
@@ -433,7 +448,8 @@ async fn index_remote_shard(
         .as_ref()
         .and_then(|id| cache.and_then(|c| c.get(id, job.size_bytes)))
     {
-        return Ok((samples_of(&name, &index, progress)?, How::Cached));
+        let (samples, facts) = samples_of(&name, &index, progress)?;
+        return Ok((samples, facts, How::Cached));
     }
     let mut from_sidecar = None;
     if job.sidecar {
@@ -451,13 +467,13 @@ async fn index_remote_shard(
             }
         },
     };
-    let samples = samples_of(&name, &index, progress)?;
+    let (samples, facts) = samples_of(&name, &index, progress)?;
     if let (Some(cache), Some(identity)) = (cache, &identity) {
         if let Err(err) = cache.put(identity, &index) {
             progress.cache_write_failed(cache, &name, &err);
         }
     }
-    Ok((samples, how))
+    Ok((samples, facts, how))
 }
 
 /// [`scan_object`], again after a failed GET (up to `SCAN_ATTEMPTS_MAX`

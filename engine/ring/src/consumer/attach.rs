@@ -132,12 +132,54 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
         start,
     )
     .map_err(|e| corrupt(path, e))?;
+    let (keys, class_names) = names(u32_at(84), u64_at, geometry).map_err(|e| corrupt(path, e))?;
     let job = Job {
         order,
         images,
+        keys,
+        class_names,
         ..job
     };
     Ok((layout, job))
+}
+
+/// The header's key area and class names region (offsets 1608 to 1647),
+/// where its flags say it holds them, checked against the slots.
+#[allow(clippy::type_complexity)]
+fn names(
+    flags: u32,
+    u64_at: impl Fn(usize) -> u64,
+    g: RingGeometry,
+) -> Result<
+    (
+        Option<crate::layout::KeyArea>,
+        Option<crate::layout::ClassNames>,
+    ),
+    String,
+> {
+    use crate::layout::{flags as f, ClassNames, KeyArea};
+    let keys = (flags & f::KEYS_KNOWN != 0).then(|| KeyArea {
+        offset: u64_at(1608),
+        stride: u64_at(1616),
+    });
+    if let Some(k) = &keys {
+        k.check(g.max_samples_per_slot, g.slot_payload_bytes)?;
+    }
+    let names = match flags & f::CLASS_NAMES_KNOWN != 0 {
+        false => None,
+        true => {
+            let count = u32::try_from(u64_at(1640))
+                .map_err(|_| format!("its class names count {} is not a u32", u64_at(1640)))?;
+            let names = ClassNames {
+                offset: u64_at(1624),
+                bytes: u64_at(1632),
+                count,
+            };
+            names.check(g.slot_payload_bytes)?;
+            Some(names)
+        }
+    };
+    Ok((keys, names))
 }
 
 /// The header's record of the order (offsets 184 to 207), when its flags

@@ -25,12 +25,14 @@ use crate::SampleEntry;
 mod attach;
 mod errors;
 mod fork;
+mod names;
 mod start;
 
 pub use attach::validate_header;
 use attach::HeldHere;
 pub use errors::{AttachError, Forked, NextError, ReleaseError};
 use fork::{forks_so_far, FORKS, LOCK_FDS};
+pub use names::{ClassNameError, KeyError};
 pub use start::{StartError, StartMode};
 
 /// How long `next` spins before it sleeps. A futex wake costs 35–40 µs here,

@@ -31,6 +31,12 @@ pub struct Job {
     /// the loader's own start, but the header says START_KNOWN only once the
     /// ranks agreed (see [`crate::start`]).
     pub awaits_start: bool,
+    /// Where each slot keeps its samples' keys ([`super::flags::KEYS_KNOWN`]).
+    /// None: a loader that keeps none (one that predates the field).
+    pub keys: Option<super::KeyArea>,
+    /// Where slot 0 keeps the class names of the labels
+    /// ([`super::flags::CLASS_NAMES_KNOWN`]). None: no names known.
+    pub class_names: Option<super::ClassNames>,
 }
 
 /// The flags that decide the sample order of an epoch, with the sample count
@@ -148,6 +154,8 @@ impl Job {
             order: None,
             images: None,
             awaits_start: false,
+            keys: None,
+            class_names: None,
         }
     }
 
@@ -213,6 +221,8 @@ impl Job {
             order: None,
             images: None,
             awaits_start: false,
+            keys: None,
+            class_names: None,
         })
     }
 }
@@ -260,6 +270,8 @@ mod tests {
             order: None,
             images: None,
             awaits_start: false,
+            keys: None,
+            class_names: None,
         };
         assert_eq!(job.resume_state_after(8, 2, 0), Some((2, 164)));
         assert_eq!(job.resume_state_after(8, 2, 3), Some((2, 356)));

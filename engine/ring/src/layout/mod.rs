@@ -68,12 +68,24 @@ pub mod flags {
     /// `labels_offset` and `bad_offset` hold the loader's
     /// [`ImageFormat`](super::ImageFormat).
     pub const IMAGES_KNOWN: u32 = 8;
+    /// Each slot keeps its samples' keys: `key_area_offset` and
+    /// `key_stride` hold the loader's [`KeyArea`](super::KeyArea).
+    pub const KEYS_KNOWN: u32 = 1 << 6;
+    /// Slot 0's payload holds the class names: `class_names_offset`,
+    /// `class_names_bytes` and `class_names_count` hold the loader's
+    /// [`ClassNames`](super::ClassNames).
+    pub const CLASS_NAMES_KNOWN: u32 = 1 << 7;
 }
 
 mod counters;
 mod job;
+mod names;
 pub use counters::{Counter, Counters, COUNTERS_OFFSET, COUNTER_WORDS};
 pub use job::{ImageFormat, Job, RunOrder, RunStart};
+pub use names::{
+    ClassNames, KeyArea, SampleKey, CLASS_NAMES_BYTES_MAX, CLASS_NAMES_MAX, KEY_BYTES_MAX,
+    KEY_HEAD_BYTES, NOT_A_RECORD,
+};
 
 /// Segment header at offset 0. Fields up to `plan_digest` are written once
 /// by the loader before `state` becomes READY and never again.
@@ -174,8 +186,22 @@ pub struct Header {
     // --- offset 1288: the loader's counters, rewritten every ~100 ms ---
     /// Figures for `ringfeed stat`, one word per [`Counter`]; Relaxed.
     pub counters: [AtomicU64; COUNTER_WORDS],
-    // --- offset 1544 to 4064: reserved ---
-    _reserved2: [AtomicU64; 315],
+    // --- offset 1544 to 1608: reserved ---
+    _reserved2: [AtomicU64; 8],
+    // --- offset 1608: keys and class names, written once before READY ---
+    /// [`KeyArea::offset`] (valid with [`flags::KEYS_KNOWN`]).
+    pub key_area_offset: AtomicU64,
+    /// [`KeyArea::stride`] (valid with [`flags::KEYS_KNOWN`]).
+    pub key_stride: AtomicU64,
+    /// [`ClassNames::offset`] (valid with [`flags::CLASS_NAMES_KNOWN`]).
+    pub class_names_offset: AtomicU64,
+    /// [`ClassNames::bytes`] (valid with [`flags::CLASS_NAMES_KNOWN`]).
+    pub class_names_bytes: AtomicU64,
+    /// [`ClassNames::count`] (valid with [`flags::CLASS_NAMES_KNOWN`]).
+    pub class_names_count: AtomicU64,
+    _names_reserved: [AtomicU64; 3],
+    // --- offset 1672 to 4064: reserved ---
+    _reserved3: [AtomicU64; 299],
     // --- offset 4064: the loader's release, here in every ABI version ---
     /// The loader's ringfeed release (its package version, as `ringfeed
     /// --version` says it), UTF-8, NUL-padded, [`LOADER_RELEASE_BYTES`] at
@@ -375,6 +401,12 @@ const _: () = {
     assert!(offset_of!(Header, counters) == 264 + ABORT_MESSAGE_MAX_BYTES);
     assert!(offset_of!(Header, counters) == COUNTERS_OFFSET);
     assert!(offset_of!(Header, _reserved2) == COUNTERS_OFFSET + COUNTER_WORDS * 8);
+    assert!(offset_of!(Header, key_area_offset) == 1608);
+    assert!(offset_of!(Header, key_stride) == 1616);
+    assert!(offset_of!(Header, class_names_offset) == 1624);
+    assert!(offset_of!(Header, class_names_bytes) == 1632);
+    assert!(offset_of!(Header, class_names_count) == 1640);
+    assert!(offset_of!(Header, _reserved3) == 1672);
     assert!(size_of::<RankBlock>() as u64 == RANK_BLOCK_BYTES);
     assert!(offset_of!(RankBlock, publish_futex) == 8);
     assert!(offset_of!(RankBlock, finished) == 12);

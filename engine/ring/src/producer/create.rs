@@ -40,8 +40,23 @@ impl Producer {
         geometry: RingGeometry,
         job: Job,
     ) -> Result<Producer, CreateError> {
+        Self::create_with_class_names(name, geometry, job, &[])
+    }
+
+    /// [`Producer::create_in_job`] that also writes `class_names` where
+    /// `job.class_names` says (slot 0's payload, before READY), so that a
+    /// trainer has them from attach on. `job.class_names` must be the
+    /// region [`ClassNames::plan`](crate::layout::ClassNames::plan) sized
+    /// for these names.
+    pub fn create_with_class_names(
+        name: &str,
+        geometry: RingGeometry,
+        job: Job,
+        class_names: &[String],
+    ) -> Result<Producer, CreateError> {
         segment::validate_name(name)?;
         check_job(&job, geometry)?;
+        let names_region = names_region(&job, class_names)?;
         let layout = Layout::compute(geometry)?;
         let path = segment::shm_path(name).display().to_string();
         let io_err = |what, source| CreateError::Io {
@@ -106,7 +121,7 @@ impl Producer {
                 .collect(),
             stop: AtomicBool::new(false),
         });
-        let producer = Producer {
+        let mut producer = Producer {
             name: name.to_string(),
             path,
             fd,
@@ -119,8 +134,12 @@ impl Producer {
             backing,
             reserver: None,
         };
+        if let Some((region, bytes)) = names_region {
+            producer.write_class_names(region, &bytes)?;
+        }
         // SYNC POINT: Release pairs with the consumer's Acquire of `state` in
-        // attach: a consumer that reads READY sees every header field.
+        // attach: a consumer that reads READY sees every header field (and
+        // the class names in slot 0).
         producer
             .view
             .header()
@@ -262,6 +281,17 @@ impl Producer {
             h.bad_offset.store(images.bad_offset, r);
             h.flags.fetch_or(crate::layout::flags::IMAGES_KNOWN, r);
         }
+        if let Some(keys) = job.keys {
+            h.key_area_offset.store(keys.offset, r);
+            h.key_stride.store(keys.stride, r);
+            h.flags.fetch_or(crate::layout::flags::KEYS_KNOWN, r);
+        }
+        if let Some(names) = job.class_names {
+            h.class_names_offset.store(names.offset, r);
+            h.class_names_bytes.store(names.bytes, r);
+            h.class_names_count.store(u64::from(names.count), r);
+            h.flags.fetch_or(crate::layout::flags::CLASS_NAMES_KNOWN, r);
+        }
         for rank in 0..g.world_size {
             view.rank(rank).batches_expected.store(u64::MAX, r);
         }
@@ -324,5 +354,56 @@ fn check_job(job: &Job, geometry: RingGeometry) -> Result<(), CreateError> {
             .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
             .map_err(CreateError::Job)?;
     }
+    if let Some(keys) = &job.keys {
+        keys.check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
+            .map_err(CreateError::Job)?;
+    }
+    if let Some(names) = &job.class_names {
+        names
+            .check(geometry.slot_payload_bytes)
+            .map_err(CreateError::Job)?;
+    }
     Ok(())
+}
+
+/// The class names region `job` plans, and its bytes for `class_names`.
+fn names_region(
+    job: &Job,
+    class_names: &[String],
+) -> Result<Option<(crate::layout::ClassNames, Vec<u8>)>, CreateError> {
+    let Some(region) = job.class_names else {
+        return Ok(None);
+    };
+    let bytes = crate::layout::ClassNames::encode(class_names);
+    if bytes.len() as u64 != region.bytes || class_names.len() != region.count as usize {
+        return Err(CreateError::Job(format!(
+            "the class names region {region:?} was not planned for these {} names",
+            class_names.len()
+        )));
+    }
+    Ok(Some((region, bytes)))
+}
+
+impl Producer {
+    /// Writes the class names region into slot 0's payload (allocated
+    /// first), before READY: no consumer can see it yet, and no batch ever
+    /// writes that range (the loader plans every other region below it).
+    fn write_class_names(
+        &mut self,
+        region: crate::layout::ClassNames,
+        bytes: &[u8],
+    ) -> Result<(), CreateError> {
+        self.ensure_allocated(0)?;
+        let payload = self.view.payload(0);
+        // `check_job` put the region inside a slot payload.
+        let at = region.offset as usize;
+        // SAFETY: slot 0's payload is `slot_payload_bytes` long, mapped and
+        // allocated; [at, at + bytes.len()) lies in it (check_job, and the
+        // length was compared with the region's); the ring is not READY, so
+        // nobody else reads or writes it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), payload.add(at), bytes.len());
+        }
+        Ok(())
+    }
 }
