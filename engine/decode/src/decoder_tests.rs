@@ -250,6 +250,22 @@ fn a_pixel_bomb_is_refused_from_its_header_before_any_buffer_grows() {
 }
 
 #[test]
+fn a_png_claiming_the_largest_sides_is_refused_not_overflowed() {
+    // Found by the decode_image fuzzer: 2^32-1 a side, 4 bytes a pixel,
+    // overflowed the cost sum before the pixel limit was checked.
+    let mut d = Decoder::new();
+    let s = spec(8, 8, Layout::Hwc, Crop::RANDOM_RESIZED_DEFAULT, false);
+    let mut out = vec![0u8; s.output_len()];
+    let mut bytes = png_header_only(u32::MAX, u32::MAX);
+    bytes[25] = 6; // RGBA: the widest source
+    let err = d.decode_into(&bytes, &s, 0, 0, 0, &mut out).unwrap_err();
+    assert!(
+        matches!(err, DecodeError::TooManyPixels { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn bad_inputs_get_their_kind_of_error() {
     let mut d = Decoder::new();
     let s = spec(8, 8, Layout::Hwc, Crop::RANDOM_RESIZED_DEFAULT, false);

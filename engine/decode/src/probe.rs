@@ -67,9 +67,11 @@ pub(crate) fn check_pixels(
 }
 
 fn need(width: u32, height: u32, source_bpp: u8, decoder_bytes: u64) -> Need {
+    // Saturating: a PNG's header is probed before its pixel limit is
+    // checked, and 2^32 x 2^32 x 4 does not fit (found by decode_image).
     let pixels = u64::from(width) * u64::from(height);
     Need {
-        source_bytes: pixels * u64::from(source_bpp),
+        source_bytes: pixels.saturating_mul(u64::from(source_bpp)),
         source_bpp,
         decoder_bytes: decoder_bytes.saturating_add(FIXED_BYTES),
     }
@@ -232,7 +234,7 @@ pub(crate) fn png_probe(bytes: &[u8]) -> Result<Probe, DecodeError> {
     // of eXIf) up to the cap.
     let raw_row = (w * samples * depth).div_ceil(8) + 1;
     let out_row = w * channels;
-    let decoder = 16 * raw_row + 4 * out_row + (512 << 10) + 2 * PNG_METADATA_MAX;
+    let decoder = (16 * raw_row + 4 * out_row).saturating_add((512 << 10) + 2 * PNG_METADATA_MAX);
     let source_bpp = if channels == 4 { 4 } else { 3 };
     Ok(Probe {
         width,
