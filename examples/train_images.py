@@ -77,7 +77,7 @@ def main():
     mean, std = MEAN.to(device), STD.to(device)
     steps = int(os.environ.get("STEPS", -1))
     loader = ringfeed.torch.Loader(feed, device=device)
-    for x, y in loader:
+    for x, y in (batch for _epoch in loader.epochs() for batch in loader):  # each `for` over a Loader is one epoch
         if 0 <= steps <= loader.step:
             continue  # take the epoch's other batches, train on none
         x = x.float().sub_(mean).div_(std)  # normalise on the device
