@@ -349,9 +349,11 @@ fn a_held_slot_and_a_forked_child_get_clear_codes_from_c_and_lose_nothing() {
     assert_printed(&producer_out, "producer", "ready");
 }
 
-/// Parses epoch_counts's output: its `epoch` figures and each batch as
-/// `(epoch, step, indices)`.
-fn epoch_counts_output(out: &Output, what: &str) -> (Vec<u64>, Vec<(u64, u64, Vec<u64>)>) {
+/// Batches as `(epoch, step, indices)`.
+type Batches = Vec<(u64, u64, Vec<u64>)>;
+
+/// Parses epoch_counts's output: its `epoch` figures and each batch.
+fn epoch_counts_output(out: &Output, what: &str) -> (Vec<u64>, Batches) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

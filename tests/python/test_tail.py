@@ -322,3 +322,13 @@ def test_a_dropping_loader_says_at_start_how_many_samples_an_epoch_leaves_out(da
     for flags in (["--tail", "keep"], ["--world-size", "1", "--batch-size", "1"]):
         err = start_lines(*flags, *(["--world-size", str(WORLD), "--batch-size", str(BATCH)] if flags[0] == "--tail" else []))
         assert "leaves out" not in err and "drops the same" not in err, err
+
+
+def test_a_resume_at_the_end_of_the_last_epoch_has_nothing_to_serve_and_says_so(datasets):
+    source, _, _ = datasets["files"]
+    run = subprocess.run(
+        [ringfeed_bin(), "serve", "--source", str(source), "--name", _name("end"), "--manifest-cache", "off",
+         "--world-size", str(WORLD), "--batch-size", str(BATCH), "--tail", "keep", "--epochs", "2",
+         "--resume", "1:%d" % N], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0, run.stderr
+    assert "nothing to serve: the run starts at epoch 1, 53 samples consumed, every sample of that epoch" in run.stderr, run.stderr
