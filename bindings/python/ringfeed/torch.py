@@ -384,7 +384,10 @@ class Loader(torch.utils.data.IterableDataset):
                 self._stash = self._take()
             return None if self._stash is None else (self._stash.epoch, self._stash.step)
         self._fill_ahead()
-        return (self._ahead[0].epoch, self._ahead[0].step) if self._ahead else None
+        if not self._ahead:
+            self._drain()  # the run is over: every slot back, as at __next__'s end
+            return None
+        return (self._ahead[0].epoch, self._ahead[0].step)
 
     def _epoch_steps(self, epoch):
         """Steps of ``epoch`` (the feed's rule), or None if unknown."""
