@@ -42,6 +42,14 @@ import ringfeed.torch
 VOCAB = 4096
 
 
+def every_epoch(loader):
+    """Every batch of the run: a `for` over a Loader is one epoch (len(loader)
+    steps), as over a DataLoader; loader.epochs() yields each epoch the
+    loader (`--epochs`) still serves."""
+    for _epoch in loader.epochs():
+        yield from loader
+
+
 def main():
     distributed = "RANK" in os.environ
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
@@ -80,7 +88,7 @@ def main():
         # The loader goes on where the checkpoint does, under the same sample
         # order: else some samples would be trained twice and others never.
         loader.load_state_dict(saved["data"])
-    for tokens in loader:
+    for tokens in every_epoch(loader):
         x = tokens.long() % VOCAB
         del tokens  # on the CPU a view of the slot: dropped, the slot goes back
         logits = model(x[:, :-1])

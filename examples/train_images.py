@@ -28,7 +28,6 @@ The model is a ResNet-18 (written out here, so that torchvision is not
 needed); SMALL=1 shrinks its width for a test on the CPU. STEPS=N stops after
 N steps of each epoch.
 """
-import math
 import os
 
 import torch
@@ -79,23 +78,19 @@ def open_validation(device):
     if not name:
         return None
     feed = ringfeed.attach(name)  # rank from LOCAL_RANK, as the training feed
-    info = feed.info
-    ranks = info.job_world_size or info.world_size
-    steps = math.ceil(info.dataset_samples / (ranks * info.max_samples_per_slot))
-    return ringfeed.torch.Loader(feed, device=device), steps, info.dataset_samples
+    loader = ringfeed.torch.Loader(feed, device=device)
+    return loader, len(loader), feed.info.dataset_samples
 
 
 @torch.no_grad()
 def validate(model, val, mean, std, distributed):
     """One epoch of the validation loader: (right answers, images) over
     every rank."""
-    loader, steps, _ = val
-    batches = iter(loader)  # goes on where the last epoch stopped
+    loader, _, _ = val
     net = model.module if distributed else model  # no DDP collective per batch
     net.eval()
     counts = torch.zeros(2, dtype=torch.float64, device=mean.device)
-    for _ in range(steps):
-        x, y = next(batches)
+    for x, y in loader:  # one epoch: len(loader) steps, the same on every rank
         if len(y):  # the last steps' batches may be short, or empty
             pred = net(x.float().sub_(mean).div_(std)).argmax(1)
             counts[0] += (pred == y).sum()
@@ -137,24 +132,21 @@ def main():
     steps = int(os.environ.get("STEPS", -1))
     loader = ringfeed.torch.Loader(feed, device=device)
     val = open_validation(device)
-    epoch = None
-    for x, y in loader:
-        if val is not None and epoch is not None and loader.epoch != epoch:
+    for epoch in loader.epochs():
+        for x, y in loader:  # each `for` over a Loader is one epoch
+            if 0 <= steps <= loader.step:
+                continue  # take the epoch's other batches, train on none
+            x = x.float().sub_(mean).div_(std)  # normalise on the device
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if loader.step % 10 == 0:
+                print("rank %s epoch %d step %d loss %.3f images %s" % (
+                    os.environ.get("RANK", 0), loader.epoch, loader.step, loss.item(), tuple(x.shape)), flush=True)
+            del x, y
+        if val is not None:
             say_top1(val, validate(model, val, mean, std, distributed), epoch)  # the epoch just trained
-        epoch = loader.epoch
-        if 0 <= steps <= loader.step:
-            continue  # take the epoch's other batches, train on none
-        x = x.float().sub_(mean).div_(std)  # normalise on the device
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loader.step % 10 == 0:
-            print("rank %s epoch %d step %d loss %.3f images %s" % (
-                os.environ.get("RANK", 0), loader.epoch, loader.step, loss.item(), tuple(x.shape)), flush=True)
-        del x, y
-    if val is not None and epoch is not None:
-        say_top1(val, validate(model, val, mean, std, distributed), epoch)
     loader.close()
     if distributed:
         dist.destroy_process_group()

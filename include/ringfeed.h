@@ -33,6 +33,18 @@
 #define RF_ABI_VERSION 1
 
 /**
+ * Every epoch drops the samples that do not fill a whole step (the
+ * default, training): every batch is full.
+ */
+#define RF_TAIL_DROP 0
+
+/**
+ * Every sample is served once an epoch (`--tail keep`, evaluation): the
+ * last steps' batches are short or empty (`rf_batch.n_samples` 0 to B).
+ */
+#define RF_TAIL_KEEP 1
+
+/**
  * The loader starts where its `--resume` says (or at the beginning); the
  * trainers cannot move it.
  */
@@ -180,7 +192,9 @@ typedef struct rf_batch {
    */
   const struct rf_sample *samples;
   /**
-   * Number of samples.
+   * Number of samples: the batch size, or 0 to it in an epoch's last
+   * step under `--tail keep` (`rf_get_epoch`); an empty batch is still a
+   * step, released like any other.
    */
   uint32_t n_samples;
   /**
@@ -311,6 +325,36 @@ typedef struct rf_image_format {
    */
   uint64_t bad_offset;
 } rf_image_format;
+
+/**
+ * How every epoch of a feed's loader ends, and its size.
+ */
+typedef struct rf_epoch {
+  /**
+   * `RF_TAIL_DROP` or `RF_TAIL_KEEP`.
+   */
+  uint32_t tail;
+  /**
+   * Zero (padding).
+   */
+  uint32_t reserved;
+  /**
+   * Steps every rank takes in a whole epoch: the same for every rank, so
+   * collectives line up. A run resumed mid-epoch serves fewer in its
+   * first epoch (`rf_epoch_steps` with the loader's start).
+   */
+  uint64_t steps_per_epoch;
+  /**
+   * Samples a whole epoch serves, all ranks of the job together: the
+   * dataset's under `RF_TAIL_KEEP`; less its dropped tail (fewer than
+   * one step's) under `RF_TAIL_DROP`.
+   */
+  uint64_t samples_per_epoch;
+  /**
+   * Samples in the dataset (the same as `rf_get_start`'s).
+   */
+  uint64_t dataset_samples;
+} rf_epoch;
 
 /**
  * A sample's key (`rf_batch_key`): the object's key relative to the
@@ -544,8 +588,8 @@ int32_t rf_get_image_format(const struct rf_feed *feed, struct rf_image_format *
  * your checkpoint. `batch.step` counts from the loader's own `--resume`
  * point in the epoch it started in, so `(step + 1) * W * B` alone is the
  * state only for a loader started at the beginning of an epoch. After an
- * epoch's last step the state is `EPOCH + 1` and 0: its dropped tail is not
- * carried over.
+ * epoch's last step the state is `EPOCH + 1` and 0: a dropped tail is not
+ * carried over, and under `--tail keep` the last step is the short one.
  * RF_E_VERSION if the loader does not record where it started (an older
  * loader); RF_E_INVALID if `batch` is from an epoch before it.
  *
@@ -581,6 +625,35 @@ const char *rf_last_error(void);
  * Version of the ring ABI this library speaks.
  */
 uint32_t rf_abi_version(void);
+
+/**
+ * Fills `*epoch` with how every epoch of the feed's loader ends and how
+ * many steps and samples it has. A loader that predates `--tail` drops the
+ * tail: `RF_TAIL_DROP`. RF_E_VERSION if the loader does not say how many
+ * samples it serves (an older loader).
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `epoch` is writable.
+ */
+int32_t rf_get_epoch(const struct rf_feed *feed, struct rf_epoch *epoch);
+
+/**
+ * Fills `*steps` with the steps every rank takes in an epoch of
+ * `dataset_samples` samples whose first `start_samples` were consumed
+ * before (a loader's `--resume` in the epoch it starts in, 0 in later
+ * ones), `samples_per_step` (`W × B`) a step, under `tail`:
+ * `floor((n − c) / step)` with `RF_TAIL_DROP`, `ceil((n − c) / step)` with
+ * `RF_TAIL_KEEP`. RF_E_INVALID for another tail, a step of 0 samples, or
+ * `start_samples > dataset_samples`.
+ *
+ * # Safety
+ * `steps` is writable.
+ */
+int32_t rf_epoch_steps(uint64_t dataset_samples,
+                       uint64_t start_samples,
+                       uint64_t samples_per_step,
+                       uint32_t tail,
+                       uint64_t *steps);
 
 /**
  * Fills `*out` with the key of sample `i` of `batch` (taken by `rf_next`
@@ -678,6 +751,54 @@ int32_t rf_resume_advance(uint64_t in_epoch,
                           uint64_t *samples);
 
 /**
+ * `rf_resume_normal` under the tail `tail` (`RF_TAIL_DROP` or
+ * `RF_TAIL_KEEP`, `rf_get_epoch`): with `RF_TAIL_KEEP` a state is the next
+ * epoch's start only when no sample of its epoch is left. RF_E_INVALID for
+ * another tail or a step of 0 samples.
+ *
+ * # Safety
+ * `epoch` and `samples` are writable.
+ */
+int32_t rf_resume_normal_tail(uint64_t in_epoch,
+                              uint64_t in_samples,
+                              uint64_t dataset_samples,
+                              uint64_t samples_per_step,
+                              uint32_t tail,
+                              uint64_t *epoch,
+                              uint64_t *samples);
+
+/**
+ * `rf_resume_after` under the tail `tail`: with `RF_TAIL_KEEP` the epoch's
+ * last (short) step gives `in_epoch + 1` and 0.
+ *
+ * # Safety
+ * `epoch` and `samples` are writable.
+ */
+int32_t rf_resume_after_tail(uint64_t in_epoch,
+                             uint64_t start_samples,
+                             uint64_t steps_done,
+                             uint64_t dataset_samples,
+                             uint64_t samples_per_step,
+                             uint32_t tail,
+                             uint64_t *epoch,
+                             uint64_t *samples);
+
+/**
+ * `rf_resume_advance` under the tail `tail`.
+ *
+ * # Safety
+ * `epoch` and `samples` are writable.
+ */
+int32_t rf_resume_advance_tail(uint64_t in_epoch,
+                               uint64_t in_samples,
+                               uint64_t steps,
+                               uint64_t dataset_samples,
+                               uint64_t samples_per_step,
+                               uint32_t tail,
+                               uint64_t *epoch,
+                               uint64_t *samples);
+
+/**
  * Fills `*mode` with how the loader decides where its run starts: one of
  * `RF_START_FIXED`, `RF_START_AWAITING`, `RF_START_DECIDED`.
  *
@@ -762,5 +883,9 @@ RF_STATIC_ASSERT(sizeof(rf_key) == 32, "rf_key is 32 bytes");
 RF_STATIC_ASSERT(offsetof(rf_key, len) == 8, "rf_key.len at 8");
 RF_STATIC_ASSERT(offsetof(rf_key, record) == 16, "rf_key.record at 16");
 RF_STATIC_ASSERT(offsetof(rf_key, cut) == 24, "rf_key.cut at 24");
+RF_STATIC_ASSERT(sizeof(rf_epoch) == 32, "rf_epoch is 32 bytes");
+RF_STATIC_ASSERT(offsetof(rf_epoch, steps_per_epoch) == 8, "rf_epoch.steps_per_epoch at 8");
+RF_STATIC_ASSERT(offsetof(rf_epoch, samples_per_epoch) == 16, "rf_epoch.samples_per_epoch at 16");
+RF_STATIC_ASSERT(offsetof(rf_epoch, dataset_samples) == 24, "rf_epoch.dataset_samples at 24");
 
 #endif  /* RINGFEED_H */

@@ -12,9 +12,13 @@
 //!
 //! Steps: each step takes the next `W × B` positions of the order, and rank
 //! `r` gets positions `[s·W·B + r·B, + B)` counted from the epoch's start
-//! position (0, or the resume offset in the first epoch). The tail that does
-//! not fill a whole step is dropped, so every rank sees the same number of
-//! batches and DDP never hangs on unequal counts.
+//! position (0, or the resume offset in the first epoch). Every rank takes
+//! the same number of steps, so DDP never hangs on unequal counts. How an
+//! epoch ends is its [`Tail`]: by default the tail that does not fill a whole
+//! step is dropped (training); with [`Tail::Keep`] every sample is served
+//! once, and the last step's batches are short or empty (evaluation). The
+//! steps of an epoch are `ring::resume::steps_in_epoch`, the one rule the
+//! trainers' `len()` and resume states use too.
 //!
 //! `SampleOrder::Block` (`serve --shuffle block`, `block.rs`) is a
 //! shard-aware order built from the same permutation: blocks of consecutive
@@ -25,6 +29,8 @@
 //! The sampler never does I/O; it only maps (epoch, step, rank) to indices.
 
 use thiserror::Error;
+
+pub use crate::ring::resume::Tail;
 
 mod block;
 mod feistel;
@@ -191,6 +197,9 @@ pub struct SamplerConfig {
     pub epochs: u64,
     /// Where to start (`ResumeState::default()` for a fresh run).
     pub start: ResumeState,
+    /// How every epoch ends (`serve --tail`): the tail shorter than a step
+    /// dropped, or kept in short last batches.
+    pub tail: Tail,
 }
 
 /// Why a `SamplerConfig` was refused.
@@ -242,8 +251,9 @@ pub enum SamplerError {
         /// `MAX_SAMPLES`.
         max: u64,
     },
-    /// Not even one step fits in an epoch.
-    #[error("dataset of {n_samples} samples cannot fill one step of W×B = {world_size}×{batch_size} = {step_samples}; lower --batch-size or --world-size")]
+    /// Not even one step fits in an epoch (or, with `--tail keep`, the
+    /// dataset is empty).
+    #[error("dataset of {n_samples} samples cannot fill one step of W×B = {world_size}×{batch_size} = {step_samples}; lower --batch-size or --world-size, or pass --tail keep to serve it in short batches")]
     DatasetSmallerThanStep {
         /// The dataset's sample count.
         n_samples: u64,
@@ -317,6 +327,7 @@ impl Sampler {
             world_size,
             start,
             epochs,
+            tail,
             ..
         } = cfg;
         check_shape(batch_size, world_size)?;
@@ -328,7 +339,12 @@ impl Sampler {
         }
         // Both factors were bounded above: W·B <= 2^20 · 2^20, no overflow.
         let step_samples = u64::from(world_size) * u64::from(batch_size);
-        if n_samples < step_samples {
+        // A kept tail serves any dataset that has a sample, in short batches.
+        let too_small = match tail {
+            Tail::Drop => n_samples < step_samples,
+            Tail::Keep => n_samples == 0,
+        };
+        if too_small {
             return Err(SamplerError::DatasetSmallerThanStep {
                 n_samples,
                 world_size,
@@ -358,7 +374,7 @@ impl Sampler {
         if sampler.total_steps().is_none() {
             return Err(SamplerError::TooManySteps {
                 epochs,
-                steps_per_epoch: n_samples / step_samples,
+                steps_per_epoch: sampler.steps_per_epoch(),
             });
         }
         Ok(sampler)
@@ -373,9 +389,33 @@ impl Sampler {
             return Some(0);
         }
         let full_epochs = self.epochs_end() - first - 1;
-        (self.cfg.n_samples / self.step_samples)
+        self.steps_per_epoch()
             .checked_mul(full_epochs)?
             .checked_add(self.steps_in_epoch(first))
+    }
+
+    /// Steps every rank takes in a whole epoch (one that starts at position
+    /// 0): `floor(n / (W·B))` dropping the tail, `ceil(n / (W·B))` keeping
+    /// it. The resumed first epoch of a run may have fewer
+    /// ([`Sampler::steps_in_epoch`]).
+    pub fn steps_per_epoch(&self) -> u64 {
+        // W·B >= 1, checked in `new`.
+        crate::ring::resume::steps_in_epoch(self.cfg.n_samples, 0, self.step_samples, self.cfg.tail)
+            .unwrap_or(0)
+    }
+
+    /// How every epoch ends.
+    pub fn tail(&self) -> Tail {
+        self.cfg.tail
+    }
+
+    /// Samples a whole epoch leaves out: the tail shorter than a step when
+    /// it is dropped, 0 when it is kept.
+    pub fn samples_dropped_per_epoch(&self) -> u64 {
+        match self.cfg.tail {
+            Tail::Drop => self.cfg.n_samples % self.step_samples,
+            Tail::Keep => 0,
+        }
     }
 
     /// The configuration this sampler was built from.
@@ -414,19 +454,27 @@ impl Sampler {
         }
     }
 
-    /// Steps served in `epoch`: `floor((n - start_position) / (W·B))`, or 0
-    /// for an epoch outside `first_epoch()..epochs_end()`.
+    /// Steps served in `epoch`: `floor((n - start_position) / (W·B))`
+    /// dropping the tail, `ceil(..)` keeping it, or 0 for an epoch outside
+    /// `first_epoch()..epochs_end()`.
     pub fn steps_in_epoch(&self, epoch: u64) -> u64 {
         if !(self.first_epoch()..self.epochs_end()).contains(&epoch) {
             return 0;
         }
-        // start_position <= n was checked in `new`.
-        (self.cfg.n_samples - self.start_position(epoch)) / self.step_samples
+        // start_position <= n and W·B >= 1 were checked in `new`.
+        crate::ring::resume::steps_in_epoch(
+            self.cfg.n_samples,
+            self.start_position(epoch),
+            self.step_samples,
+            self.cfg.tail,
+        )
+        .unwrap_or(0)
     }
 
     /// Sample indices of rank `rank`'s batch at `step` of `epoch`, written
     /// into `out` (cleared first): positions
-    /// `start_position(epoch) + step·W·B + rank·B .. + B` of the order.
+    /// `start_position(epoch) + step·W·B + rank·B .. + B` of the order, cut
+    /// at `n` (with a kept tail, the last step's batches are short or empty).
     ///
     /// # Panics
     /// In debug builds, if `step >= steps_in_epoch(epoch)` or
@@ -449,13 +497,14 @@ impl Sampler {
         // a served step, and the sum by n + W·B.
         let first =
             self.start_position(epoch) + step * self.step_samples + u64::from(rank) * batch_size;
-        out.extend((first..first + batch_size).map(|position| order.at(position)));
+        let end = (first + batch_size).min(self.cfg.n_samples);
+        out.extend((first..end).map(|position| order.at(position)));
     }
 
     /// Resume state after all ranks consumed `steps_done` steps of `epoch`.
     ///
     /// When `steps_done` completes the epoch, the state is `(epoch + 1, 0)`:
-    /// the dropped tail is not carried over, so a restart with a smaller
+    /// a dropped tail is not carried over, so a restart with a smaller
     /// world size does not serve it late. After the run's last step this is
     /// `(epochs, 0)`, which `new` accepts and which serves nothing.
     pub fn state_after(&self, epoch: u64, steps_done: u64) -> ResumeState {
@@ -479,6 +528,7 @@ impl Sampler {
             steps_done,
             self.cfg.n_samples,
             self.step_samples,
+            self.cfg.tail,
         )
         .unwrap_or((epoch.saturating_add(1), 0));
         ResumeState {
@@ -501,6 +551,7 @@ mod tests {
             order: SampleOrder::Exact,
             epochs: 2,
             start: ResumeState::default(),
+            tail: Tail::Drop,
         }
     }
 

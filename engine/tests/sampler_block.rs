@@ -21,6 +21,7 @@ fn sampler(n: u64, batch_size: u32, world_size: u32, start: ResumeState) -> Samp
         order: SampleOrder::Block(BlockShape::new(16, 4).unwrap()),
         epochs: 2,
         start,
+        tail: ringfeed::sampler::Tail::Drop,
     })
     .unwrap()
 }

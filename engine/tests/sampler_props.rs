@@ -4,7 +4,9 @@
 use std::collections::HashSet;
 
 use proptest::prelude::*;
-use ringfeed::sampler::{EpochOrder, ResumeState, SampleOrder, Sampler, SamplerConfig};
+use ringfeed::sampler::{
+    EpochOrder, ResumeState, SampleOrder, Sampler, SamplerConfig, SamplerError, Tail,
+};
 
 /// Everything the ranks received in one epoch.
 struct Delivered {
@@ -46,6 +48,7 @@ fn sampler(
         order: SampleOrder::Exact,
         epochs: 3,
         start,
+        tail: Tail::Drop,
     })
     .expect("the strategies only build valid configurations")
 }
@@ -149,6 +152,7 @@ fn an_unshuffled_sampler_serves_the_manifest_order() {
         order: SampleOrder::None,
         epochs: 1,
         start: ResumeState::default(),
+        tail: Tail::Drop,
     };
     let sampler = Sampler::new(cfg).unwrap();
     let mut batch = Vec::new();
@@ -265,4 +269,205 @@ proptest! {
         let step = if state.epoch == 2 { u64::from(w * b) } else { u64::from(new_w * b) };
         prop_assert!(tail < step, "{} samples left undelivered", tail);
     }
+}
+
+fn keeping(
+    n: u64,
+    batch_size: u32,
+    world_size: u32,
+    order: SampleOrder,
+    start: ResumeState,
+) -> Sampler {
+    Sampler::new(SamplerConfig {
+        n_samples: n,
+        batch_size,
+        world_size,
+        seed: 5,
+        order,
+        epochs: 3,
+        start,
+        tail: Tail::Keep,
+    })
+    .expect("the strategies only build valid configurations")
+}
+
+proptest! {
+    /// `--tail keep`: for any n (a step larger than the dataset included),
+    /// every sample once an epoch, every rank the same step count
+    /// ceil(n / (W·B)), only the last step short or empty; and a run stopped
+    /// after any step and resumed with another world size serves the rest
+    /// of the epoch once, still in equal steps.
+    #[test]
+    fn a_kept_tail_serves_every_sample_once_and_resumes_with_any_world_size(
+        n in 1u64..700,
+        batch_size in 1u32..20,
+        world_size in 1u32..9,
+        later_world_size in 1u32..9,
+        stop_at in 0u64..100,
+        block in any::<bool>(),
+    ) {
+        let order = if block {
+            SampleOrder::Block(ringfeed::sampler::BlockShape::new(4, 3).unwrap())
+        } else {
+            SampleOrder::Exact
+        };
+        let first = keeping(n, batch_size, world_size, order, ResumeState::default());
+        let step = u64::from(batch_size) * u64::from(world_size);
+        prop_assert_eq!(first.steps_in_epoch(1), n.div_ceil(step));
+        let whole = deliver_epoch(&first, 1);
+        let mut sorted = whole.concatenated.clone();
+        sorted.sort_unstable();
+        prop_assert_eq!(sorted, (0..n).collect::<Vec<u64>>());
+        // Rank r's samples: whole steps, then what the last step leaves it.
+        let last = n - (first.steps_in_epoch(1) - 1) * step;
+        for (rank, &got) in whole.per_rank.iter().enumerate() {
+            let in_last = last.saturating_sub(rank as u64 * u64::from(batch_size)).min(u64::from(batch_size));
+            prop_assert_eq!(got as u64, (first.steps_in_epoch(1) - 1) * u64::from(batch_size) + in_last);
+        }
+        // Stop after some steps of epoch 0, go on with another world size.
+        let stop_at = stop_at.min(first.steps_in_epoch(0));
+        let mut served = Vec::new();
+        let mut batch = Vec::new();
+        for s in 0..stop_at {
+            for rank in 0..world_size {
+                first.batch_into(0, s, rank, &mut batch);
+                served.extend_from_slice(&batch);
+            }
+        }
+        let state = first.state_after(0, stop_at);
+        let second = keeping(n, batch_size, later_world_size, order, state);
+        served.extend(deliver_epoch(&second, 0).concatenated);
+        if state.epoch == 0 {
+            served.sort_unstable();
+            prop_assert_eq!(served, (0..n).collect::<Vec<u64>>());
+        } else {
+            prop_assert_eq!(stop_at, first.steps_in_epoch(0), "only a finished epoch moves on");
+        }
+    }
+}
+
+/// Two epochs of the exact order over `n_samples`, `world_size` ranks of
+/// `batch_size`, dropping the tail.
+fn two_epochs(n_samples: u64, batch_size: u32, world_size: u32) -> SamplerConfig {
+    SamplerConfig {
+        n_samples,
+        batch_size,
+        world_size,
+        seed: 7,
+        order: SampleOrder::Exact,
+        epochs: 2,
+        start: ResumeState::default(),
+        tail: Tail::Drop,
+    }
+}
+
+#[test]
+fn a_kept_tail_serves_every_sample_once_in_the_same_steps_for_every_rank() {
+    // 1003 samples, 3 ranks of 16: 20 whole steps and one of 43 (ranks 0
+    // and 1 get 16, rank 2 gets 11), over two epochs.
+    let sampler = Sampler::new(SamplerConfig {
+        tail: Tail::Keep,
+        ..two_epochs(1003, 16, 3)
+    })
+    .unwrap();
+    assert_eq!(sampler.steps_per_epoch(), 21);
+    assert_eq!(sampler.total_steps(), Some(42));
+    assert_eq!(sampler.samples_dropped_per_epoch(), 0);
+    let mut batch = Vec::new();
+    for epoch in 0..2 {
+        let mut seen = vec![0u32; 1003];
+        for step in 0..21 {
+            for rank in 0..3 {
+                sampler.batch_into(epoch, step, rank, &mut batch);
+                let want = if step < 20 {
+                    16
+                } else {
+                    [16, 16, 11][rank as usize]
+                };
+                assert_eq!(batch.len(), want, "epoch {epoch} step {step} rank {rank}");
+                batch.iter().for_each(|&i| seen[i as usize] += 1);
+            }
+        }
+        assert!(seen.iter().all(|&c| c == 1), "epoch {epoch}");
+    }
+    // 1000 samples, 5 ranks of 250: one step, in which rank 4's batch is
+    // empty (still a step: collectives line up).
+    let sampler = Sampler::new(SamplerConfig {
+        tail: Tail::Keep,
+        ..two_epochs(1000, 250, 5)
+    })
+    .unwrap();
+    assert_eq!(sampler.steps_per_epoch(), 1);
+    sampler.batch_into(0, 0, 4, &mut batch);
+    assert!(batch.is_empty());
+    assert_eq!(
+        sampler.state_after(0, 1),
+        ResumeState {
+            epoch: 1,
+            samples_consumed: 0
+        }
+    );
+    // Dropping, the same data cannot fill a step.
+    assert!(matches!(
+        Sampler::new(two_epochs(1000, 250, 5)),
+        Err(SamplerError::DatasetSmallerThanStep { .. })
+    ));
+    assert!(Sampler::new(SamplerConfig {
+        tail: Tail::Keep,
+        ..two_epochs(0, 1, 1)
+    })
+    .is_err());
+}
+
+#[test]
+fn a_resumed_kept_tail_goes_on_with_any_world_size_and_serves_the_rest_once() {
+    // Epoch 0 of 1003: 5 steps of 3 x 16 (240 samples), then 7 ranks of
+    // 16 (112 a step) serve the 763 left in 7 steps, the last of 91.
+    let first = Sampler::new(SamplerConfig {
+        tail: Tail::Keep,
+        ..two_epochs(1003, 16, 3)
+    })
+    .unwrap();
+    let at = first.state_after(0, 5);
+    assert_eq!(
+        at,
+        ResumeState {
+            epoch: 0,
+            samples_consumed: 240
+        }
+    );
+    let second = Sampler::new(SamplerConfig {
+        tail: Tail::Keep,
+        start: at,
+        ..two_epochs(1003, 16, 7)
+    })
+    .unwrap();
+    assert_eq!(second.steps_in_epoch(0), 7);
+    assert_eq!(
+        second.steps_in_epoch(1),
+        9,
+        "a whole epoch: ceil(1003 / 112)"
+    );
+    let mut seen = vec![0u32; 1003];
+    let mut batch = Vec::new();
+    for step in 0..5 {
+        for rank in 0..3 {
+            first.batch_into(0, step, rank, &mut batch);
+            batch.iter().for_each(|&i| seen[i as usize] += 1);
+        }
+    }
+    for step in 0..7 {
+        for rank in 0..7 {
+            second.batch_into(0, step, rank, &mut batch);
+            batch.iter().for_each(|&i| seen[i as usize] += 1);
+        }
+    }
+    assert!(seen.iter().all(|&c| c == 1));
+    assert_eq!(
+        second.state_after(0, 7),
+        ResumeState {
+            epoch: 1,
+            samples_consumed: 0
+        }
+    );
 }

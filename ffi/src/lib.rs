@@ -12,12 +12,17 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
+mod epoch;
 mod names;
 mod resume;
 mod start;
 mod tar;
+pub use epoch::{rf_epoch, rf_epoch_steps, rf_get_epoch, RF_TAIL_DROP, RF_TAIL_KEEP};
 pub use names::{rf_batch_key, rf_get_class_count, rf_get_class_name, rf_key};
-pub use resume::{rf_resume_advance, rf_resume_after, rf_resume_normal};
+pub use resume::{
+    rf_resume_advance, rf_resume_advance_tail, rf_resume_after, rf_resume_after_tail,
+    rf_resume_normal, rf_resume_normal_tail,
+};
 pub use start::{rf_get_start_mode, rf_request_start};
 pub use tar::{rf_tar_field, rf_tar_field_next};
 
@@ -167,7 +172,9 @@ pub struct rf_batch {
     pub data: *const u8,
     /// `n_samples` checked entries; every one lies inside `data_len`.
     pub samples: *const rf_sample,
-    /// Number of samples.
+    /// Number of samples: the batch size, or 0 to it in an epoch's last
+    /// step under `--tail keep` (`rf_get_epoch`); an empty batch is still a
+    /// step, released like any other.
     pub n_samples: u32,
     /// Slot index (for rf_release).
     pub slot: u32,
@@ -713,8 +720,8 @@ fn not_recorded(name: &str) -> String {
 /// your checkpoint. `batch.step` counts from the loader's own `--resume`
 /// point in the epoch it started in, so `(step + 1) * W * B` alone is the
 /// state only for a loader started at the beginning of an epoch. After an
-/// epoch's last step the state is `EPOCH + 1` and 0: its dropped tail is not
-/// carried over.
+/// epoch's last step the state is `EPOCH + 1` and 0: a dropped tail is not
+/// carried over, and under `--tail keep` the last step is the short one.
 /// RF_E_VERSION if the loader does not record where it started (an older
 /// loader); RF_E_INVALID if `batch` is from an epoch before it.
 ///

@@ -8,7 +8,10 @@
 //! - `held_and_fork.c` checks RF_E_HELD and RF_E_FORKED, and that neither
 //!   loses or repeats a batch;
 //! - `exit_handlers.c` calls the library from an `atexit` handler and a
-//!   thread-local destructor, after an earlier failure on the same thread.
+//!   thread-local destructor, after an earlier failure on the same thread;
+//! - `epoch_counts.c` reads each rank of a `ringfeed serve --tail keep`: the
+//!   same step count for every rank, short and empty last batches, every
+//!   sample once an epoch.
 //!
 //! Needs a C compiler (`cc`, or `$CC`) and the `ringfeed` binary built in the
 //! same target directory as this test (`cargo build -p ringfeed`, with
@@ -344,4 +347,116 @@ fn a_held_slot_and_a_forked_child_get_clear_codes_from_c_and_lose_nothing() {
     let producer_out = finish(producer, "the producer");
     assert_printed(&out, "held_and_fork", "ok");
     assert_printed(&producer_out, "producer", "ready");
+}
+
+/// Batches as `(epoch, step, indices)`.
+type Batches = Vec<(u64, u64, Vec<u64>)>;
+
+/// Parses epoch_counts's output: its `epoch` figures and each batch.
+fn epoch_counts_output(out: &Output, what: &str) -> (Vec<u64>, Batches) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{what}: exit {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let words = |l: &str| -> Vec<u64> {
+        l.split_whitespace()
+            .skip(1)
+            .map(|w| w.parse().expect("a number"))
+            .collect()
+    };
+    let figures = stdout
+        .lines()
+        .find(|l| l.starts_with("epoch "))
+        .map(words)
+        .unwrap_or_default();
+    let batches = stdout
+        .lines()
+        .filter(|l| l.starts_with("batch "))
+        .map(|l| {
+            let w = words(l);
+            assert_eq!(w.len() as u64, 3 + w[2], "{what}: {l}");
+            (w[0], w[1], w[3..].to_vec())
+        })
+        .collect();
+    (figures, batches)
+}
+
+#[test]
+fn a_kept_tail_gives_c_every_rank_the_same_steps_with_short_and_empty_last_batches() {
+    // 50 files, 3 ranks x 4: 5 steps an epoch, the last of 2 samples (rank 0
+    // gets 2, ranks 1 and 2 an empty batch), in manifest order.
+    let exe = build_c_program("epoch_counts");
+    let data = tmp_dir().join("tail-keep-data");
+    std::fs::create_dir_all(&data).expect("make the data directory");
+    for i in 0..50u8 {
+        std::fs::write(data.join(format!("{i:03}")), [i; 8]).expect("write a sample file");
+    }
+    let name = unique_name("tail");
+    let mut cleanup = Cleanup {
+        children: Vec::new(),
+        name: name.clone(),
+    };
+    let loader = Command::new(ringfeed_bin())
+        .args(["serve", "--source"])
+        .arg(&data)
+        .args(["--name", &name, "--world-size", "3", "--batch-size", "4"])
+        .args(["--epochs", "2", "--tail", "keep", "--shuffle", "none"])
+        .args(["--manifest-cache", "off"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ringfeed serve");
+    cleanup.children.push(loader);
+    let ranks: Vec<Child> = (0..3)
+        .map(|rank| {
+            Command::new(&exe)
+                .args([&name, &rank.to_string()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn epoch_counts")
+        })
+        .collect();
+    let mut served: Vec<Vec<u64>> = vec![Vec::new(); 2];
+    for (rank, child) in ranks.into_iter().enumerate() {
+        let (figures, batches) =
+            epoch_counts_output(&finish(child, "epoch_counts"), "epoch_counts");
+        assert_eq!(
+            figures,
+            [1, 5, 50, 50],
+            "rank {rank}: tail keep, 5 steps, 50 samples"
+        );
+        assert_eq!(
+            batches.len(),
+            10,
+            "rank {rank}: 5 steps in each of 2 epochs"
+        );
+        for (epoch, step, indices) in batches {
+            let want = if step < 4 { 4 } else { [2, 0, 0][rank] };
+            assert_eq!(indices.len(), want, "rank {rank} epoch {epoch} step {step}");
+            // Manifest order: position step·12 + rank·4 + i.
+            let first = step * 12 + rank as u64 * 4;
+            assert_eq!(indices, (first..first + want as u64).collect::<Vec<u64>>());
+            served[epoch as usize].extend(indices);
+        }
+    }
+    for mut epoch in served {
+        epoch.sort_unstable();
+        assert_eq!(
+            epoch,
+            (0..50).collect::<Vec<u64>>(),
+            "every sample once an epoch"
+        );
+    }
+    let loader = cleanup.children.pop().expect("the loader");
+    let out = finish(loader, "ringfeed serve");
+    assert!(
+        out.status.success(),
+        "the loader: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

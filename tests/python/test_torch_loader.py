@@ -208,17 +208,19 @@ def serve(records):
 
 
 def _take(loader, steps=None):
-    """(epoch, indices) of the next ``steps`` batches (all: None), checking
-    that each tensor holds the records its indices name."""
+    """(epoch, indices) of the next ``steps`` batches (all: None), over every
+    epoch (a `for` over a Loader is one), checking that each tensor holds the
+    records its indices name."""
     out = []
-    for x in loader:
-        ids = x[:, 0].numpy()
-        np.testing.assert_array_equal(ids, loader.indices)
-        np.testing.assert_array_equal(x[:, 1].numpy(), ids + 1)
-        out.append((loader.epoch, [int(i) for i in ids]))
-        del x
-        if steps is not None and len(out) == steps:
-            break
+    for _epoch in loader.epochs():
+        for x in loader:
+            ids = x[:, 0].numpy()
+            np.testing.assert_array_equal(ids, loader.indices)
+            np.testing.assert_array_equal(x[:, 1].numpy(), ids + 1)
+            out.append((loader.epoch, [int(i) for i in ids]))
+            del x
+            if steps is not None and len(out) == steps:
+                return out
     return out
 
 

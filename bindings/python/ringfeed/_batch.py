@@ -97,7 +97,8 @@ class Batch:
         it started in, so ``(step + 1) * W * B`` alone is the state only for a
         loader started at the beginning of an epoch; this adds that start.
         After an epoch's last step it is ``(epoch + 1, 0)``: the epoch's
-        dropped tail is not carried over (docs/sampler.md, section 3).
+        dropped tail is not carried over (docs/sampler.md, section 3); with
+        ``--tail keep`` the last step is the short one.
         """
         # The rule of Job::resume_state_after (engine/ring/src/layout.rs), as
         # rf_resume_after gives it without a feed: a released batch may
@@ -105,11 +106,12 @@ class Batch:
         # that it agrees with rf_resume_state on every batch.
         if self._resume is None:
             return None
-        (start_epoch, start_samples), dataset_samples, per_step = self._resume
+        (start_epoch, start_samples), dataset_samples, per_step, tail = self._resume
         if self.epoch < start_epoch:
             return None  # not a batch of this loader
         before = start_samples if self.epoch == start_epoch else 0
-        return LIB.resume_rule("rf_resume_after", self.epoch, before, self.step + 1, dataset_samples, per_step)
+        return LIB.resume_rule("rf_resume_after", self.epoch, before, self.step + 1, dataset_samples, per_step,
+                               tail=tail)
 
     @property
     def images(self):

@@ -59,6 +59,9 @@ FeedInfo = collections.namedtuple(
         "shuffled",
         "shuffle_block",
         "images",
+        "tail",
+        "steps_per_epoch",
+        "samples_per_epoch",
     ],
 )
 
@@ -92,6 +95,17 @@ say (see ``Batch.resume_state``). ``seed`` and ``shuffled`` are the loader's
 decides the order of every epoch (``Feed.order``); None if the loader did not
 say. ``shuffle_block`` is ``(block_samples, window_blocks)`` under
 ``--shuffle block`` (docs/sampler.md, section 4), else None.
+
+Per epoch, beside the whole run's ``batches_expected``: ``tail`` is how every
+epoch ends, ``"drop"`` (``serve --tail drop``, the default: the samples that
+do not fill a whole step of ``job_world_size x max_samples_per_slot`` are left
+out, every batch is full) or ``"keep"`` (``--tail keep``: every sample once an
+epoch, the last steps' batches short or empty); ``steps_per_epoch`` the steps
+(batches) every rank takes in a whole epoch, the same for every rank, which is
+``len(feed)``; ``samples_per_epoch`` the samples a whole epoch serves, all
+ranks together. A run resumed mid-epoch serves fewer steps in its first epoch
+(``Feed.steps_in_epoch``). ``steps_per_epoch`` and ``samples_per_epoch`` are
+None if the loader does not say how many samples it serves.
 """
 
 
@@ -261,6 +275,49 @@ class Feed:
     def __exit__(self, *exc):
         self.close()
         return False
+
+    def __len__(self):
+        """This rank's steps (batches) in a whole epoch: ``info.steps_per_epoch``,
+        the same for every rank. With ``--tail keep`` the last ones may be
+        short or empty; a run resumed mid-epoch serves fewer in its first
+        epoch (``steps_in_epoch``). ``for batch in feed`` runs every epoch:
+        ``len(feed)`` is one epoch of it, as a DataLoader's length is."""
+        steps = self._info.steps_per_epoch
+        if steps is None:
+            raise TypeError(
+                "loader %r does not say how many samples it serves (an older ringfeed serve), so this feed has no "
+                "length: restart it with this version" % self._name)
+        return steps
+
+    def __bool__(self):
+        # A feed is true, whatever its length (a length of 0, or none).
+        return True
+
+    def __getitem__(self, index):
+        raise TypeError(
+            "a ringfeed Feed is iterated, not indexed: for a torch DataLoader, wrap ringfeed.torch.Loader(feed, ...) "
+            "(an IterableDataset of one epoch per loop): torch.utils.data.DataLoader(ringfeed.torch.Loader(feed), "
+            "batch_size=None)")
+
+    def steps_in_epoch(self, epoch):
+        """Steps every rank takes in ``epoch`` of this loader's run:
+        ``len(feed)``, fewer in the epoch a resumed loader starts in (the
+        steps left after its ``--resume``), 0 for an epoch before it. None
+        while a loader under ``--resume auto`` has not said where it starts
+        (it has once this rank has a batch), or if it does not say how many
+        samples it serves."""
+        handle = self._handle
+        if handle is not None and handle.awaited_start:
+            _learn_start(handle, self)
+        info = self._info
+        if info.start is None or info.dataset_samples is None:
+            return None
+        start_epoch, start_samples = info.start
+        if epoch < start_epoch:
+            return 0
+        before = start_samples if epoch == start_epoch else 0
+        tail = _lib.RF_TAIL_KEEP if info.tail == "keep" else _lib.RF_TAIL_DROP
+        return _lib.epoch_steps(info.dataset_samples, min(before, info.dataset_samples), _step_samples(info), tail)
 
     def __iter__(self):
         """Every batch of this rank, waiting as long as needed, until the run ends."""
@@ -456,6 +513,9 @@ def attach(name=None, rank=None, timeout=30.0):
         shuffled=None,
         shuffle_block=None,
         images=None,
+        tail=None,
+        steps_per_epoch=None,
+        samples_per_epoch=None,
     )
     if LIB.has("rf_get_job"):
         job = _lib.rf_job()
@@ -499,9 +559,10 @@ def attach(name=None, rank=None, timeout=30.0):
                                                     fmt.labels_offset, fmt.bad_offset))
             handle.images = info.images
     handle.classes = _class_names(handle)
+    info = _epoch_info(handle, info)
+    handle.tail = _lib.RF_TAIL_KEEP if info.tail == "keep" else _lib.RF_TAIL_DROP
     if info.start is not None:
-        job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
-        handle.resume = (info.start, info.dataset_samples, job_world_size * info.max_samples_per_slot)
+        handle.resume = (info.start, info.dataset_samples, _step_samples(info), handle.tail)
     _job.check_job(info, name, rank_from_env)
     return Feed(handle, info)
 
@@ -523,6 +584,26 @@ def _class_names(handle):
             raise errors.error_for(rc, LIB.last_error() if rc < 0 else "class %d of %d is missing" % (i, count.value))
         names.append(ctypes.string_at(ptr.value, n.value).decode("utf-8", "replace") if n.value else "")
     return tuple(names)
+def _step_samples(info):
+    """Samples one step of the job takes (W x B)."""
+    job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
+    return job_world_size * info.max_samples_per_slot
+
+
+def _epoch_info(handle, info):
+    """``info`` with the loader's tail and per-epoch figures (rf_get_epoch).
+    A loader that predates --tail drops the tail, which it says; one that
+    does not say how many samples it serves leaves the figures None."""
+    if not LIB.has("rf_get_epoch"):
+        return info
+    raw = _lib.rf_epoch()
+    rc = LIB.rf_get_epoch(handle.ptr, ctypes.byref(raw))
+    if rc == _lib.RF_E_VERSION:
+        return info._replace(tail="drop")
+    if rc != _lib.RF_OK:
+        raise errors.error_for(rc, LIB.last_error())
+    return info._replace(tail=_lib.TAIL_NAMES.get(raw.tail, "drop"), steps_per_epoch=raw.steps_per_epoch,
+                         samples_per_epoch=raw.samples_per_epoch)
 
 
 def _raise_held_here(name, rank, error):
@@ -619,7 +700,10 @@ def _learn_start(handle, feed):
     if rc != _lib.RF_OK:
         return
     info = feed._info._replace(start=(epoch.value, samples.value), dataset_samples=dataset_samples.value)
+    raw = _lib.rf_info()
+    if LIB.rf_get_info(handle.ptr, ctypes.byref(raw)) == _lib.RF_OK and raw.batches_expected != _lib.BATCHES_UNKNOWN:
+        # Known now too: the loader counted the run from the agreed start.
+        info = info._replace(batches_expected=raw.batches_expected)
     feed._info = info
-    job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
-    handle.resume = (info.start, info.dataset_samples, job_world_size * info.max_samples_per_slot)
+    handle.resume = (info.start, info.dataset_samples, _step_samples(info), handle.tail)
     handle.awaited_start = False

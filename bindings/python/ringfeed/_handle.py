@@ -106,7 +106,7 @@ class Handle:
     """
 
     __slots__ = ("ptr", "pid", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "in_transit", "feeds",
-                 "resume", "awaited_start", "images", "classes", "__weakref__")
+                 "resume", "awaited_start", "images", "classes", "tail", "__weakref__")
 
     def __init__(self, cell, name, rank):
         self.ptr = cell[0]
@@ -134,10 +134,12 @@ class Handle:
         self.in_transit = None
         # The open Feeds on this handle (for the message of a second attach).
         self.feeds = weakref.WeakSet()
-        # ((start epoch, start samples), dataset samples, samples per step)
-        # for Batch.resume_state, or None if the loader did not say; set by
-        # attach().
+        # ((start epoch, start samples), dataset samples, samples per step,
+        # tail) for Batch.resume_state, or None if the loader did not say;
+        # set by attach().
         self.resume = None
+        # How every epoch ends: _lib.RF_TAIL_DROP or RF_TAIL_KEEP (attach()).
+        self.tail = 0
         # The loader waits for its ranks to say where the run starts
         # (--resume auto) and has not said yet.
         self.awaited_start = False

@@ -31,6 +31,11 @@ RF_E_UNTRUSTED = -13
 RF_START_FIXED = 0
 RF_START_AWAITING = 1
 RF_START_DECIDED = 2
+# How every epoch ends (rf_get_epoch's tail; ffi/src/epoch.rs).
+RF_TAIL_DROP = 0
+RF_TAIL_KEEP = 1
+# FeedInfo.tail's words for them.
+TAIL_NAMES = {RF_TAIL_DROP: "drop", RF_TAIL_KEEP: "keep"}
 
 # Sentinel of rf_info.batches_expected: the loader did not say.
 BATCHES_UNKNOWN = 2**64 - 1
@@ -121,8 +126,20 @@ class rf_job(ctypes.Structure):
     ]
 
 
+class rf_epoch(ctypes.Structure):
+    """How every epoch of a feed's loader ends, and its size (rf_get_epoch)."""
+
+    _fields_ = [
+        ("tail", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("steps_per_epoch", ctypes.c_uint64),
+        ("samples_per_epoch", ctypes.c_uint64),
+        ("dataset_samples", ctypes.c_uint64),
+    ]
+
+
 # The sizes the Rust side has; a mismatch means this file drifted from the ABI.
-for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16), (rf_key, 32)):
+for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16), (rf_key, 32), (rf_epoch, 32)):
     if ctypes.sizeof(_struct) != _size:
         raise ImportError(
             "ringfeed: ctypes struct %s is %d bytes, the C ABI says %d"
@@ -149,7 +166,8 @@ _REQUIRED = ("rf_attach", "rf_next", "rf_release", "rf_get_info", "rf_detach", "
 _OPTIONAL = (
     "rf_get_job", "rf_resume_state", "rf_get_taken", "rf_get_start", "rf_resume_normal", "rf_resume_after",
     "rf_resume_advance", "rf_request_start", "rf_get_start_mode", "rf_get_order", "rf_get_order_block",
-    "rf_get_image_format", "rf_batch_key", "rf_get_class_count", "rf_get_class_name",
+    "rf_get_image_format", "rf_batch_key", "rf_get_class_count", "rf_get_class_name", "rf_get_epoch",
+    "rf_epoch_steps", "rf_resume_normal_tail", "rf_resume_after_tail", "rf_resume_advance_tail",
 )
 
 
@@ -191,6 +209,17 @@ def _declare(lib):
             fn = getattr(lib, name)
             fn.argtypes = [ctypes.c_uint64] * arity + [ctypes.POINTER(ctypes.c_uint64)] * 2
             fn.restype = ctypes.c_int
+        # The same rule under a tail (--tail keep), its last argument.
+        if hasattr(lib, name + "_tail"):
+            fn = getattr(lib, name + "_tail")
+            fn.argtypes = [ctypes.c_uint64] * arity + [ctypes.c_uint32] + [ctypes.POINTER(ctypes.c_uint64)] * 2
+            fn.restype = ctypes.c_int
+    if hasattr(lib, "rf_get_epoch"):
+        lib.rf_get_epoch.argtypes = [_feed_p, ctypes.POINTER(rf_epoch)]
+        lib.rf_get_epoch.restype = ctypes.c_int
+    if hasattr(lib, "rf_epoch_steps"):
+        lib.rf_epoch_steps.argtypes = [ctypes.c_uint64] * 3 + [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)]
+        lib.rf_epoch_steps.restype = ctypes.c_int
     if hasattr(lib, "rf_request_start"):
         lib.rf_get_start_mode.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32)]
         lib.rf_get_start_mode.restype = ctypes.c_int
@@ -266,10 +295,15 @@ class Library:
         raw = self.rf_last_error()
         return raw.decode("utf-8", "replace") if raw else ""
 
-    def resume_rule(self, name, *args):
+    def resume_rule(self, name, *args, tail=RF_TAIL_DROP):
         """Calls the library's resume rule ``name`` (rf_resume_normal, _after or
-        _advance) and returns its ``(epoch, samples)``, or None where it has no
-        state (a step of 0 samples or larger than the dataset, an overflow)."""
+        _advance) under ``tail`` (RF_TAIL_DROP or RF_TAIL_KEEP) and returns its
+        ``(epoch, samples)``, or None where it has no state (a step of 0
+        samples or larger than the dataset, an overflow)."""
+        if self.has(name + "_tail"):
+            name, args = name + "_tail", args + (tail,)
+        elif tail != RF_TAIL_DROP:
+            name += "_tail"  # missing: the error below names it
         fn = getattr(self, name, None)
         if fn is None:
             raise ImportError(
@@ -284,3 +318,17 @@ class Library:
 
 # The library, loaded once for the whole package (ImportError if it cannot be).
 LIB = load()
+
+
+def epoch_steps(dataset_samples, start_samples, per_step, tail):
+    """Steps every rank takes in an epoch of ``dataset_samples`` whose first
+    ``start_samples`` were consumed before, ``per_step`` (W x B) a step,
+    under ``tail``: the library's rule (rf_epoch_steps, ring::resume), the
+    one the loader's sampler uses. None where it has none (a step of 0
+    samples, a start past the dataset) or with a library too old to say."""
+    if not LIB.has("rf_epoch_steps"):
+        return None
+    steps = ctypes.c_uint64()
+    if LIB.rf_epoch_steps(dataset_samples, start_samples, per_step, tail, ctypes.byref(steps)) != RF_OK:
+        return None
+    return steps.value

@@ -43,17 +43,18 @@ def check_resume(feed, state, order=None):
     n = info.dataset_samples
     job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
     per_step = job_world_size * info.max_samples_per_slot
+    tail = tail_of(info)
     want = (0, 0) if state is None else two_counts(state, "state", "(epoch, samples), a Batch.resume_state")
     if order is not None:
         check_order(feed, order)
     start = info.start
     taken = feed.taken or 0
-    at = advance(start, taken, n, per_step)
-    wanted = _normal(want, n, per_step)
+    at = advance(start, taken, n, per_step, tail)
+    wanted = _normal(want, n, per_step, tail)
     if wanted == at:
         return
-    if taken and _normal(start, n, per_step) <= wanted < at:
-        steps = _steps_between(wanted, at, n, per_step)
+    if taken and _normal(start, n, per_step, tail) <= wanted < at:
+        steps = _steps_between(wanted, at, n, per_step, tail)
         _LOG.warning(
             "ringfeed: rank %d of loader %r goes on at epoch %d, %d samples consumed, %d step(s) after the checkpoint's "
             "epoch %d, %d samples: the loader served them to the trainers before their restart, and they are not "
@@ -142,21 +143,27 @@ def check_order(feed, order):
     )
 
 
-def _normal(state, n, per_step):
-    """A state as the loader goes on from it: one with less than a step left
-    of its epoch goes on with the next epoch (rf_resume_normal: the
-    loader's own rule, ring::resume)."""
-    return LIB.resume_rule("rf_resume_normal", state[0], state[1], n, per_step)
+def tail_of(info):
+    """The loader's tail as the library names it (RF_TAIL_DROP, RF_TAIL_KEEP)."""
+    return _lib.RF_TAIL_KEEP if info.tail == "keep" else _lib.RF_TAIL_DROP
 
 
-def advance(start, steps, n, per_step):
-    """The state ``steps`` steps after ``start`` (rf_resume_advance)."""
-    return LIB.resume_rule("rf_resume_advance", start[0], start[1], steps, n, per_step)
+def _normal(state, n, per_step, tail=_lib.RF_TAIL_DROP):
+    """A state as the loader goes on from it: one with no step left of its
+    epoch goes on with the next epoch (rf_resume_normal_tail: the loader's
+    own rule, ring::resume)."""
+    return LIB.resume_rule("rf_resume_normal", state[0], state[1], n, per_step, tail=tail)
 
 
-def _steps_between(a, b, n, per_step):
+def advance(start, steps, n, per_step, tail=_lib.RF_TAIL_DROP):
+    """The state ``steps`` steps after ``start`` (rf_resume_advance_tail)."""
+    return LIB.resume_rule("rf_resume_advance", start[0], start[1], steps, n, per_step, tail=tail)
+
+
+def _steps_between(a, b, n, per_step, tail=_lib.RF_TAIL_DROP):
     """Steps from state ``a`` to the later state ``b`` (both normal)."""
     if a[0] == b[0]:
         return (b[1] - a[1]) // per_step
-    per_epoch = n // per_step
-    return (n - a[1]) // per_step + (b[0] - a[0] - 1) * per_epoch + b[1] // per_step
+    per_epoch = _lib.epoch_steps(n, 0, per_step, tail)
+    first = _lib.epoch_steps(n, a[1], per_step, tail)
+    return first + (b[0] - a[0] - 1) * per_epoch + b[1] // per_step

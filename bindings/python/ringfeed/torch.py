@@ -6,13 +6,30 @@ not)::
     import ringfeed.torch
 
     loader = ringfeed.torch.Loader(dtype=torch.uint16, shape=(L,), device="cuda")
-    for tokens in loader:                  # (B, L) uint16 on the GPU
-        loss = model(tokens.long())
-        ...
-        ckpt = {"model": ..., "data": loader.state_dict()}   # after the step
+    len(loader)                            # steps (batches) of one epoch
+    for epoch in loader.epochs():          # every epoch the loader serves
+        for tokens in loader:              # one epoch: (B, L) uint16 on the GPU
+            loss = model(tokens.long())
+            ...
+            ckpt = {"model": ..., "data": loader.state_dict()}   # after the step
 
     # resuming, before the first batch:
     loader.load_state_dict(ckpt["data"])
+
+As a DataLoader's, each ``for batch in loader`` is one epoch (``len(loader)``
+steps, fewer in the first epoch of a run resumed mid-epoch), and the next
+loop goes on with the next epoch; ``loader.epochs()`` yields the number of
+each epoch the loader (``serve --epochs``) still serves. A Loader is a torch
+``IterableDataset`` with a length, so it also goes where a DataLoader does:
+``torch.utils.data.DataLoader(loader, batch_size=None)`` (the loader batches
+and reads; no worker processes), or Lightning's ``Trainer.fit(model,
+train_dataloaders=loader)``. ``next(loader)`` takes the next batch whatever
+its epoch.
+
+With ``serve --tail keep`` (evaluation: every sample once an epoch), the last
+steps' batches are short or empty: a tensor of ``(len(batch), *shape)``,
+``(0, *shape)`` for an empty one (a ``-1`` in ``shape`` is then 0), and every
+rank still takes ``len(loader)`` steps, so collectives line up.
 
 Each batch becomes one tensor: ``dtype`` (a torch or numpy dtype; uint8 when
 left out) and ``shape``, the shape of one sample (the tensor is ``(samples,
@@ -53,6 +70,7 @@ import weakref
 
 import numpy as np
 import torch
+import torch.utils.data
 
 from . import _resume
 from . import errors
@@ -196,9 +214,10 @@ class _InFlight:
         self.resume_state = batch.resume_state
 
 
-class Loader:
-    """Iterates a ringfeed Feed as torch tensors, with torchdata's
-    ``state_dict`` / ``load_state_dict``.
+class Loader(torch.utils.data.IterableDataset):
+    """Iterates a ringfeed Feed as torch tensors, one epoch per loop, with
+    torchdata's ``state_dict`` / ``load_state_dict``; ``len()`` is the steps
+    of an epoch.
 
     ``feed``: an attached ``ringfeed.Feed``, or None to attach one
     (``ringfeed.attach()``: $RINGFEED_NAME, $LOCAL_RANK), which close()
@@ -230,6 +249,15 @@ class Loader:
         self._started = False
         self._ended = False
         self._closed = False
+        # CPU: the next batch, taken to see its epoch (_peek) and not yet
+        # given to the loop.
+        self._stash = None
+        # (epoch, its steps) of the last epoch asked about (_epoch_steps).
+        self._steps_of = (None, None)
+        # The last batch the loop got was the last of its epoch.
+        self._at_epoch_end = False
+        # (epoch, step) epochs() last yielded at, and feed.taken then.
+        self._epochs_at = None
         self._loaded = None  # the resume state load_state_dict() went to
         self.epoch = self.step = self.indices = self.resume_state = None
         # CUDA: copies the loop has not had yet, and every batch whose slot
@@ -284,20 +312,62 @@ class Loader:
                 % (self._feed.name, nbytes, address, _cuda_error_text(cudart, result)))
         return (cudart, self._device, address, self._feed)
 
+    def __len__(self):
+        """Steps (batches) of one epoch, the same for every rank: ``len(feed)``
+        (``feed.info.steps_per_epoch``). The first epoch of a run resumed
+        mid-epoch serves fewer: the rest of that epoch, as a DataLoader
+        resumed with its state does (Lightning counts its steps the same
+        way)."""
+        return len(self._feed)
+
+    def __bool__(self):
+        # A loader is true, whatever its length.
+        return True
+
     def __iter__(self):
-        return self
+        """One epoch: the batches of the next epoch this loader serves, from
+        where the last loop stopped to the epoch's last step (nothing once the
+        run is over)."""
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            raise errors.InvalidArgumentError(
+                "ringfeed.torch.Loader iterated in DataLoader worker %d: the ring is attached in the main process, "
+                "and the loader reads and batches already; pass num_workers=0 (and batch_size=None)" % info.id)
+        return _Epoch(self)
+
+    def epochs(self):
+        """Yields the number of each epoch the loader still serves, before the
+        loop over it: ``for epoch in loader.epochs(): for batch in loader:
+        ...`` runs the whole run (``serve --epochs``), a resumed run from its
+        checkpoint's epoch. Ends when the run does. Each yield waits for the
+        epoch's first batch (it takes it, to see its epoch)."""
+        while True:
+            at = self._peek()
+            if at is None:
+                return
+            taken = (self.epoch, self.step)  # what the loop had so far
+            if self._epochs_at == (at, taken):
+                raise errors.InvalidArgumentError(
+                    "loader.epochs() went on with no batch taken since its last epoch (%d): iterate the loader in "
+                    "the loop's body (for batch in loader: ...)" % at[0])
+            self._epochs_at = (at, taken)
+            yield at[0]
 
     def __next__(self):
+        """The next batch, whatever its epoch (``for`` loops one epoch)."""
         if self._device is None:
             return self._next_on_cpu()
         return self._next_on_gpu()
 
     def _take(self):
         """The feed's next batch, or None at the end of the run."""
-        if self._ended:
-            return None
         if self._closed:
             raise ValueError("this loader of feed %r is closed" % self._feed.name)
+        if self._stash is not None:
+            batch, self._stash = self._stash, None
+            return batch
+        if self._ended:
+            return None
         if self._feed.closed:
             raise ValueError("the feed %r of this loader is closed: attach again (ringfeed.attach)" % self._feed.name)
         self._started = True
@@ -305,6 +375,25 @@ class Loader:
         if batch is None:
             self._ended = True
         return batch
+
+    def _peek(self):
+        """``(epoch, step)`` of the batch the loop gets next, taking it from
+        the feed if need be (kept for the loop); None at the end of the run."""
+        if self._device is None:
+            if self._stash is None:
+                self._stash = self._take()
+            return None if self._stash is None else (self._stash.epoch, self._stash.step)
+        self._fill_ahead()
+        if not self._ahead:
+            self._drain()  # the run is over: every slot back, as at __next__'s end
+            return None
+        return (self._ahead[0].epoch, self._ahead[0].step)
+
+    def _epoch_steps(self, epoch):
+        """Steps of ``epoch`` (the feed's rule), or None if unknown."""
+        if self._steps_of[0] != epoch or self._steps_of[1] is None:
+            self._steps_of = (epoch, self._feed.steps_in_epoch(epoch))
+        return self._steps_of[1]
 
     def _next_on_cpu(self):
         batch = self._take()
@@ -316,6 +405,23 @@ class Loader:
         return out
 
     def _next_on_gpu(self):
+        self._fill_ahead()
+        if not self._ahead:
+            self._drain()
+            raise StopIteration
+        entry = self._ahead.popleft()
+        consumer = torch.cuda.current_stream(self._device)
+        consumer.wait_event(entry.event)
+        # The copies were made on the side stream: the caching allocator must
+        # not hand their memory out again while the consumer's stream uses it.
+        _each_tensor(entry.out, lambda t: t.record_stream(consumer))
+        self._delivered(entry.epoch, entry.step, entry.indices, entry.resume_state)
+        out, entry.out = entry.out, None
+        return out
+
+    def _fill_ahead(self):
+        """Gives back the slots whose copies ended, and starts copies up to
+        ``prefetch`` batches ahead of the loop."""
         self._reap()
         while len(self._ahead) < self._prefetch and not self._ended:
             self._make_room()
@@ -330,21 +436,11 @@ class Loader:
                 self._stream.synchronize()
                 batch.release()
                 raise
-        if not self._ahead:
-            self._drain()
-            raise StopIteration
-        entry = self._ahead.popleft()
-        consumer = torch.cuda.current_stream(self._device)
-        consumer.wait_event(entry.event)
-        # The copies were made on the side stream: the caching allocator must
-        # not hand their memory out again while the consumer's stream uses it.
-        _each_tensor(entry.out, lambda t: t.record_stream(consumer))
-        self._delivered(entry.epoch, entry.step, entry.indices, entry.resume_state)
-        out, entry.out = entry.out, None
-        return out
 
     def _delivered(self, epoch, step, indices, resume_state):
         self.epoch, self.step, self.indices, self.resume_state = epoch, step, indices, resume_state
+        steps = self._epoch_steps(epoch)
+        self._at_epoch_end = steps is not None and step + 1 >= steps
 
     def _make(self, batch):
         """The batch as the loop gets it on the CPU: zero-copy views."""
@@ -359,6 +455,10 @@ class Loader:
             shape = self._batch_shape
         elif self._shape is not None:
             shape = (len(batch),) + self._shape
+            if not len(batch):
+                # An empty batch (the last step of a kept tail): nothing to
+                # infer a -1 from.
+                shape = tuple(0 if d == -1 else d for d in shape)
         else:
             shape = None
         try:
@@ -449,7 +549,9 @@ class Loader:
             return None
         job_world_size = info.job_world_size if info.job_world_size is not None else info.world_size
         per_step = job_world_size * info.max_samples_per_slot
-        return _resume.advance(info.start, self._feed.taken or 0, info.dataset_samples, per_step)
+        # Batches taken to look at their epoch (epochs()) are not the loop's yet.
+        taken = (self._feed.taken or 0) - (self._stash is not None) - len(self._ahead)
+        return _resume.advance(info.start, taken, info.dataset_samples, per_step, _resume.tail_of(info))
 
     def load_state_dict(self, state):
         """Goes on from ``state`` (a ``state_dict()``), before the first
@@ -475,23 +577,80 @@ class Loader:
         tensors given out stay valid. Batches copied ahead that the loop did
         not get (at most ``prefetch``) are dropped: ``state_dict()`` is that
         of the last batch the loop got. A second call does nothing."""
+        self._close(warn=True)
+
+    def _close(self, warn):
+        if warn and not self._closed and self._at_epoch_end and not self._ended:
+            self._warn_of_epochs_left()
         self._closed = True
+        if self._stash is not None:
+            self._stash.release()
+            self._stash = None
         if self._device is not None:
             self._drain()
             self._finish()
         if self._owns_feed:
             self._feed.close()
 
+    def _warn_of_epochs_left(self):
+        """Closed at an epoch's end with more to come: a loop written for a
+        Loader that iterated the whole run trains one epoch now; say so."""
+        feed = self._feed
+        try:
+            left = feed.info.batches_expected - feed.taken if feed.info.batches_expected is not None else None
+        except (ValueError, errors.Error):
+            return
+        if left:
+            _LOG.warning(
+                "ringfeed: loader %r closed after epoch %d with %d batch(es) of the run left for rank %d: a "
+                "`for batch in loader` loop is one epoch, as a DataLoader's; `for epoch in loader.epochs(): for "
+                "batch in loader: ...` takes every epoch", feed.name, self.epoch, left, feed.rank)
+
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self._close(warn=exc[0] is None)  # a loop left by an exception says nothing more
         return False
 
     def __repr__(self):
         where = "cpu" if self._device is None else "%s%s" % (self._device, " pinned" if self.pinned else "")
         return "<ringfeed.torch.Loader feed=%r %s epoch=%s step=%s>" % (self._feed.name, where, self.epoch, self.step)
+
+
+class _Epoch:
+    """One epoch of a Loader, what ``iter(loader)`` gives: its batches from
+    where the last loop stopped to the epoch's last step. Takes nothing until
+    its first ``next``."""
+
+    __slots__ = ("_loader", "_epoch", "_over")
+
+    def __init__(self, loader):
+        self._loader, self._epoch, self._over = loader, None, False
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._loader)
+
+    def __next__(self):
+        loader = self._loader
+        if self._over:
+            raise StopIteration
+        if self._epoch is None and loader._at_epoch_end:
+            loader._at_epoch_end = False  # a new loop: the next epoch
+        elif loader._at_epoch_end:
+            self._over = True
+            raise StopIteration
+        at = loader._peek()
+        if at is None or (self._epoch is not None and at[0] != self._epoch):
+            # The run is over, or the next batch is another epoch's (a loader
+            # whose epoch length is not known): it waits for the next loop.
+            self._over = True
+            raise StopIteration
+        self._epoch = at[0]
+        return next(loader)
 
 
 def _check_state(state):

@@ -259,10 +259,7 @@ fn a_png_claiming_the_largest_sides_is_refused_not_overflowed() {
     let mut bytes = png_header_only(u32::MAX, u32::MAX);
     bytes[25] = 6; // RGBA: the widest source
     let err = d.decode_into(&bytes, &s, 0, 0, 0, &mut out).unwrap_err();
-    assert!(
-        matches!(err, DecodeError::TooManyPixels { .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, DecodeError::TooManyPixels { .. }), "{err:?}");
 }
 
 #[test]

@@ -18,6 +18,7 @@ use ringfeed_ring::consumer::{validate_header, Next};
 use ringfeed_ring::layout::{
     ImageFormat, Job, RunOrder, RunStart, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES,
 };
+use ringfeed_ring::resume::Tail;
 use ringfeed_ring::segment::{self, LOADER_LOCK_BYTE};
 use ringfeed_ring::{
     AttachError, AttachOptions, Consumer, CreateError, Layout, NextError, Producer, ReleaseError,
@@ -139,6 +140,36 @@ fn corrupt_header_err(test: &str, tamper: impl FnOnce(&mut Vec<u8>)) -> String {
         "{test}: message does not name the path: {msg}"
     );
     msg
+}
+
+#[test]
+fn a_tail_that_is_not_a_tail_or_disagrees_with_the_steps_of_an_epoch_is_corrupt() {
+    // Flags word at 84: START_KNOWN (1) and TAIL_KNOWN (16); dataset_samples
+    // at 176, tail mode at 240, steps per epoch at 248. 20 samples in steps
+    // of 2 ranks x 4 make 2 steps dropping the tail, 3 keeping it.
+    let tail = |mode: u64, steps: u64| {
+        move |b: &mut Vec<u8>| {
+            let flags = u32::from_le_bytes(b[84..88].try_into().unwrap()) | 1 | 16;
+            b[84..88].copy_from_slice(&flags.to_le_bytes());
+            put_u64(b, 176, 20);
+            put_u64(b, 240, mode);
+            put_u64(b, 248, steps);
+        }
+    };
+    let msg = corrupt_header_err("tail-mode", tail(2, 3));
+    assert!(msg.contains("tail mode 2"), "{msg}");
+    let msg = corrupt_header_err("tail-steps", tail(1, 2));
+    assert!(msg.contains("2 steps per epoch"), "{msg}");
+    let msg = corrupt_header_err("tail-steps-drop", tail(0, 3));
+    assert!(msg.contains("3 steps per epoch"), "{msg}");
+    // The rule's own figures are a valid header.
+    for (mode, steps, want) in [(0, 2, Tail::Drop), (1, 3, Tail::Keep)] {
+        let name = unique("tail-ok");
+        let mut bytes = real_segment_bytes(&name);
+        tail(mode, steps)(&mut bytes);
+        let (_, job) = validate_header(&bytes, "buf").unwrap();
+        assert_eq!(job.tail, want);
+    }
 }
 
 #[test]
@@ -428,6 +459,8 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
         awaits_start: false,
         keys: None,
         class_names: None,
+        // --tail keep: 1000 samples in steps of 8 x 4 make 32 steps (31 whole).
+        tail: Tail::Keep,
     };
     let _producer = Producer::create_in_job(&name, GEOMETRY, job).unwrap();
     let consumer = Consumer::attach(&name, 1, SHORT).unwrap();
@@ -436,6 +469,13 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
     let b = u64::from(GEOMETRY.max_samples_per_slot);
     assert_eq!(consumer.resume_state_after(3, 0), Some((3, 40 + 8 * b)));
     assert_eq!(consumer.resume_state_after(4, 1), Some((4, 16 * b)));
+    assert_eq!(consumer.steps_per_epoch(), Some(32));
+    assert_eq!(consumer.resume_state_after(4, 30), Some((4, 992)));
+    assert_eq!(
+        consumer.resume_state_after(4, 31),
+        Some((5, 0)),
+        "the short step of 8 ends the epoch"
+    );
     drop(consumer);
     // A job that leaves no room for the ring's ranks is refused when made.
     let err = Producer::create_in_job(
@@ -451,6 +491,7 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
             awaits_start: false,
             keys: None,
             class_names: None,
+            tail: Tail::Drop,
         },
     )
     .err()

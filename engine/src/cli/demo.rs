@@ -322,6 +322,7 @@ fn demo_config(a: &DemoArgs, data_dir: &Path, name: &str) -> ServeConfig {
         io: a.io,
         reader: ReaderConfig::default(),
         start: ResumeState::default(),
+        tail: crate::sampler::Tail::Drop,
         progress: false,
         decode: None,
     }

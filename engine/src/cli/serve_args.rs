@@ -10,7 +10,7 @@ use crate::cli::max_age::parse_max_age;
 use crate::loader::{DataCachePolicy, JobConfig, ListingPolicy, SampleFormat, ServeConfig};
 use crate::reader::{IoChoice, ReaderConfig};
 use crate::ring::layout::{Job, MAX_RANKS};
-use crate::sampler::{BlockShape, ResumeState, SampleOrder};
+use crate::sampler::{BlockShape, ResumeState, SampleOrder, Tail};
 use crate::source::ManifestCache;
 use crate::source::SourceSpec;
 
@@ -78,6 +78,13 @@ pub struct ServeArgs {
     /// window's blocks.
     #[arg(long, default_value_t = BlockShape::DEFAULT_WINDOW_BLOCKS)]
     pub shuffle_window: u32,
+    /// How an epoch ends when its samples do not fill a whole last step of
+    /// world size x batch size: drop (the default, training: that tail is
+    /// left out, every batch full) or keep (evaluation: every sample once
+    /// an epoch, the last steps' batches short or empty, every rank the same
+    /// number of steps). See docs/sampler.md.
+    #[arg(long, value_enum, default_value_t = TailFlag::Drop)]
+    pub tail: TailFlag,
     /// Files are concatenations of fixed-size records of N bytes.
     #[arg(long)]
     pub record_bytes: Option<u64>,
@@ -150,6 +157,24 @@ pub enum ShuffleFlag {
     Block,
     /// Manifest order.
     None,
+}
+
+/// `--tail`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TailFlag {
+    /// Leave out the samples that do not fill a whole last step.
+    Drop,
+    /// Serve every sample once an epoch, in short or empty last batches.
+    Keep,
+}
+
+impl From<TailFlag> for Tail {
+    fn from(flag: TailFlag) -> Tail {
+        match flag {
+            TailFlag::Drop => Tail::Drop,
+            TailFlag::Keep => Tail::Keep,
+        }
+    }
 }
 
 /// `--manifest-cache`.
@@ -314,6 +339,7 @@ pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Resul
             awaits_start: false,
             keys: None,
             class_names: None,
+            tail: Tail::Drop,
         },
     ))
 }
@@ -451,6 +477,7 @@ impl ServeArgs {
                 ..ReaderConfig::default()
             },
             start,
+            tail: self.tail.into(),
             progress: true,
             decode: self.images.config()?,
         })

@@ -12,7 +12,7 @@ use crate::remote::FetchConfig;
 use crate::ring::layout::{GeometryError, ImageFormat, Job, RunOrder, RunStart};
 use crate::ring::segment::{self, human_bytes};
 use crate::ring::{CreateError, Layout, RingGeometry};
-use crate::sampler::{ResumeState, SampleOrder, Sampler, SamplerConfig};
+use crate::sampler::{ResumeState, SampleOrder, Sampler, SamplerConfig, Tail};
 use crate::source::{LocalSource, OpenedSource, SourceSpec};
 
 use super::slots::{auto_slots_per_rank, fit_auto_slots, AUTO_SLOTS_FLOOR};
@@ -53,6 +53,9 @@ pub struct ServeConfig {
     pub reader: ReaderConfig,
     /// Where to start.
     pub start: ResumeState,
+    /// How every epoch ends (`--tail`): its tail shorter than a step
+    /// dropped (training), or kept in short last batches (evaluation).
+    pub tail: Tail,
     /// Log progress: while listing, and when every rank has its first batch.
     pub progress: bool,
     /// Decode every sample as an image (`--decode image`) into fixed-shape
@@ -85,6 +88,20 @@ pub struct Plan {
 }
 
 impl ServeConfig {
+    /// What decides which samples each job rank gets, over `n_samples`.
+    pub fn sampler_config(&self, n_samples: u64) -> SamplerConfig {
+        SamplerConfig {
+            n_samples,
+            batch_size: self.batch_size,
+            world_size: self.job.job_world_size,
+            seed: self.seed,
+            order: self.order,
+            epochs: self.epochs,
+            start: self.start,
+            tail: self.tail,
+        }
+    }
+
     /// Checks the ring flags that need no dataset (`--slots-per-rank`,
     /// `--slot-bytes`) against the ring's limits, naming the flag.
     pub fn check_ring_flags(&self) -> Result<(), PlanError> {
@@ -137,15 +154,7 @@ impl Plan {
         data_cache: Option<crate::cache::CacheConfig>,
     ) -> Result<Plan, PlanError> {
         cfg.check_ring_flags()?;
-        let sampler = Sampler::new(SamplerConfig {
-            n_samples: manifest.len(),
-            batch_size: cfg.batch_size,
-            world_size: cfg.job.job_world_size,
-            seed: cfg.seed,
-            order: cfg.order,
-            epochs: cfg.epochs,
-            start: cfg.start,
-        })?;
+        let sampler = Sampler::new(cfg.sampler_config(manifest.len()))?;
         let (slot_bytes, derived) = slot_bytes(&cfg, &source, &manifest)?;
         let decode = match &cfg.decode {
             Some(d) => Some(decode_plan(d, &manifest, cfg.batch_size)?),
@@ -214,6 +223,7 @@ impl Plan {
                 dataset_samples: sampler.config().n_samples,
             }),
             order: Some(run_order(&cfg)),
+            tail: cfg.tail,
             ..cfg.job
         };
         Ok(Plan {
@@ -515,7 +525,12 @@ fn plan_digest(cfg: &ServeConfig, manifest: &Manifest) -> u64 {
         c.start.epoch,
         c.start.samples_consumed,
     ];
-    let words = words.into_iter().chain(block.into_iter().flatten());
+    // A kept tail adds a word; a dropped one keeps the digest it always had.
+    let keep = (c.tail == Tail::Keep).then_some(u64::from_le_bytes(*b"tailkeep"));
+    let words = words
+        .into_iter()
+        .chain(block.into_iter().flatten())
+        .chain(keep);
     let digest = crate::manifest::digest_words(manifest.digest(), words).max(1);
     tracing::debug!(
         "plan digest {digest:016x} in {:.1} ms",
@@ -584,6 +599,7 @@ mod tests {
             io: IoChoice::Pread,
             reader: ReaderConfig::default(),
             start: ResumeState::default(),
+            tail: Tail::Drop,
             progress: false,
             decode: None,
         };
@@ -622,6 +638,7 @@ mod tests {
             io: IoChoice::Pread,
             reader: ReaderConfig::default(),
             start: ResumeState::default(),
+            tail: Tail::Drop,
             progress: false,
             decode: None,
         };

@@ -59,12 +59,21 @@ pub(super) fn origin_words(
 pub(super) fn nothing_to_serve(plan: &Plan, cfg: &ServeConfig) -> String {
     let start = cfg.start;
     let (n, step) = (plan.manifest().len(), plan.sampler().step_samples());
+    if start.epoch < cfg.epochs && cfg.tail == crate::sampler::Tail::Keep {
+        // Inside the last epoch, with no sample left of it.
+        return format!(
+            "nothing to serve: the run starts at epoch {}, {} samples consumed, every sample of that epoch, the last \
+             of a run of --epochs {}, so the run is complete and there is nothing to restart. To go on, raise \
+             --epochs and keep this --resume",
+            start.epoch, start.samples_consumed, cfg.epochs
+        );
+    }
     if start.epoch < cfg.epochs {
         // Inside the last epoch, with less than a step left: the tail
         // that every epoch drops.
         return format!(
             "nothing to serve: the run starts at epoch {}, {} samples consumed, and the {} samples left of that epoch \
-             are fewer than one step (world size × batch size = {step}), the tail every epoch drops; that is the end \
+             are fewer than one step (world size × batch size = {step}), the tail every epoch drops (--tail drop); that is the end \
              of a run of --epochs {}, so the run is complete and there is nothing to restart. To train on, raise \
              --epochs and keep this --resume",
             start.epoch,
@@ -80,22 +89,34 @@ pub(super) fn nothing_to_serve(plan: &Plan, cfg: &ServeConfig) -> String {
     )
 }
 
-/// Without a shuffle every epoch drops the same tail, the last samples of
-/// the manifest's order: they are never served in any whole epoch. Say so,
-/// naming the first of them, so that it is a choice and not a surprise.
+/// What a dropped tail leaves out of every whole epoch, said once at start
+/// when it leaves any out, with `--tail keep` as the way to serve it. Under
+/// a shuffle the samples left out change every epoch (a line for the
+/// record); without one every epoch drops the same last samples of the
+/// manifest's order, so they are never served: a warning naming the first
+/// of them, so that it is a choice and not a surprise.
 pub(super) fn warn_of_a_fixed_tail(plan: &Plan, cfg: &ServeConfig) {
     let (n, step) = (plan.manifest().len(), plan.sampler().step_samples());
-    let tail = n % step;
+    let tail = plan.sampler().samples_dropped_per_epoch();
     // Only a run with a whole epoch after its start: a resumed epoch drops
     // its own tail, which is this one anyway, and says nothing more.
-    if cfg.order.is_shuffled()
-        || tail == 0
+    if tail == 0
         || cfg
             .start
             .epoch
             .saturating_add(u64::from(cfg.start.samples_consumed > 0))
             >= cfg.epochs
     {
+        return;
+    }
+    if cfg.order.is_shuffled() {
+        say_err!(
+            "ringfeed: each epoch serves {} of the {n} samples in {} steps and leaves out {tail}, a different {tail} every epoch \
+             (a step takes world size × batch size = {step} samples, and the tail shorter than a step is dropped); \
+             --tail keep serves every sample once an epoch, in short last batches (for evaluation)",
+            n - tail,
+            plan.sampler().steps_per_epoch()
+        );
         return;
     }
     let first = n - tail;
@@ -116,7 +137,8 @@ pub(super) fn warn_of_a_fixed_tail(plan: &Plan, cfg: &ServeConfig) {
     say_err!(
         "ringfeed: warning: with --no-shuffle every epoch drops the same last {tail} of the {n} samples ({which}, {at}), \
          so they are never served: a step takes world size × batch size = {step} samples and {n} is not a multiple of it. \
-         Shuffle, or pick a batch size that makes the step divide {n}, if they should be trained on"
+         Shuffle, pick a batch size that makes the step divide {n}, or pass --tail keep (every sample once an epoch, \
+         in short last batches), if they should be trained on"
     );
 }
 
@@ -125,7 +147,7 @@ pub(super) fn serving_line(loader: &Loader, cfg: &ServeConfig) {
     let layout = *loader.producer().layout();
     let plan = loader.plan();
     say_err!(
-        "ringfeed: serving {} samples ({}) from {} as {:?} to {}: batch {}, {} batches per rank, {} slots/rank of {}, ring {} in /dev/shm/ringfeed-{}",
+        "ringfeed: serving {} samples ({}) from {} as {:?} to {}: batch {}, {} batches per rank ({} steps an epoch{}), {} slots/rank of {}, ring {} in /dev/shm/ringfeed-{}",
         plan.manifest().len(),
         human_bytes(plan.manifest().total_bytes()),
         cfg.source,
@@ -133,6 +155,11 @@ pub(super) fn serving_line(loader: &Loader, cfg: &ServeConfig) {
         ranks_words(cfg.world_size, plan.job()),
         cfg.batch_size,
         plan.batches_per_rank(),
+        plan.sampler().steps_per_epoch(),
+        match plan.sampler().tail() {
+            crate::sampler::Tail::Keep => ", tail kept: every sample once, the last batches short",
+            crate::sampler::Tail::Drop => "",
+        },
         layout.geometry.slots_per_rank,
         human_bytes(layout.geometry.slot_payload_bytes),
         human_bytes(layout.segment_bytes),

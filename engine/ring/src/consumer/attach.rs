@@ -11,6 +11,7 @@ use super::*;
 /// a trainer learns at once, in effect, that its loader is not coming.
 pub const GONE_GRACE: Duration = Duration::from_secs(1);
 use crate::outcome::{Found, Outcome, OutcomeKind};
+use crate::resume::Tail;
 
 /// First pause of an attach that waits for a segment to be finished or a
 /// rank to be freed; it doubles up to `ATTACH_POLL`.
@@ -133,11 +134,14 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
     )
     .map_err(|e| corrupt(path, e))?;
     let (keys, class_names) = names(u32_at(84), u64_at, geometry).map_err(|e| corrupt(path, e))?;
+    let tail = run_tail(u32_at(84), u64_at, &job, geometry.max_samples_per_slot)
+        .map_err(|e| corrupt(path, e))?;
     let job = Job {
         order,
         images,
         keys,
         class_names,
+        tail,
         ..job
     };
     Ok((layout, job))
@@ -180,6 +184,35 @@ fn names(
         }
     };
     Ok((keys, names))
+}
+
+/// The header's tail (offsets 240 to 255), when its flags say it holds one,
+/// checked: a known tail word, and the steps of an epoch that the resume
+/// rule gives for the header's sample count and step (`job` is read from
+/// the same header, its tail not yet set). [`Tail::Drop`] without the flag.
+fn run_tail(
+    flags: u32,
+    u64_at: impl Fn(usize) -> u64,
+    job: &Job,
+    batch_size: u32,
+) -> Result<Tail, String> {
+    if flags & crate::layout::flags::TAIL_KNOWN == 0 {
+        return Ok(Tail::Drop);
+    }
+    let word = u64_at(240);
+    let tail = Tail::from_word(word)
+        .ok_or_else(|| format!("its tail mode {word} is neither 0 (drop) nor 1 (keep)"))?;
+    let stored = u64_at(248);
+    let dataset_samples = u64_at(176);
+    let rule = Job { tail, ..*job }.steps_per_epoch(batch_size, dataset_samples);
+    if rule != Some(stored) {
+        return Err(format!(
+            "it says {stored} steps per epoch, but {dataset_samples} samples in steps of {} x {batch_size} with the tail {} make {rule:?}",
+            job.job_world_size,
+            tail.name()
+        ));
+    }
+    Ok(tail)
 }
 
 /// The header's record of the order (offsets 184 to 207), when its flags

@@ -202,6 +202,17 @@ impl Consumer {
         (v != u64::MAX).then_some(v)
     }
 
+    /// Steps every rank takes in a whole epoch (the same for every rank; a
+    /// resumed run's first epoch may have fewer), by the resume rule under
+    /// the loader's tail; None from a loader that does not say how many
+    /// samples it serves.
+    pub fn steps_per_epoch(&self) -> Option<u64> {
+        self.job.steps_per_epoch(
+            self.layout().geometry.max_samples_per_slot,
+            self.dataset_samples()?,
+        )
+    }
+
     fn forked(&self) -> Option<Forked> {
         (FORKS.load(std::sync::atomic::Ordering::Relaxed) != self.forks_at_attach).then(|| Forked {
             name: self.name.clone(),

@@ -1,5 +1,7 @@
 //! Where a ring's ranks sit in the training job, and where its run started.
 
+use crate::resume::Tail;
+
 /// Where a ring's ranks sit in the training job. A job spread over several
 /// machines has one loader per machine; each serves a contiguous run of the
 /// job's ranks, so ring rank r is job rank `first_rank + r`, and the sampler
@@ -37,6 +39,10 @@ pub struct Job {
     /// Where slot 0 keeps the class names of the labels
     /// ([`super::flags::CLASS_NAMES_KNOWN`]). None: no names known.
     pub class_names: Option<super::ClassNames>,
+    /// How every epoch ends (`serve --tail`, [`super::flags::TAIL_KNOWN`]):
+    /// [`Tail::Drop`] from a loader that predates the field, which always
+    /// dropped it.
+    pub tail: Tail,
 }
 
 /// The flags that decide the sample order of an epoch, with the sample count
@@ -156,7 +162,25 @@ impl Job {
             awaits_start: false,
             keys: None,
             class_names: None,
+            tail: Tail::Drop,
         }
+    }
+
+    /// Samples one step of the job consumes: `job_world_size × batch_size`
+    /// (None on overflow).
+    pub fn step_samples(&self, batch_size: u32) -> Option<u64> {
+        u64::from(self.job_world_size).checked_mul(u64::from(batch_size))
+    }
+
+    /// Steps every rank takes in a whole epoch of `dataset_samples`
+    /// ([`crate::resume::steps_in_epoch`] from 0 under this job's tail).
+    pub fn steps_per_epoch(&self, batch_size: u32, dataset_samples: u64) -> Option<u64> {
+        crate::resume::steps_in_epoch(
+            dataset_samples,
+            0,
+            self.step_samples(batch_size)?,
+            self.tail,
+        )
     }
 
     /// The resume state once every rank of the job has taken its batch of
@@ -164,9 +188,9 @@ impl Job {
     /// --resume` takes to go on with the step after. Steps count from the
     /// loader's start in the epoch it started in (its `--resume`), from 0
     /// in later ones. As in `Sampler::state_after`, the state after an
-    /// epoch's last step is `(epoch + 1, 0)`: its dropped tail is not
-    /// carried over. None if the start is not known, or for an epoch before
-    /// it (not a batch of this loader), or on overflow.
+    /// epoch's last step is `(epoch + 1, 0)`: a dropped tail is not carried
+    /// over. None if the start is not known, or for an epoch before it (not
+    /// a batch of this loader), or on overflow.
     pub fn resume_state_after(&self, batch_size: u32, epoch: u64, step: u64) -> Option<(u64, u64)> {
         let start = self.start?;
         let before = match epoch.cmp(&start.epoch) {
@@ -174,13 +198,13 @@ impl Job {
             std::cmp::Ordering::Equal => start.samples_consumed,
             std::cmp::Ordering::Greater => 0,
         };
-        let per_step = u64::from(self.job_world_size).checked_mul(u64::from(batch_size))?;
         crate::resume::after_steps(
             epoch,
             before,
             step.checked_add(1)?,
             start.dataset_samples,
-            per_step,
+            self.step_samples(batch_size)?,
+            self.tail,
         )
     }
 
@@ -223,6 +247,7 @@ impl Job {
             awaits_start: false,
             keys: None,
             class_names: None,
+            tail: Tail::Drop,
         })
     }
 }
@@ -272,6 +297,7 @@ mod tests {
             awaits_start: false,
             keys: None,
             class_names: None,
+            tail: Tail::Drop,
         };
         assert_eq!(job.resume_state_after(8, 2, 0), Some((2, 164)));
         assert_eq!(job.resume_state_after(8, 2, 3), Some((2, 356)));
@@ -295,5 +321,29 @@ mod tests {
             None,
             "start not known"
         );
+    }
+
+    #[test]
+    fn with_a_kept_tail_the_epoch_ends_after_its_short_step() {
+        // 3 ranks, B = 4: a step is 12 samples; 1003 samples: 83 whole
+        // steps and one of 7.
+        let job = Job {
+            start: Some(RunStart {
+                epoch: 0,
+                samples_consumed: 0,
+                dataset_samples: 1003,
+            }),
+            tail: Tail::Keep,
+            ..Job::single(3)
+        };
+        assert_eq!(job.steps_per_epoch(4, 1003), Some(84));
+        assert_eq!(job.resume_state_after(4, 0, 82), Some((0, 996)));
+        assert_eq!(job.resume_state_after(4, 0, 83), Some((1, 0)));
+        let dropping = Job {
+            tail: Tail::Drop,
+            ..job
+        };
+        assert_eq!(dropping.steps_per_epoch(4, 1003), Some(83));
+        assert_eq!(dropping.resume_state_after(4, 0, 82), Some((1, 0)));
     }
 }

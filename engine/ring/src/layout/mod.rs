@@ -75,6 +75,11 @@ pub mod flags {
     /// `class_names_bytes` and `class_names_count` hold the loader's
     /// [`ClassNames`](super::ClassNames).
     pub const CLASS_NAMES_KNOWN: u32 = 1 << 7;
+    /// `tail_mode` and `steps_per_epoch` hold how an epoch ends
+    /// ([`Tail`](crate::resume::Tail)) and the steps of a whole epoch; set
+    /// with `dataset_samples`. Clear: the tail is dropped (every loader
+    /// that predates the field dropped it).
+    pub const TAIL_KNOWN: u32 = 16;
 }
 
 mod counters;
@@ -175,7 +180,13 @@ pub struct Header {
     pub labels_offset: AtomicU64,
     /// [`ImageFormat::bad_offset`] (valid with [`flags::IMAGES_KNOWN`]).
     pub bad_offset: AtomicU64,
-    _reserved1: [AtomicU64; 2],
+    /// [`Tail::word`](crate::resume::Tail::word): 0 drop, 1 keep (valid
+    /// with [`flags::TAIL_KNOWN`]): written once before READY.
+    pub tail_mode: AtomicU64,
+    /// Steps every rank takes in a whole epoch, `resume::steps_in_epoch(n,
+    /// 0, job W × M, tail)` (valid with [`flags::TAIL_KNOWN`]): written once
+    /// before READY; a consumer refuses a header where it is not that.
+    pub steps_per_epoch: AtomicU64,
     // --- offset 256: the loader's last word, written before ABORTED ---
     /// Bytes of `abort_message` in use (0: none; a loader that predates the
     /// field leaves it 0).
@@ -396,6 +407,8 @@ const _: () = {
     assert!(offset_of!(Header, image_flags) == 216);
     assert!(offset_of!(Header, labels_offset) == 224);
     assert!(offset_of!(Header, bad_offset) == 232);
+    assert!(offset_of!(Header, tail_mode) == 240);
+    assert!(offset_of!(Header, steps_per_epoch) == 248);
     assert!(offset_of!(Header, abort_message_bytes) == 256);
     assert!(offset_of!(Header, abort_message) == 264);
     assert!(offset_of!(Header, counters) == 264 + ABORT_MESSAGE_MAX_BYTES);

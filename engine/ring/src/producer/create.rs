@@ -261,6 +261,16 @@ impl Producer {
                 h.flags.fetch_or(crate::layout::flags::START_KNOWN, r);
             }
         }
+        if let Some(start) = job.start {
+            // How an epoch ends, and its steps: for the trainers' len() and
+            // resume states. A job whose steps overflow writes neither.
+            if let Some(steps) = job.steps_per_epoch(g.max_samples_per_slot, start.dataset_samples)
+            {
+                h.tail_mode.store(job.tail.word(), r);
+                h.steps_per_epoch.store(steps, r);
+                h.flags.fetch_or(crate::layout::flags::TAIL_KNOWN, r);
+            }
+        }
         if let Some(order) = job.order {
             h.order_seed.store(order.seed, r);
             h.order_shuffled.store(u64::from(order.shuffled), r);
