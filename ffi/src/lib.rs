@@ -12,9 +12,11 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
+mod progress;
 mod resume;
 mod start;
 mod tar;
+pub use progress::{rf_get_run_shape, rf_run_shape};
 pub use resume::{rf_resume_advance, rf_resume_after, rf_resume_normal};
 pub use start::{rf_get_start_mode, rf_request_start};
 pub use tar::{rf_tar_field, rf_tar_field_next};

@@ -68,12 +68,19 @@ pub mod flags {
     /// `labels_offset` and `bad_offset` hold the loader's
     /// [`ImageFormat`](super::ImageFormat).
     pub const IMAGES_KNOWN: u32 = 8;
+    /// `run_epochs`, `epoch_steps` and `run_batch_size` hold the loader's
+    /// [`RunShape`](super::RunShape), and the counters block's `Progress*`
+    /// words are live (bit 8). Set once, after READY, with a Release
+    /// read-modify-write: a reader that sees it (Acquire) sees the fields.
+    pub const PROGRESS_KNOWN: u32 = 256;
 }
 
 mod counters;
 mod job;
+mod progress;
 pub use counters::{Counter, Counters, COUNTERS_OFFSET, COUNTER_WORDS};
 pub use job::{ImageFormat, Job, RunOrder, RunStart};
+pub use progress::{Progress, RunShape, PROGRESS_OFFSET};
 
 /// Segment header at offset 0. Fields up to `plan_digest` are written once
 /// by the loader before `state` becomes READY and never again.
@@ -174,8 +181,21 @@ pub struct Header {
     // --- offset 1288: the loader's counters, rewritten every ~100 ms ---
     /// Figures for `ringfeed stat`, one word per [`Counter`]; Relaxed.
     pub counters: [AtomicU64; COUNTER_WORDS],
-    // --- offset 1544 to 4064: reserved ---
-    _reserved2: [AtomicU64; 315],
+    // --- offset 1544 to 1672: reserved ---
+    _reserved2: [AtomicU64; 16],
+    // --- offset 1672: the run's shape, for progress (flags::PROGRESS_KNOWN) ---
+    /// [`RunShape::epochs`]: the run's `--epochs` (valid with
+    /// [`flags::PROGRESS_KNOWN`]).
+    pub run_epochs: AtomicU64,
+    /// [`RunShape::epoch_steps`]: steps each rank gets in a whole epoch
+    /// (valid with [`flags::PROGRESS_KNOWN`]).
+    pub epoch_steps: AtomicU64,
+    /// [`RunShape::batch_size`]: samples per rank per step (valid with
+    /// [`flags::PROGRESS_KNOWN`]).
+    pub run_batch_size: AtomicU64,
+    _progress_reserved: [AtomicU64; 5],
+    // --- offset 1736 to 4064: reserved ---
+    _reserved3: [AtomicU64; 291],
     // --- offset 4064: the loader's release, here in every ABI version ---
     /// The loader's ringfeed release (its package version, as `ringfeed
     /// --version` says it), UTF-8, NUL-padded, [`LOADER_RELEASE_BYTES`] at
@@ -375,6 +395,10 @@ const _: () = {
     assert!(offset_of!(Header, counters) == 264 + ABORT_MESSAGE_MAX_BYTES);
     assert!(offset_of!(Header, counters) == COUNTERS_OFFSET);
     assert!(offset_of!(Header, _reserved2) == COUNTERS_OFFSET + COUNTER_WORDS * 8);
+    assert!(offset_of!(Header, run_epochs) == PROGRESS_OFFSET);
+    assert!(offset_of!(Header, epoch_steps) == PROGRESS_OFFSET + 8);
+    assert!(offset_of!(Header, run_batch_size) == PROGRESS_OFFSET + 16);
+    assert!(offset_of!(Header, _reserved3) == PROGRESS_OFFSET + 64);
     assert!(size_of::<RankBlock>() as u64 == RANK_BLOCK_BYTES);
     assert!(offset_of!(RankBlock, publish_futex) == 8);
     assert!(offset_of!(RankBlock, finished) == 12);
