@@ -105,8 +105,18 @@ class rf_job(ctypes.Structure):
     ]
 
 
+class rf_run_shape(ctypes.Structure):
+    """The shape of the loader's run (rf_get_run_shape), for progress."""
+
+    _fields_ = [
+        ("epochs", ctypes.c_uint64),
+        ("epoch_steps", ctypes.c_uint64),
+        ("batch_size", ctypes.c_uint64),
+    ]
+
+
 # The sizes the Rust side has; a mismatch means this file drifted from the ABI.
-for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16)):
+for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16), (rf_run_shape, 24)):
     if ctypes.sizeof(_struct) != _size:
         raise ImportError(
             "ringfeed: ctypes struct %s is %d bytes, the C ABI says %d"
@@ -133,7 +143,7 @@ _REQUIRED = ("rf_attach", "rf_next", "rf_release", "rf_get_info", "rf_detach", "
 _OPTIONAL = (
     "rf_get_job", "rf_resume_state", "rf_get_taken", "rf_get_start", "rf_resume_normal", "rf_resume_after",
     "rf_resume_advance", "rf_request_start", "rf_get_start_mode", "rf_get_order", "rf_get_order_block",
-    "rf_get_image_format",
+    "rf_get_image_format", "rf_get_run_shape",
 )
 
 
@@ -186,6 +196,9 @@ def _declare(lib):
     if hasattr(lib, "rf_get_image_format"):
         lib.rf_get_image_format.argtypes = [_feed_p, ctypes.POINTER(rf_image_format)]
         lib.rf_get_image_format.restype = ctypes.c_int
+    if hasattr(lib, "rf_get_run_shape"):
+        lib.rf_get_run_shape.argtypes = [_feed_p, ctypes.POINTER(rf_run_shape)]
+        lib.rf_get_run_shape.restype = ctypes.c_int
     if hasattr(lib, "rf_get_order_block"):
         lib.rf_get_order_block.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]
         lib.rf_get_order_block.restype = ctypes.c_int
