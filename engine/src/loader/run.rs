@@ -225,7 +225,9 @@ impl Loader {
             } else {
                 0
             };
-            self.producer.abort_with(code, &err.to_string());
+            // Scrubbed: it is read by every trainer and by `ringfeed stat`.
+            self.producer
+                .abort_with(code, &crate::remote::scrub(&err.to_string()));
             self.producer.remove_name();
         }
         self.report.elapsed = self.started.elapsed();
