@@ -80,6 +80,7 @@ def test_metrics_stat_and_the_loaders_lines_say_the_epoch_the_step_and_the_total
         p = feeds[0].progress
         assert (p.epoch, p.step, p.epoch_steps, p.epochs, p.steps_done, p.steps_total) == (1, 3, 10, 3, 13, 30), p
         assert p.samples_per_s > 0 and p.eta_s >= 0, p
+        time.sleep(1.0)  # the loader's line is drawn every 250 ms
         for f in feeds:
             for batch in f:
                 batch.release()

@@ -85,8 +85,11 @@ fn show_until(name: &str, terminal: bool, stop: &AtomicBool) {
     let mut bar: Option<ProgressBar> = None;
     let mut last_line: Option<Instant> = None;
     let mut observer: Option<Observer> = None;
+    let mut first = true;
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(TICK);
+        if !std::mem::take(&mut first) {
+            std::thread::sleep(TICK);
+        }
         if observer.is_none() {
             observer = Observer::open(name).ok();
         }
