@@ -379,6 +379,8 @@ impl Loader {
             self.producer
                 .wait_for_release(&all, RECLAIM_EVERY, |p| !p.all_released());
         }
+        // The last steps taken, for whoever watches the run to its end.
+        self.write_counters();
         Ok(())
     }
 
