@@ -85,3 +85,29 @@ def test_header_text_another_user_wrote_is_shown_only_as_printable_ascii(nobodys
     assert "\x1b" not in p.stdout and "\x07" not in p.stdout, repr(p.stdout)
     assert "reader (not printable)" in p.stdout, p.stdout
     assert "DEAD" in p.stdout, p.stdout
+
+
+def test_a_ring_linked_under_another_name_is_not_shown_as_that_names_loader(tmp_path):
+    """A hard link of loader A's ring named B is A's ring (issue 36 item 3's
+    name tag): stat B refuses it, as attach does, and ls does not list it as
+    a loader B."""
+    from e2e_util import ringfeed_bin as binary
+
+    a = "linked-a-%s" % uuid.uuid4().hex[:8]
+    b = "linked-b-%s" % uuid.uuid4().hex[:8]
+    p = subprocess.Popen([binary(), "ring-test-producer", "--name", a, "--batches", "1000"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        os.link("/dev/shm/ringfeed-" + a, "/dev/shm/ringfeed-" + b)
+        st = _ringfeed("stat", b, "--once")
+        assert st.returncode == 1 and st.stdout == "", st.stdout
+        assert "/dev/shm/ringfeed-%s" % b in st.stderr, st.stderr
+        ls = _ringfeed("ls")
+        row = [line for line in ls.stdout.splitlines() if line.startswith(b + " ")]
+        assert len(row) == 1 and "cannot be read" in row[0] and "running" not in row[0], ls.stdout
+    finally:
+        kill_survivors([p])
+        for name in (a, b):
+            if os.path.lexists("/dev/shm/ringfeed-" + name):
+                os.unlink("/dev/shm/ringfeed-" + name)

@@ -162,6 +162,13 @@ impl Observer {
         // SAFETY: the mapping is `size` bytes long and lives for this borrow.
         let bytes = unsafe { std::slice::from_raw_parts(map.as_ptr(), size as usize) };
         let (layout, job) = validate_header(bytes, &path)?;
+        // Another loader's ring linked under this name is not this name's.
+        if !crate::name_tag::matches(bytes, name) {
+            return Err(AttachError::NameMismatch {
+                name: name.to_string(),
+                path,
+            });
+        }
         Ok(Observer {
             fd,
             view: View::new(map, layout),
