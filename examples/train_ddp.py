@@ -10,12 +10,15 @@ check_same_plan() checks that every machine's loader serves the same files in
 the same order.
 
 Each rank attaches to its slice of the ring (rank from LOCAL_RANK), and
-ringfeed.torch.Loader gives each batch as a (B, L) uint16 tensor of tokens
-(record bytes / 2 of them): on a GPU, copied from the pinned ring with
-non_blocking=True, the slot going back once the copy is done; on the CPU, a
-zero-copy view of the slot, which goes back once the tensor is dropped. Every
-rank gets the same number of batches per epoch, so DDP never hangs on a short
-rank. The toy model's vocabulary is small.
+ringfeed.torch.Loader gives each batch as a (B, L) tensor of tokens: each
+sample's bytes read as uint16 tokens (an odd last byte left out), cut to
+SEQ_LEN (2048) or padded with 0 to the batch's longest sample, so any
+directory of files of any sizes trains as it is (for fixed-size records, pass
+--record-bytes: every sample then has the same length). On a GPU the batch is
+copied with non_blocking=True. Every rank gets the same number of batches per
+epoch, so DDP never hangs on a short rank. The toy model's vocabulary is
+small; SMALL=1 makes it smaller still (and SEQ_LEN 64), for a test on the CPU
+that takes seconds.
 
 Checkpoints: with CHECKPOINT=PATH, rank 0 saves the model, the optimizer and
 the loader's state_dict() there every 20 steps, and a later run goes on from
@@ -33,13 +36,29 @@ import os
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 import ringfeed
 import ringfeed.torch
 
-VOCAB = 4096
+SMALL = bool(os.environ.get("SMALL"))
+VOCAB = 256 if SMALL else 4096
+WIDTH = 32 if SMALL else 64
+SEQ_LEN = int(os.environ.get("SEQ_LEN", 64 if SMALL else 2048))
+
+
+def tokens_of(samples):
+    """The collate for samples of any sizes: each sample's bytes as uint16
+    tokens (an odd last byte left out), cut to SEQ_LEN and padded with 0 to
+    the batch's longest, as one (B, L) int64 tensor (a copy: the slot goes
+    back at once)."""
+    lengths = [min(len(s) // 2, SEQ_LEN) for s in samples]
+    out = np.zeros((len(samples), max(max(lengths, default=0), 2)), dtype=np.int64)
+    for row, (sample, n) in enumerate(zip(samples, lengths)):
+        out[row, :n] = sample[: 2 * n].view(np.uint16)
+    return torch.from_numpy(out)
 
 
 def every_epoch(loader):
@@ -59,7 +78,7 @@ def main():
         torch.cuda.set_device(device)
     if distributed:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 64), torch.nn.Linear(64, VOCAB)).to(device)
+    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, WIDTH), torch.nn.Linear(WIDTH, VOCAB)).to(device)
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -82,15 +101,16 @@ def main():
     if samples_log:
         samples_log = open(os.path.join(samples_log, "rank-%s.log" % os.environ.get("RANK", 0)), "a")
     stop_after_step = int(os.environ.get("STOP_AFTER_STEP", -1))
-    # Each batch as a (B, L) uint16 tensor of tokens, on `device`.
-    loader = ringfeed.torch.Loader(feed, dtype=torch.uint16, shape=(-1,), device=device)
+    # Each batch as a (B, L) tensor of tokens, on `device`, whatever the
+    # samples' sizes.
+    loader = ringfeed.torch.Loader(feed, collate=tokens_of, device=device)
     if saved:
         # The loader goes on where the checkpoint does, under the same sample
         # order: else some samples would be trained twice and others never.
         loader.load_state_dict(saved["data"])
     for tokens in every_epoch(loader):
-        x = tokens.long() % VOCAB
-        del tokens  # on the CPU a view of the slot: dropped, the slot goes back
+        x = tokens % VOCAB  # int64 (B, L) from tokens_of: a copy, the slot went back
+        del tokens
         logits = model(x[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
         opt.zero_grad()

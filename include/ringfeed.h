@@ -388,6 +388,27 @@ typedef struct rf_key {
 } rf_key;
 
 /**
+ * The shape of the loader's run: with a batch's epoch and step, where that
+ * batch stands in its epoch and in the run.
+ */
+typedef struct rf_run_shape {
+  /**
+   * The run's `--epochs`: it ends before epoch `epochs` (epochs count
+   * from 0).
+   */
+  uint64_t epochs;
+  /**
+   * Steps each rank gets in a whole epoch; the first epoch of a resumed
+   * run has fewer (`rf_info.batches_expected` less the later epochs').
+   */
+  uint64_t epoch_steps;
+  /**
+   * Samples per rank per step (`--batch-size`).
+   */
+  uint64_t batch_size;
+} rf_run_shape;
+
+/**
  * One member (field) of a tar sample: pointers into the sample's own bytes,
  * valid as long as the sample is (until its batch is released). No string
  * is NUL-terminated.
@@ -701,6 +722,17 @@ int32_t rf_get_class_name(const struct rf_feed *feed,
                           uint32_t i,
                           const uint8_t **name,
                           uint64_t *len);
+
+/**
+ * Fills `*shape` with the shape of the loader's run. RF_E_VERSION when the
+ * loader does not say it (an older loader, or, under `--resume auto`, one
+ * that still waits for its ranks to say where the run starts: ask again
+ * after the first batch).
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `shape` is writable.
+ */
+int32_t rf_get_run_shape(const struct rf_feed *feed, struct rf_run_shape *shape);
 
 /**
  * The state a loader goes on from, given a state `(in_epoch, in_samples)`

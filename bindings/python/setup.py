@@ -5,7 +5,7 @@ workspace builds: ``libringfeed.so`` inside the package (the ctypes binding
 loads it) and the ``ringfeed`` executable as the wheel's script (pip puts it
 in the environment's ``bin/``, beside ``python``). Build it with::
 
-    pip wheel ./bindings/python -w dist      # from a checkout; needs cargo
+    pip wheel --no-deps ./bindings/python -w dist      # from a checkout; needs cargo
 
 Where the two files come from, first match wins, each on its own:
 
@@ -16,6 +16,12 @@ Where the two files come from, first match wins, each on its own:
    workspace there). ``cargo build --release --locked -p ringfeed-ffi -p
    ringfeed`` runs in it (a no-op when up to date).
 3. ``ringfeed/libringfeed.so`` beside this file (left by an editable install).
+
+pip shows nothing of a build backend's output (but with ``-v``), and cargo's
+first build takes minutes: so the stages, and cargo's own progress, go to the
+terminal pip runs in (``/dev/tty``) when there is one, else to stderr (which
+pip shows with ``-v`` or when the build fails). ``RINGFEED_BUILD_QUIET=1``
+keeps them off the terminal.
 
 The version is the workspace's (``[workspace.package]`` in its Cargo.toml),
 the one the crates and ``ringfeed --version`` have. The platform tag is
@@ -30,7 +36,9 @@ import re
 import runpy
 import shutil
 import subprocess
+import sys
 import sysconfig
+import time
 
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py as _build_py
@@ -105,6 +113,30 @@ def _target_dir(root):
 _built = {}
 
 
+def _terminal():
+    """The terminal pip runs in, open for writing, or None (no controlling
+    terminal, as in CI, or RINGFEED_BUILD_QUIET=1): pip hides a build's
+    output, and a person waiting minutes for cargo should see it work."""
+    if os.environ.get("RINGFEED_BUILD_QUIET") == "1":
+        return None
+    try:
+        return open("/dev/tty", "w")  # noqa: SIM115 - closed by the caller
+    except OSError:
+        return None
+
+
+def _say(tty, text):
+    """One line about a stage: on the terminal if there is one, and on
+    stderr (pip's log) either way."""
+    print(text, file=sys.stderr, flush=True)
+    if tty is not None:
+        try:
+            tty.write("\r\n%s\n" % text)
+            tty.flush()
+        except OSError:
+            pass
+
+
 def _cargo_build(root):
     """Builds both files in the workspace once; returns {name: path}."""
     if _built:
@@ -117,12 +149,22 @@ def _cargo_build(root):
             "(pip install ringfeed-VERSION-py3-none-manylinux_*.whl), or point RINGFEED_BUILD_LIB and "
             "RINGFEED_BUILD_BIN at a prebuilt libringfeed.so and ringfeed"
         )
+    tty = _terminal()
+    started = time.monotonic()
+    _say(tty, "ringfeed: building libringfeed.so and the ringfeed command: %s in %s (a first build takes "
+              "several minutes; later ones seconds)" % (" ".join(cmd), root))
     try:
-        subprocess.run(cmd, cwd=root, check=True)
+        # On a terminal cargo draws its own progress bar there.
+        subprocess.run(cmd, cwd=root, check=True, stderr=tty)
     except OSError as e:
         raise SystemExit("ringfeed: cannot run %s in %s: %s" % (" ".join(cmd), root, e))
     except subprocess.CalledProcessError as e:
         raise SystemExit("ringfeed: `%s` failed in %s (exit %d)" % (" ".join(cmd), root, e.returncode))
+    else:
+        _say(tty, "ringfeed: cargo finished in %.0f s; packing the wheel" % (time.monotonic() - started))
+    finally:
+        if tty is not None:
+            tty.close()
     release = os.path.join(_target_dir(root), "release")
     for name in (LIB_NAME, BIN_NAME):
         path = os.path.join(release, name)

@@ -36,8 +36,8 @@ enum Command {
     /// without finishing (killed, or stopped before the end), 1 when there is
     /// no loader of that name.
     Stat {
-        /// The loader's --name.
-        name: String,
+        /// The loader's --name; without one, `ringfeed ls`.
+        name: Option<String>,
         /// Seconds between refreshes.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
@@ -45,6 +45,9 @@ enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// List the loaders on this machine that this user may attach to: name,
+    /// owner, pid, ranks attached, epoch and step, state.
+    Ls,
     /// Remove shared-memory segments left by loaders that died, and cached
     /// manifests of directories that no longer exist.
     Gc {
@@ -142,12 +145,19 @@ fn main() -> ExitCode {
             once,
         } => {
             restore_sigpipe();
+            let Some(name) = name else {
+                return exit_of(cli::ls::run());
+            };
             match stat_interval(interval).and_then(|interval| cli::stat::run(&name, interval, once))
             {
                 Ok(0) => Ok(()),
                 Ok(code) => return ExitCode::from(code),
                 Err(e) => Err(e),
             }
+        }
+        Command::Ls => {
+            restore_sigpipe();
+            cli::ls::run()
         }
         Command::Gc { cache_dir } => {
             restore_sigpipe();
@@ -160,6 +170,12 @@ fn main() -> ExitCode {
         Command::RingTestProducer(a) => cli::testing::run_producer(&a),
         Command::RingTestConsumer(a) => cli::testing::run_consumer(&a),
     };
+    exit_of(result)
+}
+
+/// The exit of a command that ends with `result`: 0, or 1 after saying the
+/// error.
+fn exit_of(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -471,6 +471,28 @@ impl Sampler {
         .unwrap_or(0)
     }
 
+    /// Where a rank stands after taking `steps_done` steps of this run: the
+    /// epoch of its next step and the steps of that epoch it took;
+    /// `(epochs_end(), 0)` once it took every step. In constant time.
+    pub fn position_after(&self, steps_done: u64) -> (u64, u64) {
+        let first = self.first_epoch();
+        if first >= self.epochs_end() {
+            return (self.epochs_end(), 0);
+        }
+        let in_first = self.steps_in_epoch(first);
+        if steps_done < in_first {
+            return (first, steps_done);
+        }
+        // n >= W·B was checked in `new`: a whole epoch has a step at least.
+        let whole = self.steps_per_epoch().max(1);
+        let after = steps_done - in_first;
+        let epoch = (first + 1).saturating_add(after / whole);
+        if epoch >= self.epochs_end() {
+            return (self.epochs_end(), 0);
+        }
+        (epoch, after % whole)
+    }
+
     /// Sample indices of rank `rank`'s batch at `step` of `epoch`, written
     /// into `out` (cleared first): positions
     /// `start_position(epoch) + step·W·B + rank·B .. + B` of the order, cut
@@ -649,5 +671,34 @@ mod tests {
                 samples_consumed: 0
             }
         );
+    }
+
+    #[test]
+    fn the_position_after_some_steps_walks_a_resumed_first_epoch_then_whole_ones() {
+        // 10 samples, 2 a step: 5 steps an epoch; resumed 4 samples into
+        // epoch 0 of 3, which keeps 3 steps.
+        let mut cfg = config(10, 2, 1);
+        cfg.epochs = 3;
+        cfg.start = ResumeState {
+            epoch: 0,
+            samples_consumed: 4,
+        };
+        let s = Sampler::new(cfg).unwrap();
+        assert_eq!(s.steps_per_epoch(), 5);
+        let walked: Vec<(u64, u64)> = (0..=13).map(|d| s.position_after(d)).collect();
+        let mut expected = Vec::new();
+        let mut at = (0, 0);
+        for d in 0..=13u64 {
+            expected.push(at);
+            if d < 13 {
+                at.1 += 1;
+                if at.1 == s.steps_in_epoch(at.0) {
+                    at = (at.0 + 1, 0);
+                }
+            }
+        }
+        assert_eq!(walked, expected);
+        assert_eq!(s.position_after(13), (3, 0));
+        assert_eq!(s.position_after(u64::MAX), (3, 0));
     }
 }

@@ -4,12 +4,37 @@
 
 use std::fmt;
 use std::io::{self, Write};
+use std::sync::Mutex;
+
+/// The live progress line on the terminal, if one is shown
+/// (`cli::progress`): every other line is written above it.
+static LIVE_LINE: Mutex<Option<indicatif::ProgressBar>> = Mutex::new(None);
+
+/// Sets (or, with None, removes) the live line that stderr's lines are
+/// written above.
+pub fn set_live_line(bar: Option<indicatif::ProgressBar>) {
+    if let Ok(mut live) = LIVE_LINE.lock() {
+        *live = bar;
+    }
+}
+
+/// Runs `write` (a write to stderr) with the live line, if any, cleared
+/// first and drawn again after.
+fn above_live_line(write: impl FnOnce()) {
+    let live = LIVE_LINE.lock().ok().and_then(|l| l.clone());
+    match live {
+        Some(bar) => bar.suspend(write),
+        None => write(),
+    }
+}
 
 /// Writes one line to stderr; a failure (a closed pipe) is ignored. A
 /// source URL's secrets never show ([`crate::remote::scrub`]).
 pub fn err(args: fmt::Arguments<'_>) {
     let line = args.to_string();
-    let _ = writeln!(io::stderr().lock(), "{}", crate::remote::scrub(&line));
+    above_live_line(|| {
+        let _ = writeln!(io::stderr().lock(), "{}", crate::remote::scrub(&line));
+    });
 }
 
 /// Writes one line to stdout; a failure (a closed pipe) is ignored. A
@@ -37,14 +62,14 @@ pub struct QuietStderr;
 
 impl Write for QuietStderr {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match std::str::from_utf8(buf) {
+        above_live_line(|| match std::str::from_utf8(buf) {
             Ok(text) => {
                 let _ = io::stderr().write_all(crate::remote::scrub(text).as_bytes());
             }
             Err(_) => {
                 let _ = io::stderr().write_all(buf);
             }
-        }
+        });
         Ok(buf.len())
     }
 

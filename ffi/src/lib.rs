@@ -14,11 +14,13 @@ use std::time::Duration;
 
 mod epoch;
 mod names;
+mod progress;
 mod resume;
 mod start;
 mod tar;
 pub use epoch::{rf_epoch, rf_epoch_steps, rf_get_epoch, RF_TAIL_DROP, RF_TAIL_KEEP};
 pub use names::{rf_batch_key, rf_get_class_count, rf_get_class_name, rf_key};
+pub use progress::{rf_get_run_shape, rf_run_shape};
 pub use resume::{
     rf_resume_advance, rf_resume_advance_tail, rf_resume_after, rf_resume_after_tail,
     rf_resume_normal, rf_resume_normal_tail,

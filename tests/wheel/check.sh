@@ -22,7 +22,7 @@ trap 'rm -rf "$WORK"' EXIT
 say() { printf 'wheel check (%ds): %s\n' "$SECONDS" "$*"; }
 fail() { printf 'wheel check FAILED: %s\n' "$*" >&2; exit 1; }
 
-say "pip wheel ./bindings/python -w DIST"
+say "pip wheel --no-deps ./bindings/python -w DIST"
 "$PY" -m pip wheel -q --no-deps ./bindings/python -w "$WORK/dist"
 wheels=("$WORK"/dist/ringfeed-*.whl)
 [ ${#wheels[@]} -eq 1 ] || fail "expected one wheel, got: ${wheels[*]}"

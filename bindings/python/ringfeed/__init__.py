@@ -82,6 +82,7 @@ from ._batch import Batch
 from ._feed import Feed, FeedInfo, ImageFormat, abi_version, attach
 from ._job import check_same_plan
 from ._lib import LIB as _LIB
+from ._progress import Progress
 from ._resume import check_resume
 from .errors import (
     AbortedError,
@@ -131,6 +132,7 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "LoaderGoneError",
+    "Progress",
     "RankBusyError",
     "RankError",
     "ResumeMismatchError",

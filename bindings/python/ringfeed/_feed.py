@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from . import _batch, _handle, _job, _lib
+from . import _batch, _handle, _job, _lib, _progress
 from . import errors
 from ._batch import Batch
 from ._lib import LIB
@@ -147,6 +147,7 @@ class Feed:
         self._classes = handle.classes
         self._name = handle.name
         self._rank = handle.rank
+        self._tracker = _progress.Tracker()
         handle.feeds.add(self)
 
     def __reduce__(self):
@@ -229,6 +230,16 @@ class Feed:
             message = LIB.last_error() if rc < 0 else ""
         if rc != _lib.RF_OK:
             raise errors.error_for(rc, message)
+
+    @property
+    def progress(self):
+        """Where this rank is in the run: a ``ringfeed.Progress`` named tuple
+        (epoch, step of it and its steps, epochs, steps done and in the whole
+        run, samples/s and the ETA at this process's rate)."""
+        handle = self._handle
+        if handle is None:
+            raise ValueError("the feed of %r rank %d is closed" % (self._name, self._rank))
+        return _progress.progress(self, handle, self._tracker)
 
     @property
     def closed(self):
@@ -402,6 +413,7 @@ class Feed:
                         _learn_start(handle, self)
                     batch = Batch(handle, raw, claim)
                     handle.in_transit = batch
+                    self._tracker.saw(batch)
             except BaseException:
                 # Either no Batch was armed (take_back wins), or one was and
                 # died while the exception unwound, its finalizer queueing the
@@ -673,10 +685,9 @@ def _waiting_note(name, rank, rc, message, waited_s, deadline, now):
     """What a trainer still waiting to attach logs: why it waits, and how
     much longer it will."""
     if rc == _lib.RF_TIMEOUT:
-        why = "no loader named %r is running yet; start one with `ringfeed serve --name %s ...`, or check RINGFEED_NAME" % (
-            name,
-            name,
-        )
+        # The library's words: they name the loaders that do run here,
+        # closest first (a misspelled RINGFEED_NAME), over the whole wait.
+        why = re.sub(r"within \d+ ms", "within %d ms" % int(waited_s * 1000), message, count=1)
     else:
         why = message
     more = "no timeout" if deadline is None else "giving up in %s" % _seconds(max(0.0, deadline - now))

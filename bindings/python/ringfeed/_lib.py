@@ -138,8 +138,19 @@ class rf_epoch(ctypes.Structure):
     ]
 
 
+class rf_run_shape(ctypes.Structure):
+    """The shape of the loader's run (rf_get_run_shape), for progress."""
+
+    _fields_ = [
+        ("epochs", ctypes.c_uint64),
+        ("epoch_steps", ctypes.c_uint64),
+        ("batch_size", ctypes.c_uint64),
+    ]
+
+
 # The sizes the Rust side has; a mismatch means this file drifted from the ABI.
-for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16), (rf_key, 32), (rf_epoch, 32)):
+for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16), (rf_key, 32), (rf_epoch, 32),
+                      (rf_run_shape, 24)):
     if ctypes.sizeof(_struct) != _size:
         raise ImportError(
             "ringfeed: ctypes struct %s is %d bytes, the C ABI says %d"
@@ -168,6 +179,7 @@ _OPTIONAL = (
     "rf_resume_advance", "rf_request_start", "rf_get_start_mode", "rf_get_order", "rf_get_order_block",
     "rf_get_image_format", "rf_batch_key", "rf_get_class_count", "rf_get_class_name", "rf_get_epoch",
     "rf_epoch_steps", "rf_resume_normal_tail", "rf_resume_after_tail", "rf_resume_advance_tail",
+    "rf_get_run_shape",
 )
 
 
@@ -240,6 +252,9 @@ def _declare(lib):
         lib.rf_get_class_name.argtypes = [_feed_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_void_p),
                                           ctypes.POINTER(ctypes.c_uint64)]
         lib.rf_get_class_name.restype = ctypes.c_int
+    if hasattr(lib, "rf_get_run_shape"):
+        lib.rf_get_run_shape.argtypes = [_feed_p, ctypes.POINTER(rf_run_shape)]
+        lib.rf_get_run_shape.restype = ctypes.c_int
     if hasattr(lib, "rf_get_order_block"):
         lib.rf_get_order_block.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]
         lib.rf_get_order_block.restype = ctypes.c_int

@@ -6,6 +6,8 @@
 //! - [`segment`]: the POSIX shared-memory object and the kernel liveness locks.
 //! - [`producer`] / [`consumer`]: the loader's and the trainer's API.
 //! - [`gc`]: removal of segments whose loader died.
+//! - [`loaders`]: the loaders this user may attach to (`ringfeed ls`, the
+//!   names a trainer waiting for a missing one is told).
 //! - [`sync`]: the one door to atomics, so that loom can model the handoff.
 //!
 //! This crate is all that `libringfeed` (ffi/) and so every trainer builds:
@@ -17,6 +19,7 @@ pub mod consumer;
 pub mod futex;
 pub mod gc;
 pub mod layout;
+pub mod loaders;
 pub mod message;
 pub mod name_tag;
 pub mod observer;

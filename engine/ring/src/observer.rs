@@ -1,12 +1,15 @@
 //! A read-only look at a live ring, for `ringfeed stat`: it takes no lock and
-//! writes nothing, so it can never disturb the loader or a trainer.
+//! writes nothing, so it can never disturb the loader or a trainer. It opens
+//! only a ring whose owner a trainer would attach to (`segment::trust`), and
+//! shows the header's text only as printable ASCII: another user's segment,
+//! or a forged one, is not shown as if it were this user's loader.
 
 use std::time::Duration;
 
 use memmap2::MmapOptions;
 
 use crate::consumer::{validate_header, AttachError};
-use crate::layout::{state, Job};
+use crate::layout::{state, Job, Progress, RunShape};
 use crate::segment::{self, LOADER_LOCK_BYTE};
 use crate::sync::Ordering;
 use crate::view::View;
@@ -63,6 +66,11 @@ pub struct Snapshot {
     pub ranks: Vec<RankSnapshot>,
     /// The loader's counters block (all 0 from a loader that predates it).
     pub counters: crate::layout::Counters,
+    /// The uid that owns the segment.
+    pub owner: u32,
+    /// Where the trainers are in the run (None from a loader that predates
+    /// it, or before it said).
+    pub progress: Option<Progress>,
 }
 
 impl Snapshot {
@@ -78,15 +86,27 @@ impl Snapshot {
     }
 }
 
+/// `bytes` as text when every byte is printable ASCII (a space included)
+/// and there is some; else None. Header text comes from whoever wrote the
+/// segment: a control character would reach the terminal of whoever looks.
+pub fn printable_ascii(bytes: &[u8]) -> Option<String> {
+    let printable = !bytes.is_empty() && bytes.iter().all(|&b| b == b' ' || b.is_ascii_graphic());
+    printable.then(|| String::from_utf8_lossy(bytes).into_owned())
+}
+
 /// A read-only mapping of a ring.
 pub struct Observer {
     fd: std::os::fd::OwnedFd,
     view: View,
     job: Job,
+    owner: u32,
 }
 
 impl Observer {
-    /// Opens loader `name`'s segment read-only and validates it.
+    /// Opens loader `name`'s segment read-only and validates it. A segment
+    /// owned by a user whom a trainer would not attach to
+    /// (`segment::trust::owner_trusted`) is refused, naming its owner, as
+    /// attach refuses it.
     pub fn open(name: &str) -> Result<Observer, AttachError> {
         segment::validate_name(name)?;
         let path = segment::shm_path(name).display().to_string();
@@ -98,6 +118,7 @@ impl Observer {
                     name: name.to_string(),
                     path: path.clone(),
                     waited_ms: 0,
+                    running: "`ringfeed ls` lists the loaders running here".to_owned(),
                 }
             } else {
                 AttachError::Io {
@@ -113,6 +134,13 @@ impl Observer {
                 what: format!("it is {what}"),
             });
         }
+        // Before a byte of it is read or shown, as attach does.
+        crate::consumer::check_owner(&fd, name, &path)?;
+        let owner = segment::trust::owner_of(&fd).map_err(|e| AttachError::Io {
+            what: "cannot stat",
+            path: path.clone(),
+            source: e,
+        })?;
         let size = segment::file_size(&fd).map_err(|e| AttachError::Io {
             what: "cannot stat",
             path: path.clone(),
@@ -134,11 +162,24 @@ impl Observer {
         // SAFETY: the mapping is `size` bytes long and lives for this borrow.
         let bytes = unsafe { std::slice::from_raw_parts(map.as_ptr(), size as usize) };
         let (layout, job) = validate_header(bytes, &path)?;
+        // Another loader's ring linked under this name is not this name's.
+        if !crate::name_tag::matches(bytes, name) {
+            return Err(AttachError::NameMismatch {
+                name: name.to_string(),
+                path,
+            });
+        }
         Ok(Observer {
             fd,
             view: View::new(map, layout),
             job,
+            owner,
         })
+    }
+
+    /// The uid that owns the segment.
+    pub fn owner(&self) -> u32 {
+        self.owner
     }
 
     /// Reads every counter now.
@@ -150,9 +191,15 @@ impl Observer {
         for cell in &h.reader_backend {
             backend.extend_from_slice(&cell.load(r).to_le_bytes());
         }
-        let backend = String::from_utf8_lossy(&backend)
-            .trim_end_matches('\0')
-            .to_string();
+        let end = backend
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(backend.len());
+        // Written by the segment's owner: shown only as printable ASCII.
+        let backend = match &backend[..end] {
+            [] => String::new(),
+            text => printable_ascii(text).unwrap_or_else(|| "(not printable)".to_owned()),
+        };
         let ranks = (0..l.geometry.world_size)
             .map(|rank| {
                 let b = self.view.rank(rank);
@@ -170,6 +217,7 @@ impl Observer {
                 }
             })
             .collect();
+        let counters = crate::layout::Counters(std::array::from_fn(|i| h.counters[i].load(r)));
         Snapshot {
             loader_pid: h.loader_pid.load(r),
             loader_alive: segment::byte_is_locked(&self.fd, LOADER_LOCK_BYTE).unwrap_or(false),
@@ -183,7 +231,29 @@ impl Observer {
             segment_bytes: l.segment_bytes,
             job: self.job,
             ranks,
-            counters: crate::layout::Counters(std::array::from_fn(|i| h.counters[i].load(r))),
+            counters,
+            owner: self.owner,
+            progress: RunShape::read(h).map(|shape| Progress::of(shape, &counters)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable_ascii;
+
+    #[test]
+    fn header_text_is_shown_only_when_every_byte_is_printable_ascii() {
+        assert_eq!(printable_ascii(b"io_uring").as_deref(), Some("io_uring"));
+        assert_eq!(printable_ascii(b"a b").as_deref(), Some("a b"));
+        for bad in [
+            &b""[..],
+            b"\x1b]0;x\x07",
+            b"tab\there",
+            b"caf\xc3\xa9",
+            b"nl\n",
+        ] {
+            assert_eq!(printable_ascii(bad), None, "{bad:?}");
         }
     }
 }

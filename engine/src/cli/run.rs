@@ -260,6 +260,9 @@ pub fn run(args: &RunArgs) -> Result<u8> {
             return Ok(loader.report_failure(status, " before torchrun started"))
         }
     }
+    // On a terminal, the loader's progress as one live line here.
+    let _display =
+        crate::cli::progress::Display::start(&name, crate::cli::progress::Show::TerminalOnly);
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..]).env("RINGFEED_NAME", &name);
     let job = match spawn(&mut cmd) {

@@ -4,15 +4,21 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Result;
 
+use crate::cli::progress::{Display, Show};
 use crate::cli::say::say_err;
-use crate::loader::{build, signals, Finished, JobConfig, StopToken};
+use crate::loader::{build, signals, FinishError, Finished, JobConfig, StopToken};
 use crate::ring::outcome::{Outcome, OutcomeKind};
 use crate::ring::segment::human_bytes;
 
 pub use super::serve_args::*;
 
+/// `serve`'s exit status when it stopped because no trainer was attached
+/// for `--idle-timeout` (docs/operations.md).
+pub const EXIT_IDLE: u8 = 4;
+
 /// Runs a loader until every batch was delivered and released. Returns the
-/// exit code: 0, or 128 + signal when stopped by SIGINT, SIGTERM or SIGHUP.
+/// exit code: 0, 128 + signal when stopped by SIGINT, SIGTERM or SIGHUP, or
+/// [`EXIT_IDLE`].
 ///
 /// Whatever the end, it leaves the loader's last word for trainers that
 /// attach later (`ring::outcome`): they report it at once instead of waiting
@@ -67,7 +73,17 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     if let Err(e) = outcome.write(&cfg.name) {
         tracing::warn!("cannot leave this loader's outcome for trainers that attach later: {e}");
     }
-    result
+    match result {
+        // Not an error of the run: said as what happened, with its own status.
+        Err(e)
+            if e.downcast_ref::<FinishError>()
+                .is_some_and(FinishError::is_idle) =>
+        {
+            say_err!("ringfeed: stopped: {e}");
+            Ok(EXIT_IDLE)
+        }
+        other => other,
+    }
 }
 
 /// Builds the job and serves it; prints the outcome. The exit code: 0, or
@@ -75,7 +91,11 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
 fn run_configured(job: &JobConfig) -> Result<u8> {
     let stop = StopToken::on_signals();
     let built = build(job, &stop)?;
-    match built.finish(&stop) {
+    let display = Display::start(&job.serve.name, Show::LineOrLines);
+    let finished = built.finish(&stop);
+    // The live line goes before the last lines are said.
+    drop(display);
+    match finished {
         Ok(Finished {
             report,
             cache_stats,

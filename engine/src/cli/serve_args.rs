@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 
 use crate::cache::CacheSize;
-use crate::cli::max_age::parse_max_age;
+use crate::cli::max_age::{parse_idle_timeout, parse_max_age};
 use crate::loader::{DataCachePolicy, JobConfig, ListingPolicy, SampleFormat, ServeConfig};
 use crate::reader::{IoChoice, ReaderConfig};
 use crate::ring::layout::{Job, MAX_RANKS};
@@ -142,6 +142,12 @@ pub struct ServeArgs {
     /// 127.0.0.1:9464 (port 0 picks a free one, logged at start). See docs/metrics.md.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// Stop when no trainer has been attached for this long: none came
+    /// since the loader started, or none since the last one left (e.g.
+    /// 90s, 10m, 2h; off or 0: wait for ever). The loader then exits with
+    /// status 4, and trainers that attach later are told why.
+    #[arg(long, value_parser = parse_idle_timeout, default_value = "10m", value_name = "DURATION")]
+    pub idle_timeout: std::time::Duration,
     /// The decode stage: --decode image and its flags.
     #[command(flatten)]
     pub images: super::decode_args::DecodeArgs,
@@ -404,6 +410,7 @@ impl ServeArgs {
                 },
             },
             metrics: self.metrics.clone(),
+            idle_timeout: (!self.idle_timeout.is_zero()).then_some(self.idle_timeout),
         })
     }
 

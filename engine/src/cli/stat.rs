@@ -24,7 +24,8 @@ pub fn run(name: &str, interval: Duration, once: bool) -> Result<u8> {
     let obs = match Observer::open(name) {
         Err(AttachError::Timeout { path, .. }) => anyhow::bail!(
             "no loader named {name:?} is running here ({path} does not exist): it has not started yet, \
-             it has finished, or it was given another --name"
+             it has finished, or it was given another --name; {}",
+            crate::ring::loaders::name_hint(name)
         ),
         other => other?,
     };
@@ -71,7 +72,7 @@ fn exit_status(s: &Snapshot, name: &str) -> u8 {
 /// process is still there. A loader that exits cleanly removes its name from
 /// /dev/shm; with the loader dead and the name still there, it was killed.
 /// The second part says whether it is dead: gone, its run unfinished.
-fn state(s: &Snapshot, name: &str) -> (&'static str, bool) {
+pub(super) fn state(s: &Snapshot, name: &str) -> (&'static str, bool) {
     let left_behind = || segment::shm_path(name).exists();
     match (s.state_name(), s.loader_alive) {
         ("creating", true) => ("creating the ring", false),
@@ -106,7 +107,8 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         "no".to_string()
     };
     println!(
-        "loader {name:?} pid {} {} | reader {} ({in_flight} reads in flight) | {} slots/rank × {} | ring {}",
+        "loader {name:?} of {} pid {} {} | reader {} ({in_flight} reads in flight) | {} slots/rank × {} | ring {}",
+        crate::ring::segment::trust::describe_uid(s.owner),
         s.loader_pid,
         state(s, name).0,
         if s.reader_backend.is_empty() { "-" } else { &s.reader_backend },
@@ -130,6 +132,7 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
         s.batches_published,
         human_bytes(s.bytes_published)
     );
+    print_progress(s);
     print_counters(&s.counters, &prev.counters, secs);
     let recent = if secs > 0.0 {
         format!("waited(last {secs:.1}s)")
@@ -182,6 +185,24 @@ fn print(name: &str, s: &Snapshot, prev: &Snapshot, dt: Duration, recent_wait: &
             r.wait.as_secs_f64(),
         );
     }
+}
+
+/// Where the run is, when the loader says it.
+fn print_progress(s: &Snapshot) {
+    let Some(p) = &s.progress else {
+        return;
+    };
+    let expected = s.ranks.first().map_or(u64::MAX, |r| r.batches_expected);
+    let of = if expected == u64::MAX {
+        String::new()
+    } else {
+        format!(" of {expected}")
+    };
+    println!(
+        "  progress: {}, {}{of} steps taken by every rank",
+        p.words(),
+        p.steps_done
+    );
 }
 
 /// The loader's counters block: the remote engine's line when it fetched

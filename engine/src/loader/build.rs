@@ -78,6 +78,12 @@ pub enum FinishError {
 }
 
 impl FinishError {
+    /// Whether the run stopped because no trainer was attached for
+    /// `--idle-timeout`.
+    pub fn is_idle(&self) -> bool {
+        matches!(self, FinishError::Run(run) if matches!(**run, RunError::Idle { .. }))
+    }
+
     /// The signal that stopped the run, if one did.
     pub fn signal(&self) -> Option<u32> {
         match self {
@@ -159,7 +165,8 @@ pub fn build(job: &JobConfig, stop: &StopToken) -> Result<Built, BuildError> {
         // acts on, so that it removes its segment and tells the trainers.
         signals::install();
     }
-    let loader = Loader::start(plan)?;
+    let mut loader = Loader::start(plan)?;
+    loader.set_idle_timeout(job.idle_timeout);
     let relisting = cached_remote.and_then(|c| c.relist_in_background(stop));
     if let Some(server) = &metrics {
         server.watch_ring(&cfg.name);

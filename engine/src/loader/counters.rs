@@ -13,8 +13,10 @@ use crate::ring::Producer;
 use crate::source::OpenedSource;
 
 impl Loader {
-    /// Writes the counters block from the sources' own figures.
-    pub(super) fn write_counters(&self) {
+    /// Writes the counters block from the sources' own figures, and where
+    /// the trainers are.
+    pub(super) fn write_counters(&mut self) {
+        self.write_progress();
         if let OpenedSource::Remote(remote) = &self.plan.source {
             write_remote_counters(&self.producer, &remote.store().metrics);
         }

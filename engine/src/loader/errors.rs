@@ -143,6 +143,16 @@ pub enum RunError {
     /// re-list): what changed and the fix.
     #[error("{0}")]
     SourceChanged(String),
+    /// No trainer was attached for `--idle-timeout` (none came since the
+    /// loader started, or none since the last one left).
+    #[error("{} (--idle-timeout {}): the loader stopped; start it again when the trainers are ready, or give a longer --idle-timeout (off: wait for ever)",
+        super::idle::idle_words(*.since_start, *.limit), super::idle::duration_words(*.limit))]
+    Idle {
+        /// The limit.
+        limit: std::time::Duration,
+        /// No trainer ever attached in this run.
+        since_start: bool,
+    },
 }
 
 impl RunError {

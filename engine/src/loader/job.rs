@@ -65,6 +65,9 @@ pub struct JobConfig {
     pub data_cache: DataCachePolicy,
     /// Serve Prometheus metrics at this address (`--metrics`).
     pub metrics: Option<String>,
+    /// Stop once no trainer has been attached for this long
+    /// (`--idle-timeout`; None: wait for ever).
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 impl JobConfig {
@@ -81,6 +84,7 @@ impl JobConfig {
             },
             data_cache: DataCachePolicy::Off,
             metrics: None,
+            idle_timeout: None,
         }
     }
 }

@@ -18,6 +18,7 @@
 //! sizing, the run's plan), `slots` (how many per rank), `stack` (the reader stack), `relisting` (the
 //! background re-list), `run`, `pending`, `chunks`, `start` (the loop:
 //! claim, read, publish), `keys` (each batch's sample keys), `watch` (stalls, trainers that do not come),
+//! `idle` (`--idle-timeout`), `progress` (where the trainers are),
 //! `stop` and `signals` (what ends a run), `errors` (one enum per
 //! operation).
 
@@ -25,10 +26,12 @@ mod build;
 mod chunks;
 mod counters;
 mod errors;
+mod idle;
 mod job;
 mod keys;
 mod pending;
 mod plan;
+mod progress;
 mod relisting;
 mod run;
 mod said;

@@ -37,10 +37,6 @@ impl RankCursor {
         self.epoch >= self.epochs_end
     }
 
-    pub(super) fn position(&self) -> (u64, u64) {
-        (self.epoch, self.step)
-    }
-
     /// Returns the next (epoch, step) and moves past it.
     pub(super) fn advance(&mut self, s: &Sampler) -> (u64, u64) {
         debug_assert!(!self.done());

@@ -13,7 +13,7 @@ use crate::ring::segment::human_bytes;
 use crate::ring::{CreateError, Producer};
 
 use super::pending::{Pending, RankCursor};
-use super::watch::PROGRESS_EVERY;
+use super::watch::WATCH_EVERY;
 use super::{Plan, RunError, ServeReport, StartError, StopToken};
 
 /// How often the loader rewrites the counters block in the ring header
@@ -84,6 +84,14 @@ pub struct Loader {
     /// The decode stage (`--decode image`): a batch's images are made in
     /// its slot just before it is published.
     pub(super) decode: Option<DecodeStage>,
+    /// `--idle-timeout`: when a trainer was last attached.
+    pub(super) idle: super::idle::IdleWatch,
+    /// `--resume auto`: the ranks have not all said where the run starts.
+    pub(super) awaiting_start: bool,
+    /// "waiting for N trainer(s) to attach" was said (it is said once).
+    pub(super) said_waiting: bool,
+    /// The run's shape is in the header (`write_progress`).
+    pub(super) shape_published: bool,
 }
 
 impl Loader {
@@ -150,10 +158,11 @@ impl Loader {
             backend: opened.engine.backend_name(),
             ..Default::default()
         };
+        let plan_awaits_start = plan.job.awaits_start;
         let max_in_flight = opened.engine.max_in_flight();
         let warm_up_in_flight = (cfg.batch_size as usize)
             .clamp(WARM_UP_IN_FLIGHT_MIN.min(max_in_flight), max_in_flight);
-        Ok(Loader {
+        let mut loader = Loader {
             plan,
             reader: opened.engine,
             producer,
@@ -176,7 +185,14 @@ impl Loader {
             stall_warned: None,
             name_lost: false,
             decode,
-        })
+            idle: super::idle::IdleWatch::new(None),
+            awaiting_start: plan_awaits_start,
+            said_waiting: false,
+            shape_published: false,
+        };
+        // The run's shape, for trainers attaching from now on.
+        loader.write_progress();
+        Ok(loader)
     }
 
     /// The plan being served.
@@ -274,7 +290,6 @@ impl Loader {
         let mut last_reclaim = Instant::now();
         let mut last_progress = Instant::now();
         let mut last_counters = Instant::now();
-        let mut progress_base = (0u64, Instant::now());
         let mut batch = Vec::with_capacity(self.plan.cfg.batch_size as usize);
         if self.plan.job.awaits_start {
             self.await_start(stop)?;
@@ -308,14 +323,14 @@ impl Loader {
             }
             if last_reclaim.elapsed() >= RECLAIM_EVERY {
                 self.reclaim();
+                self.check_idle()?;
                 last_reclaim = Instant::now();
             }
             if last_counters.elapsed() >= COUNTERS_EVERY {
                 self.write_counters();
                 last_counters = Instant::now();
             }
-            if last_progress.elapsed() >= PROGRESS_EVERY {
-                self.log_progress(&mut progress_base);
+            if last_progress.elapsed() >= WATCH_EVERY {
                 self.log_unattached(&blocked, "");
                 self.watch_stall();
                 self.watch_name();
@@ -346,13 +361,14 @@ impl Loader {
             stop.check()?;
             if last_reclaim.elapsed() >= RECLAIM_EVERY {
                 self.reclaim();
+                self.check_idle()?;
                 last_reclaim = Instant::now();
             }
             if last_counters.elapsed() >= COUNTERS_EVERY {
                 self.write_counters();
                 last_counters = Instant::now();
             }
-            if last_progress.elapsed() >= PROGRESS_EVERY {
+            if last_progress.elapsed() >= WATCH_EVERY {
                 let undrained: Vec<u32> = all
                     .iter()
                     .copied()
@@ -365,6 +381,8 @@ impl Loader {
             self.producer
                 .wait_for_release(&all, RECLAIM_EVERY, |p| !p.all_released());
         }
+        // The last steps taken, for whoever watches the run to its end.
+        self.write_counters();
         Ok(())
     }
 

@@ -10,7 +10,7 @@ use crate::sampler::{ResumeState, Sampler, SamplerConfig};
 
 use super::pending::RankCursor;
 use super::run::Loader;
-use super::watch::PROGRESS_EVERY;
+use super::watch::WATCH_EVERY;
 use super::{RunError, StopToken};
 
 /// How often the loader looks at the ranks' requests while it waits: a
@@ -25,6 +25,7 @@ impl Loader {
     pub(super) fn await_start(&mut self, stop: &StopToken) -> Result<(), RunError> {
         let waiting_since = Instant::now();
         let mut last_note = Instant::now();
+        let mut said_start_wait = false;
         let requests = loop {
             stop.check()?;
             let requests = self.producer.start_requests();
@@ -39,11 +40,22 @@ impl Loader {
                     .filter_map(|(rank, r)| r.map(|r| (rank, r)))
                     .collect::<Vec<(u32, StartRequest)>>();
             }
-            if last_note.elapsed() >= PROGRESS_EVERY {
-                tracing::info!(
-                    "waiting {:.0} s for rank(s) {missing:?} to say where the run starts (--resume auto: a trainer's load_state_dict, or its first batch)",
-                    waiting_since.elapsed().as_secs_f64()
-                );
+            self.check_idle()?;
+            if last_note.elapsed() >= WATCH_EVERY {
+                // Said once: trainers take their time to load a model and a
+                // checkpoint, and that is no trouble.
+                let attached: Vec<u32> = missing
+                    .iter()
+                    .copied()
+                    .filter(|&r| self.producer.consumer_attached(r))
+                    .collect();
+                if !said_start_wait && !attached.is_empty() {
+                    said_start_wait = true;
+                    tracing::info!(
+                        "waiting for rank(s) {attached:?} to say where the run starts (--resume auto: a trainer's load_state_dict, or its first batch), {:.0} s so far",
+                        waiting_since.elapsed().as_secs_f64()
+                    );
+                }
                 self.log_unattached(&missing, "");
                 last_note = Instant::now();
             }
@@ -67,11 +79,13 @@ impl Loader {
             self.producer.set_batches_expected(r, per_rank);
         }
         self.warming = per_rank > 0;
+        self.awaiting_start = false;
         self.producer.publish_start(RunStart {
             epoch,
             samples_consumed,
             dataset_samples: self.plan.sampler.config().n_samples,
         });
+        self.write_progress();
         Ok(())
     }
 

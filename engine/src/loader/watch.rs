@@ -1,5 +1,6 @@
 //! Watching a run: trainers that do not come, reads that do not land, a
-//! ring whose name was removed, and progress lines.
+//! ring whose name was removed. (Progress lines come from the ring's
+//! figures: `cli::progress`.)
 
 use std::collections::HashMap;
 use std::sync::mpsc::TryRecvError;
@@ -8,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use super::{Loader, RunError};
 
-/// How often a progress line is logged.
-pub(super) const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// How often the loader looks for trainers that do not come and reads
+/// that do not land.
+pub(super) const WATCH_EVERY: Duration = Duration::from_secs(5);
 /// Reads in flight with no completion for this long get a warning.
 const READS_STALLED: Duration = Duration::from_secs(30);
 /// No read completed for this long: see `Loader::probe_stalled_files`.
@@ -20,8 +22,11 @@ const STALL_PROBE_FILES_MAX: usize = 4096;
 impl Loader {
     /// Names the ranks among `waiting` that no trainer is attached to: a
     /// trainer that crashed before attaching, or a rank-count typo, would
-    /// otherwise look like a loader that hangs in silence.
-    pub(super) fn log_unattached(&self, waiting: &[u32], context: &str) {
+    /// otherwise look like a loader that hangs in silence. Before any
+    /// trainer came, that is normal (torchrun starting, imports): it says
+    /// so once, plainly; once some came, the missing ones are warned of
+    /// every time.
+    pub(super) fn log_unattached(&mut self, waiting: &[u32], context: &str) {
         let missing: Vec<u32> = waiting
             .iter()
             .copied()
@@ -31,18 +36,24 @@ impl Loader {
             return;
         }
         let w = self.plan.cfg.world_size;
-        let line = format!(
-            "{context}waiting for rank(s) {missing:?}: no trainer is attached to them (the loader serves ranks 0 to {last}; each trainer \
-             attaches with LOCAL_RANK set to its rank, and this machine needs {w} trainer(s), LOCAL_RANK 0 to {last})",
-            last = w.saturating_sub(1)
-        );
-        if (0..w).any(|r| self.producer.ever_attached(r)) {
-            // Some trainers came and these did not: a crash or a rank mismatch.
-            tracing::warn!("{line}");
-        } else {
-            // None yet: trainers still starting (torchrun, imports) is normal.
-            tracing::info!("{line}");
+        let last = w.saturating_sub(1);
+        if !(0..w).any(|r| self.producer.ever_attached(r)) {
+            if !self.said_waiting {
+                self.said_waiting = true;
+                let ranks = if w == 1 {
+                    "LOCAL_RANK 0".to_owned()
+                } else {
+                    format!("LOCAL_RANK 0 to {last}")
+                };
+                tracing::info!("waiting for {w} trainer(s) to attach ({ranks})");
+            }
+            return;
         }
+        // Some trainers came and these did not: a crash or a rank mismatch.
+        tracing::warn!(
+            "{context}waiting for rank(s) {missing:?}: no trainer is attached to them (the loader serves ranks 0 to {last}; each trainer \
+             attaches with LOCAL_RANK set to its rank, and this machine needs {w} trainer(s), LOCAL_RANK 0 to {last})"
+        );
     }
 
     /// Once no read has completed for `STALL_PROBE`, checks that the files
@@ -146,34 +157,5 @@ impl Loader {
              (--resume to go on where the trainers are), and keep /dev/shm/ringfeed-* out of cleanups",
             self.producer.path()
         );
-    }
-
-    pub(super) fn log_progress(&self, base: &mut (u64, Instant)) {
-        let secs = base.1.elapsed().as_secs_f64();
-        let mb = (self.report.bytes - base.0) as f64 / 1e6;
-        let total = self
-            .plan
-            .batches_per_rank()
-            .saturating_mul(u64::from(self.plan.cfg.world_size));
-        // The epochs of the ranks still going: a rank that is done sits past
-        // the last epoch, and ranks whose trainers differ in speed can be
-        // in different epochs.
-        let epochs = self
-            .cursors
-            .iter()
-            .filter(|c| !c.done())
-            .map(|c| c.position().0);
-        let epoch = match (epochs.clone().min(), epochs.max()) {
-            (Some(lo), Some(hi)) if lo < hi => format!("epochs {lo} to {hi}"),
-            (Some(e), _) => format!("epoch {e}"),
-            _ => "last epoch".to_owned(),
-        };
-        tracing::info!(
-            "{epoch}: {}/{} batches published, {:.1} MB/s",
-            self.report.batches,
-            total,
-            mb / secs.max(1e-9)
-        );
-        *base = (self.report.bytes, Instant::now());
     }
 }

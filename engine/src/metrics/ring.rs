@@ -11,7 +11,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::metrics::figure::{family, sample, single, Kind, Value};
-use crate::ring::layout::Counter;
+use crate::ring::layout::{Counter, Progress};
 use crate::ring::observer::{RankSnapshot, Snapshot};
 
 /// One per-rank family: its name, kind, HELP text and how to read it from a
@@ -48,6 +48,25 @@ const LOADER_FIGURES: &[LoaderFigure] = &[
     LoaderFigure { name: "ringfeed_images_bad_total", kind: Kind::Counter, help: "Samples that could not be decoded, served as zero images (--on-bad-sample zero).", value: |s| s.counters.get(Counter::ImagesBad).into() },
 ];
 
+/// A family of where the run is (`ring::layout::Progress`): written only
+/// when the loader says it (value None: no sample).
+struct ProgressFigure {
+    name: &'static str,
+    help: &'static str,
+    value: fn(&Snapshot, &Progress) -> Option<Value>,
+}
+
+/// The progress families (gauges), after the loader's. One line each to add.
+#[rustfmt::skip]
+const PROGRESS_FIGURES: &[ProgressFigure] = &[
+    ProgressFigure { name: "ringfeed_progress_epoch", help: "The epoch the trainers are in: of the next step the slowest rank takes (from 0; the run's epochs once every step was taken).", value: |_, p| Some(p.epoch.into()) },
+    ProgressFigure { name: "ringfeed_progress_step", help: "Steps of that epoch every rank has taken.", value: |_, p| Some(p.step.into()) },
+    ProgressFigure { name: "ringfeed_progress_epoch_steps", help: "Steps each rank gets in that epoch.", value: |_, p| Some(p.epoch_steps.into()) },
+    ProgressFigure { name: "ringfeed_progress_epochs", help: "Epochs of the run (--epochs).", value: |_, p| Some(p.shape.epochs.into()) },
+    ProgressFigure { name: "ringfeed_progress_steps_done", help: "Steps every rank has taken in the run (the fewest any rank took).", value: |_, p| Some(p.steps_done.into()) },
+    ProgressFigure { name: "ringfeed_progress_steps_expected", help: "Steps each rank gets in the whole run: the expected total (absent while unknown).", value: |s, _| s.ranks.first().map(|r| r.batches_expected).filter(|&n| n != u64::MAX).map(Value::from) },
+];
+
 /// The per-rank families, in exposition order. One line each to add.
 #[rustfmt::skip]
 const RANK_FIGURES: &[RankFigure] = &[
@@ -78,6 +97,7 @@ const INFO_NAME: &str = "ringfeed_loader_info";
 pub fn family_names() -> Vec<&'static str> {
     let mut names = vec![STATE_NAME, INFO_NAME];
     names.extend(LOADER_FIGURES.iter().map(|f| f.name));
+    names.extend(PROGRESS_FIGURES.iter().map(|f| f.name));
     names.extend(RANK_FIGURES.iter().map(|f| f.name));
     names
 }
@@ -158,6 +178,11 @@ pub fn encode(
     for f in LOADER_FIGURES {
         single(out, f.name, f.help, f.kind, (f.value)(s))?;
     }
+    for f in PROGRESS_FIGURES {
+        if let Some(v) = s.progress.as_ref().and_then(|p| (f.value)(s, p)) {
+            single(out, f.name, f.help, Kind::Gauge, v)?;
+        }
+    }
     for f in RANK_FIGURES {
         let mut fam = family(out, f.name, f.help, f.kind)?;
         for (i, r) in s.ranks.iter().enumerate() {
@@ -205,6 +230,17 @@ mod tests {
                     ..RankSnapshot::default()
                 },
             ],
+            progress: Some(Progress {
+                shape: crate::ring::layout::RunShape {
+                    epochs: 3,
+                    epoch_steps: 10,
+                    batch_size: 4,
+                },
+                epoch: 0,
+                step: 3,
+                epoch_steps: 10,
+                steps_done: 3,
+            }),
             ..Snapshot::default()
         }
     }
@@ -229,6 +265,12 @@ mod tests {
             "ringfeed_rank_batches_expected{rank=\"0\"} 10\n",
             "ringfeed_reads_in_flight 12\n",
             "ringfeed_loader_state{state=\"running\"} 1\n",
+            "ringfeed_progress_epoch 0\n",
+            "ringfeed_progress_step 3\n",
+            "ringfeed_progress_epoch_steps 10\n",
+            "ringfeed_progress_epochs 3\n",
+            "ringfeed_progress_steps_done 3\n",
+            "ringfeed_progress_steps_expected 10\n",
             "ringfeed_loader_state{state=\"ended\"} 0\n",
             "# TYPE ringfeed_rank_wait_seconds_total counter\n",
             "# TYPE ringfeed_rank_queued_batches gauge\n",

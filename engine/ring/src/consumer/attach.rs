@@ -22,6 +22,28 @@ const ATTACH_RETRY_FIRST: Duration = Duration::from_micros(200);
 /// waits without a watch.
 const ATTACH_POLL: Duration = Duration::from_millis(10);
 
+/// An attach that has waited this long for a name that does not exist says,
+/// once, on stderr, which loaders do (closest first), and waits on: a
+/// misspelled `RINGFEED_NAME` is otherwise silent for its whole timeout.
+pub const NAME_HINT_AFTER: Duration = Duration::from_secs(5);
+
+/// Says on stderr, once, that `name` does not exist after `waited`, and
+/// which loaders do. A closed stderr is not an error.
+fn say_name_hint(name: &str, rank: u32, waited: Duration, timeout: Option<Duration>) {
+    use std::io::Write;
+    let more = match timeout {
+        Some(t) => format!("waiting up to {:.0} s in all", t.as_secs_f64()),
+        None => "waiting on (no timeout)".to_owned(),
+    };
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "ringfeed: rank {rank} has waited {:.0} s for a loader named {name:?}, and none is running here ({}); {more}; \
+         check RINGFEED_NAME (or the name given to attach)",
+        waited.as_secs_f64(),
+        crate::loaders::name_hint(name)
+    );
+}
+
 /// The loader's release as its header records it (at the same offset in
 /// every ABI version): None when it is not there (a loader that predates
 /// the field) or is not printable text.
@@ -252,6 +274,7 @@ impl Consumer {
             name: name.to_string(),
             path: path.clone(),
             waited_ms: start.elapsed().as_millis() as u64,
+            running: crate::loaders::name_hint(name),
         };
         let remaining = || {
             opts.timeout.map_or(ATTACH_POLL, |t| {
@@ -261,6 +284,7 @@ impl Consumer {
         // Made on the first miss; None after that if inotify is unavailable.
         let mut watch: Option<Option<segment::ShmWatch>> = None;
         let mut retry_pause = ATTACH_RETRY_FIRST;
+        let mut hinted = false;
         loop {
             let fd = match segment::shm_open(name, libc::O_RDWR, 0) {
                 Ok(fd) => fd,
@@ -276,6 +300,9 @@ impl Consumer {
                         }
                     } else if expired() {
                         return Err(timeout_err());
+                    } else if !hinted && start.elapsed() >= NAME_HINT_AFTER {
+                        hinted = true;
+                        say_name_hint(name, rank, start.elapsed(), opts.timeout);
                     }
                     match &watch {
                         // Watch first, then look again: a segment created in
@@ -305,24 +332,7 @@ impl Consumer {
             }
             // Before a byte of it is read: another user's loader may hold the
             // name (names are shared by every user of the machine).
-            match segment::trust::owner_of(&fd) {
-                Ok(owner) if !segment::trust::owner_trusted(owner) => {
-                    return Err(AttachError::Untrusted {
-                        name: name.to_string(),
-                        path,
-                        owner,
-                        euid: crate::safe_file::euid(),
-                    })
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    return Err(AttachError::Io {
-                        what: "cannot stat",
-                        path,
-                        source: e,
-                    })
-                }
-            }
+            check_owner(&fd, name, &path)?;
             match Self::attach_fd(fd, name, rank) {
                 // A loader still building its segment, or a rank whose previous
                 // consumer is still detaching: wait and retry within the timeout.
@@ -445,6 +455,25 @@ impl Consumer {
             pid: std::process::id(),
             last_liveness: None,
         })
+    }
+}
+
+/// Ok when the segment open as `fd` belongs to a user this process trusts
+/// (`segment::trust`), else `Untrusted` naming its owner.
+pub(crate) fn check_owner(fd: &OwnedFd, name: &str, path: &str) -> Result<(), AttachError> {
+    match segment::trust::owner_of(fd) {
+        Ok(owner) if !segment::trust::owner_trusted(owner) => Err(AttachError::Untrusted {
+            name: name.to_string(),
+            path: path.to_string(),
+            owner,
+            euid: crate::safe_file::euid(),
+        }),
+        Ok(_) => Ok(()),
+        Err(e) => Err(AttachError::Io {
+            what: "cannot stat",
+            path: path.to_string(),
+            source: e,
+        }),
     }
 }
 

@@ -46,7 +46,7 @@ pub enum AttachError {
     #[error(transparent)]
     Name(#[from] NameError),
     /// No loader of that name appeared in time.
-    #[error("no loader named {name:?} appeared within {waited_ms} ms (looked for {path}); start one with `ringfeed serve --name {name} ...` (a loader that has served its whole run exits and removes it), or check RINGFEED_NAME")]
+    #[error("no loader named {name:?} appeared within {waited_ms} ms (looked for {path}); {running}; start one with `ringfeed serve --name {name} ...` (a loader that has served its whole run exits and removes it), or check RINGFEED_NAME")]
     Timeout {
         /// The name.
         name: String,
@@ -54,6 +54,9 @@ pub enum AttachError {
         path: String,
         /// How long we waited.
         waited_ms: u64,
+        /// The loaders running here, closest to `name` first, or that there
+        /// are none (`loaders::name_hint`).
+        running: String,
     },
     /// The segment exists but is not a ring, or is corrupt.
     #[error("{path} is not a valid ringfeed segment: {what}")]

@@ -28,6 +28,7 @@ mod fork;
 mod names;
 mod start;
 
+pub(crate) use attach::check_owner;
 pub use attach::validate_header;
 use attach::HeldHere;
 pub use errors::{AttachError, Forked, NextError, ReleaseError};
@@ -168,6 +169,13 @@ impl Consumer {
     /// The loader's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The run's shape (epochs, steps in a whole epoch, batch size), once
+    /// the loader said it: None from a loader that predates it, or one that
+    /// still waits for its ranks to say where the run starts.
+    pub fn run_shape(&self) -> Option<crate::layout::RunShape> {
+        crate::layout::RunShape::read(self.view.header())
     }
 
     /// The resume state once every rank has taken its batch of `step` in

@@ -65,11 +65,20 @@ pub enum Counter {
     /// Of them, samples that could not be decoded and were served as zero
     /// images (`--on-bad-sample zero`).
     ImagesBad = 23,
+    /// Gauge: the epoch the trainers are in: of the next step the slowest
+    /// rank takes (with `flags::PROGRESS_KNOWN`; `layout::Progress`).
+    ProgressEpoch = 26,
+    /// Gauge: steps of that epoch every rank has taken.
+    ProgressStep = 27,
+    /// Gauge: steps each rank gets in that epoch.
+    ProgressEpochSteps = 28,
+    /// Steps every rank has taken in the run (the fewest any rank took).
+    ProgressStepsDone = 29,
 }
 
 impl Counter {
     /// Every named counter, in block order.
-    pub const ALL: [Counter; 22] = [
+    pub const ALL: [Counter; 26] = [
         Counter::UpdatedUnixMs,
         Counter::RemoteGetsInFlight,
         Counter::RemoteBytesReceived,
@@ -92,6 +101,10 @@ impl Counter {
         Counter::CacheBytesLimit,
         Counter::ImagesDecoded,
         Counter::ImagesBad,
+        Counter::ProgressEpoch,
+        Counter::ProgressStep,
+        Counter::ProgressEpochSteps,
+        Counter::ProgressStepsDone,
     ];
 
     /// The retry counters, in the order of the remote engine's
@@ -173,6 +186,10 @@ mod tests {
                 (Counter::CacheBytesLimit, 21),
                 (Counter::ImagesDecoded, 22),
                 (Counter::ImagesBad, 23),
+                (Counter::ProgressEpoch, 26),
+                (Counter::ProgressStep, 27),
+                (Counter::ProgressEpochSteps, 28),
+                (Counter::ProgressStepsDone, 29),
             ]
         );
     }

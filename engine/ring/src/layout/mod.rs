@@ -80,17 +80,24 @@ pub mod flags {
     /// with `dataset_samples`. Clear: the tail is dropped (every loader
     /// that predates the field dropped it).
     pub const TAIL_KNOWN: u32 = 16;
+    /// `run_epochs`, `epoch_steps` and `run_batch_size` hold the loader's
+    /// [`RunShape`](super::RunShape), and the counters block's `Progress*`
+    /// words are live (bit 8). Set once, after READY, with a Release
+    /// read-modify-write: a reader that sees it (Acquire) sees the fields.
+    pub const PROGRESS_KNOWN: u32 = 256;
 }
 
 mod counters;
 mod job;
 mod names;
+mod progress;
 pub use counters::{Counter, Counters, COUNTERS_OFFSET, COUNTER_WORDS};
 pub use job::{ImageFormat, Job, RunOrder, RunStart};
 pub use names::{
     ClassNames, KeyArea, SampleKey, CLASS_NAMES_BYTES_MAX, CLASS_NAMES_MAX, KEY_BYTES_MAX,
     KEY_HEAD_BYTES, NOT_A_RECORD,
 };
+pub use progress::{Progress, RunShape, PROGRESS_OFFSET};
 
 /// Segment header at offset 0. Fields up to `plan_digest` are written once
 /// by the loader before `state` becomes READY and never again.
@@ -211,8 +218,19 @@ pub struct Header {
     /// [`ClassNames::count`] (valid with [`flags::CLASS_NAMES_KNOWN`]).
     pub class_names_count: AtomicU64,
     _names_reserved: [AtomicU64; 3],
-    // --- offset 1672 to 4064: reserved ---
-    _reserved3: [AtomicU64; 299],
+    // --- offset 1672: the run's shape, for progress (flags::PROGRESS_KNOWN) ---
+    /// [`RunShape::epochs`]: the run's `--epochs` (valid with
+    /// [`flags::PROGRESS_KNOWN`]).
+    pub run_epochs: AtomicU64,
+    /// [`RunShape::epoch_steps`]: steps each rank gets in a whole epoch
+    /// (valid with [`flags::PROGRESS_KNOWN`]).
+    pub epoch_steps: AtomicU64,
+    /// [`RunShape::batch_size`]: samples per rank per step (valid with
+    /// [`flags::PROGRESS_KNOWN`]).
+    pub run_batch_size: AtomicU64,
+    _progress_reserved: [AtomicU64; 5],
+    // --- offset 1736 to 4064: reserved ---
+    _reserved3: [AtomicU64; 291],
     // --- offset 4064: the loader's release, here in every ABI version ---
     /// The loader's ringfeed release (its package version, as `ringfeed
     /// --version` says it), UTF-8, NUL-padded, [`LOADER_RELEASE_BYTES`] at
@@ -419,7 +437,10 @@ const _: () = {
     assert!(offset_of!(Header, class_names_offset) == 1624);
     assert!(offset_of!(Header, class_names_bytes) == 1632);
     assert!(offset_of!(Header, class_names_count) == 1640);
-    assert!(offset_of!(Header, _reserved3) == 1672);
+    assert!(offset_of!(Header, run_epochs) == PROGRESS_OFFSET);
+    assert!(offset_of!(Header, epoch_steps) == PROGRESS_OFFSET + 8);
+    assert!(offset_of!(Header, run_batch_size) == PROGRESS_OFFSET + 16);
+    assert!(offset_of!(Header, _reserved3) == PROGRESS_OFFSET + 64);
     assert!(size_of::<RankBlock>() as u64 == RANK_BLOCK_BYTES);
     assert!(offset_of!(RankBlock, publish_futex) == 8);
     assert!(offset_of!(RankBlock, finished) == 12);

@@ -117,6 +117,18 @@ impl Producer {
             .store(batches, Ordering::Relaxed);
     }
 
+    /// Records the run's shape for progress (`ringfeed stat`, `ls`, the
+    /// loader's progress line, `feed.progress`), and says from now on that
+    /// the counters block's progress words are live.
+    pub fn publish_run_shape(&self, shape: crate::layout::RunShape) {
+        shape.publish(self.view.header());
+    }
+
+    /// Batches `rank`'s trainers have taken in the run (display figure).
+    pub fn consumed(&self, rank: u32) -> u64 {
+        self.view.rank(rank).consumed.load(Ordering::Relaxed)
+    }
+
     /// Records the reader backend and reads in flight (for `ringfeed stat`).
     pub fn set_reader_info(&self, backend: &str, in_flight: u32) {
         let h = self.view.header();

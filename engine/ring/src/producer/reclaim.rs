@@ -63,6 +63,11 @@ impl Producer {
         self.view.rank(rank).attach_count.load(Ordering::Relaxed) > 0
     }
 
+    /// Attaches to `rank` so far in this run.
+    pub fn attach_count(&self, rank: u32) -> u64 {
+        u64::from(self.view.rank(rank).attach_count.load(Ordering::Relaxed))
+    }
+
     /// Pid last recorded by `rank`'s consumer (messages only), 0 if none.
     pub fn consumer_pid(&self, rank: u32) -> u32 {
         self.view.rank(rank).consumer_pid.load(Ordering::Relaxed)

@@ -31,6 +31,19 @@ const LOADER_TAIL_LINES: usize = 20;
 /// Of those, how many are repeated at the end.
 const LOADER_LINES_SHOWN: usize = 6;
 
+/// The loader's environment for its progress: `run` draws the live line
+/// itself on a terminal (the loader's stderr is a pipe), so the loader
+/// then shows none; without a terminal the loader's plain lines are passed
+/// on.
+fn progress_env() -> Vec<(&'static str, &'static str)> {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        vec![(crate::cli::progress::PROGRESS_ENV, "off")]
+    } else {
+        Vec::new()
+    }
+}
+
 /// A child's exit as a shell reports it: its code, or 128 + the signal that
 /// ended it.
 pub(super) fn exit_code(status: ExitStatus) -> u8 {
@@ -101,7 +114,8 @@ impl LoaderProc {
             Command::new(&exe)
                 .args(argv)
                 .stdin(Stdio::null())
-                .stderr(Stdio::piped()),
+                .stderr(Stdio::piped())
+                .envs(progress_env()),
         )
         .with_context(|| format!("cannot start the loader ({} serve)", exe.display()))?;
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(LOADER_TAIL_LINES)));
