@@ -53,6 +53,9 @@ enum Command {
         #[arg(long)]
         cache_dir: Option<std::path::PathBuf>,
     },
+    /// One listing per job: `manifest build SOURCE` lists a remote prefix
+    /// ahead of a job and publishes its manifest for the job's nodes.
+    Manifest(cli::manifest::ManifestArgs),
     /// The disk data cache of remote objects: `cache list` shows the cached
     /// datasets, `cache clear ID|--all` removes them (docs/cache.md).
     Cache(cli::cache::CacheArgs),
@@ -121,6 +124,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Pack(a) => cli::pack::run(&a),
+        Command::Manifest(a) => cli::manifest::run(&a),
         Command::Demo(a) => {
             let result = cli::demo::run(&a);
             // Stopped by a signal: exit as `serve` does, 128 + its number.

@@ -4,6 +4,8 @@ pub mod cache;
 mod decode_args;
 pub mod demo;
 pub mod gc;
+pub mod job_manifest_args;
+pub mod manifest;
 mod max_age;
 pub mod pack;
 pub mod run;
