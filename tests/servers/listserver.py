@@ -11,8 +11,9 @@ Bucket `list` holds the keys under the prefix `data/`:
   &delimiter=`: pages of at most 1000 keys (`max-keys` lower), in byte-wise key order; each
   answered after --delay-ms, every request concurrently (asyncio), so N requests in flight
   take one delay, not N: what a real store's front end does, without its CPU bound.
-- `GET /_stats`: requests served, ListObjectsV2 requests among them, the most in flight at
-  once, and the PUTs, object GETs and DELETEs, as JSON (no delay).
+- `GET /_stats`: requests served, ListObjectsV2 requests among them and the keys their pages
+  held (a client parses each), the most in flight at once, and the PUTs, object GETs and
+  DELETEs, as JSON (no delay).
 - `PUT /list/KEY` stores an object (in memory; `If-None-Match: *` answers 412 when KEY exists,
   as S3's conditional put), which listings then show like any key; `DELETE /list/KEY` removes
   a stored one. A loader publishes its manifest this way (`.ringfeed/`).
@@ -242,6 +243,7 @@ class Server:
         self.delay_s = delay_s
         self.requests = 0
         self.list_requests = 0
+        self.keys_returned = 0
         self.puts = 0
         self.object_gets = 0
         self.deletes = 0
@@ -286,9 +288,10 @@ class Server:
         q = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
         if path == "_stats":
             return 200, ["Content-Type: application/json"], (
-                '{"requests": %d, "list_requests": %d, "in_flight_max": %d, "puts": %d, "object_gets": %d, '
-                '"deletes": %d}' % (self.requests, self.list_requests, self.in_flight_max, self.puts,
-                                    self.object_gets, self.deletes)).encode()
+                '{"requests": %d, "list_requests": %d, "keys_returned": %d, "in_flight_max": %d, "puts": %d, '
+                '"object_gets": %d, "deletes": %d}' % (self.requests, self.list_requests, self.keys_returned,
+                                                       self.in_flight_max, self.puts, self.object_gets,
+                                                       self.deletes)).encode()
         self.in_flight += 1
         self.in_flight_max = max(self.in_flight_max, self.in_flight)
         try:
@@ -298,6 +301,8 @@ class Server:
         if method == "GET" and path in (BUCKET, BUCKET + "/") and q.get("list-type") == "2":
             self.list_requests += 1
             status, payload = self.listing.page(q)
+            # Keys the pages held: a client parses every one, used or not.
+            self.keys_returned += payload.count(b"<Contents>")
             return status, ["Content-Type: application/xml"], payload
         if method == "PROPFIND" and (path == BUCKET or path.startswith(BUCKET + "/")):
             status, payload = self.listing.propfind(path[len(BUCKET):].strip("/"))
