@@ -73,6 +73,16 @@ const ENDPOINT_VARS: &[&str] = &[
     "AZURITE_BLOB_STORAGE_URL",
 ];
 
+/// The path segment, beside the data, of ringfeed's own objects (a job's
+/// published manifest, `published`): a key with a segment of this name is
+/// never a sample.
+pub const BOARD_SEGMENT: &str = ".ringfeed";
+
+/// Whether `key` (relative to a prefix) is one of ringfeed's own objects.
+pub fn is_ringfeed_key(key: &str) -> bool {
+    key.split('/').any(|segment| segment == BOARD_SEGMENT)
+}
+
 /// Whether `source` names a remote store (a scheme `remote` serves).
 pub fn is_remote_url(source: &str) -> bool {
     [
@@ -270,7 +280,7 @@ impl RemoteSource {
         let mut objects = found?;
         if !keys_given {
             // Published manifests beside the data are ringfeed's, never samples.
-            objects.retain(|o| !super::published::is_ringfeed_key(&o.key));
+            objects.retain(|o| !is_ringfeed_key(&o.key));
         }
         if opts.progress && started.elapsed() >= Duration::from_millis(PROGRESS_AFTER_MS) {
             tracing::info!(
@@ -453,6 +463,25 @@ mod tests {
         assert!(check_age(at + hour, at, hour)
             .unwrap_err()
             .contains("in the future"));
+    }
+
+    #[test]
+    fn keys_with_a_ringfeed_segment_are_ringfeeds_own_and_others_are_samples() {
+        for key in [
+            ".ringfeed/head-1.txt",
+            "a/.ringfeed/manifest-0.rfm",
+            ".ringfeed",
+        ] {
+            assert!(is_ringfeed_key(key), "{key}");
+        }
+        for key in [
+            "a.ringfeed",
+            ".ringfeeds/x",
+            "x/.ringfeed.txt",
+            "ringfeed/x",
+        ] {
+            assert!(!is_ringfeed_key(key), "{key}");
+        }
     }
 
     #[test]

@@ -94,9 +94,9 @@ impl Head {
             .ok_or("its last line is not `end CRC`: cut short or not a head")?;
         let crc = std::str::from_utf8(end)
             .ok()
-            .filter(|e| e.len() == 8)
+            .filter(|e| e.len() == 8 && e.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')))
             .and_then(|e| u32::from_str_radix(e, 16).ok())
-            .ok_or("its `end` line holds no CRC-32 of 8 hex digits")?;
+            .ok_or("its `end` line holds no CRC-32 of 8 lowercase hex digits")?;
         let found = crc32fast::hash(body);
         if found != crc {
             return Err(format!(

@@ -34,9 +34,7 @@ pub use job::{build_and_publish, head_name, obtain, Obtained, Published, Role};
 
 use crate::manifest::ManifestError;
 
-/// The path segment, beside the data, of ringfeed's own objects: a key with
-/// a segment of this name is never a sample.
-pub const BOARD_SEGMENT: &str = ".ringfeed";
+pub use crate::source::remote::{is_ringfeed_key, BOARD_SEGMENT};
 /// Default of `--job-manifest-wait`: how long a node waits for node 0's
 /// manifest before it lists itself (auto) or fails (a place given).
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(600);
@@ -44,11 +42,6 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(600);
 pub const POLL_FIRST: Duration = Duration::from_millis(200);
 /// Longest pause between two looks at a head.
 pub const POLL_MAX: Duration = Duration::from_secs(2);
-
-/// Whether `key` (relative to a prefix) is one of ringfeed's own objects.
-pub fn is_ringfeed_key(key: &str) -> bool {
-    key.split('/').any(|segment| segment == BOARD_SEGMENT)
-}
 
 /// Where a job's manifest is published.
 #[derive(Clone, Debug, PartialEq, Eq)]
