@@ -10,7 +10,8 @@ For each key shape of tests/servers/listserver.py (sequential numbers, hex hashe
 nested prefixes, skewed prefixes) it lists `s3://list/data/` with one sequential paginated
 listing and with the parallel listing (`examples/remote_list`, which also checks that the
 two are identical), and prints keys/s, the speedup, the requests the server answered and
-the most it had in flight. Then the time to first batch of `ringfeed serve` over an
+the most it had in flight, the CPU seconds of the client and of the server, and the keys
+the server's pages held (each is parsed by the client: the parallel listing's waste). Then the time to first batch of `ringfeed serve` over an
 uncached listing of the same prefix (--manifest-cache off --cache off), one consumer.
 The server, the loader and the consumer share this machine's cores: the server's CPU per
 page is a join of pre-made XML, so the delay is what a listing waits on.
@@ -141,15 +142,16 @@ def main():
     print("listing %d keys at %.0f ms per request, %d workers; load average %s; client CPU is user + system seconds of examples/remote_list, server CPU that of listserver.py"
           % (args.keys, args.delay_ms, args.workers, " ".join("%.1f" % x for x in os.getloadavg())))
     print("| shape | sequential s | keys/s | parallel s | keys/s | speedup | requests seq/par | in flight max | identical "
-          "| client CPU s seq/par | server CPU s seq/par |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| client CPU s seq/par | server CPU s seq/par | keys in pages seq/par |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         n1, s1, st1 = list_once(args, shape, "seq")
         n2, s2, st2 = list_once(args, shape, "par")
         same = n1 == n2 == args.keys and (None if args.skip_identical else identical(args, shape))
-        print("| %s | %.2f | %.0f | %.2f | %.0f | %.1fx | %d / %d | %d | %s | %.2f / %.2f | %.2f / %.2f |" % (
+        print("| %s | %.2f | %.0f | %.2f | %.0f | %.1fx | %d / %d | %d | %s | %.2f / %.2f | %.2f / %.2f | %s / %s |" % (
             shape, s1, n1 / s1, s2, n2 / s2, s1 / s2, st1["requests"], st2["requests"], st2["in_flight_max"],
-            {True: "yes", None: "not checked"}.get(same, "NO"), st1["client"], st2["client"], st1["server"], st2["server"]), flush=True)
+            {True: "yes", None: "not checked"}.get(same, "NO"), st1["client"], st2["client"], st1["server"], st2["server"],
+            st1.get("keys_returned", "-"), st2.get("keys_returned", "-")), flush=True)
     if args.ttfb_shape != "none":
         print("time to first batch, `ringfeed serve` over an uncached listing of %d keys (%s): %.1f s"
               % (args.keys, args.ttfb_shape, ttfb(args, args.ttfb_shape)))

@@ -150,7 +150,7 @@ pub fn cut_points(
     // (2 sqrt(page_keys) keys), so that a range fits its pages; one that
     // passed them by a few keys cost a request whose page was all another
     // range's (the parallel listing parsed 1.3 to 2.5 times the keys).
-    let regular = walked % gaps == 0;
+    let regular = walked.is_multiple_of(gaps);
     let margin = if regular {
         0
     } else {

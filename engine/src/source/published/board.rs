@@ -41,6 +41,9 @@ pub struct BoardError {
     pub detail: String,
 }
 
+/// What `Board::open` reads with.
+pub type Reader = Box<dyn Read + Send>;
+
 /// How a create-only write ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Created {
@@ -140,11 +143,7 @@ impl Board {
     /// Opens `name` to read it, with its length, refusing it past
     /// `max_bytes`; None when it does not exist. The reader never yields
     /// more than that length.
-    pub fn open(
-        &self,
-        name: &str,
-        max_bytes: u64,
-    ) -> Result<Option<(Box<dyn Read + Send>, u64)>, BoardError> {
+    pub fn open(&self, name: &str, max_bytes: u64) -> Result<Option<(Reader, u64)>, BoardError> {
         let check_len = |len: u64| -> Result<(), BoardError> {
             if len > max_bytes {
                 return Err(self.err(
