@@ -108,15 +108,19 @@ def serve_epochs(bin_path, source, cache_dir, epochs, extra=()):
     import ringfeed
 
     per = {}  # epoch -> [t_first, t_last, bytes after the first batch]
+    cpu = []  # (epoch, {thread name: CPU seconds}) at each epoch's first batch, then at the end
     try:
         feed = ringfeed.attach(name, 0, timeout=120)
         for b in feed:
             now = time.time()
+            if b.epoch not in per:
+                cpu.append((b.epoch, threads_cpu(serve.pid)))
             e = per.setdefault(b.epoch, [now, now, 0])
             if e[0] != now:
                 e[2] += b.nbytes
             e[1] = now
             b.release()
+        cpu.append((None, threads_cpu(serve.pid)))
         feed.close()
         serve.wait(timeout=60)
     finally:
@@ -129,7 +133,33 @@ def serve_epochs(bin_path, source, cache_dir, epochs, extra=()):
     for i, k in enumerate(keys):
         t0, t1, n = per[k]
         rates.append(n / max(t1 - t0, 1e-9) / 1e6)
+    # Per epoch, each thread's CPU seconds (the loader's main thread is "ringfeed").
+    per_cpu = []
+    for (epoch, a), (_, b) in zip(cpu, cpu[1:]):
+        per_cpu.append((epoch, {t: b.get(t, 0.0) - a.get(t, 0.0) for t in b if b.get(t, 0.0) - a.get(t, 0.0) > 0.005}))
+    log("  CPU seconds per epoch by thread: %s" % "; ".join(
+        "e%d %s" % (e, ", ".join("%s %.3f" % kv for kv in sorted(d.items()))) for e, d in per_cpu))
     return rates, "\n".join(lines)
+
+
+def threads_cpu(pid):
+    """{thread name: utime + stime seconds} of a live process, threads of one name summed."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                raw = f.read()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1:raw.rindex(")")]
+        fields = raw.rsplit(")", 1)[1].split()
+        out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def epochs_section(bin_path, url, local, cache_dir, epochs=3):

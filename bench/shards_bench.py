@@ -90,6 +90,7 @@ def run_cell(bin_path, url, extra, env, lib):
         feed = ringfeed.attach(name, 0, timeout=120)
         t_end = time.time() + CELL_TIMEOUT_S
         last = None
+        cpu_at = {}  # epoch -> the loader's CPU seconds by thread at its first batch
         while time.time() < t_end:
             try:
                 b = feed.next(timeout=120)
@@ -98,6 +99,8 @@ def run_cell(bin_path, url, extra, env, lib):
             if b is None:
                 break
             now = time.time()
+            if b.epoch not in cpu_at:
+                cpu_at[b.epoch] = threads_cpu(serve.pid)
             e = epochs.setdefault(b.epoch, {"t0": last or now, "t1": now, "samples": 0, "bytes": 0})
             if last is not None:  # the first batch of the cell waits for the listing: not counted
                 e["samples"] += len(b)
@@ -105,6 +108,7 @@ def run_cell(bin_path, url, extra, env, lib):
             e["t1"] = now
             last = now
             b.release()
+        cpu_at["end"] = threads_cpu(serve.pid)
         feed.close()
         serve.wait(timeout=60)
     finally:
@@ -112,7 +116,35 @@ def run_cell(bin_path, url, extra, env, lib):
             serve.terminate()
             serve.wait(timeout=15)
         reader.join(timeout=2)
-    return {"epochs": epochs, "log": [l for l in lines if "cache" in l or "tar" in l][-4:]}
+    # CPU seconds per 100,000 samples of epochs 1 on (epoch 0 holds the start), by thread kind.
+    keys = [k for k in cpu_at if k != "end" and k >= 1] + ["end"]
+    cpu = None
+    if len(keys) >= 2:
+        a, b = cpu_at[keys[0]], cpu_at["end"]
+        n = sum(epochs[k]["samples"] for k in epochs if k >= 1)
+        cpu = {t: (b.get(t, 0.0) - a.get(t, 0.0)) * 1e5 / max(n, 1) for t in b}
+        cpu = {t: v for t, v in cpu.items() if v >= 0.005}
+    return {"epochs": epochs, "loader_cpu": cpu, "log": [l for l in lines if "cache" in l or "tar" in l][-4:]}
+
+
+def threads_cpu(pid):
+    """{thread name: utime + stime seconds} of a live process, threads of one name summed."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                raw = f.read()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1:raw.rindex(")")]
+        fields = raw.rsplit(")", 1)[1].split()
+        out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def fmt_epochs(r):
@@ -123,6 +155,9 @@ def fmt_epochs(r):
         e = r["epochs"][ep]
         s = max(e["t1"] - e["t0"], 1e-9)
         out.append("e%d %.0f smp/s %.1f MB/s" % (ep, e["samples"] / s, e["bytes"] / s / 1e6))
+    if r.get("loader_cpu"):
+        out.append("loader CPU s per 100k samples (epochs 1+): " + ", ".join(
+            "%s %.2f" % kv for kv in sorted(r["loader_cpu"].items())))
     return "; ".join(out)
 
 

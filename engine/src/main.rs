@@ -56,6 +56,9 @@ enum Command {
         #[arg(long)]
         cache_dir: Option<std::path::PathBuf>,
     },
+    /// One listing per job: `manifest build SOURCE` lists a remote prefix
+    /// ahead of a job and publishes its manifest for the job's nodes.
+    Manifest(cli::manifest::ManifestArgs),
     /// The disk data cache of remote objects: `cache list` shows the cached
     /// datasets, `cache clear ID|--all` removes them (docs/cache.md).
     Cache(cli::cache::CacheArgs),
@@ -72,14 +75,12 @@ enum Command {
 /// tries, and the key id; ringfeed's own start line names the source).
 const DEFAULT_LOG: &str = "info,aws_config=warn,aws_smithy_runtime=warn";
 
-fn main() -> ExitCode {
-    use std::io::IsTerminal;
-    // First, with one thread: HOME settled, URLs' secrets of the environment known.
-    let home = ringfeed::home::settle();
-    ringfeed::remote::remember_env_secrets();
+/// The log filter of `RINGFEED_LOG`. One that does not parse falls back to
+/// the default; one that silences ringfeed's own log is said.
+fn log_filter() -> tracing_subscriber::EnvFilter {
     // A RINGFEED_LOG that does not parse falls back to "info"; say so
     // rather than ignore the setting without a word.
-    let filter = match std::env::var("RINGFEED_LOG") {
+    match std::env::var("RINGFEED_LOG") {
         // Set but empty, as unset: the default.
         Ok(v) if v.trim().is_empty() => DEFAULT_LOG.into(),
         Ok(v) => match tracing_subscriber::EnvFilter::try_new(&v) {
@@ -103,7 +104,15 @@ fn main() -> ExitCode {
             }
         },
         Err(_) => DEFAULT_LOG.into(),
-    };
+    }
+}
+
+fn main() -> ExitCode {
+    use std::io::IsTerminal;
+    // First, with one thread: HOME settled, URLs' secrets of the environment known.
+    let home = ringfeed::home::settle();
+    ringfeed::remote::remember_env_secrets();
+    let filter = log_filter();
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| cli::say::QuietStderr)
@@ -128,6 +137,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Pack(a) => cli::pack::run(&a),
+        Command::Manifest(a) => cli::manifest::run(&a),
         Command::Demo(a) => {
             let result = cli::demo::run(&a);
             // Stopped by a signal: exit as `serve` does, 128 + its number.

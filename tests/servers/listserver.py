@@ -11,7 +11,12 @@ Bucket `list` holds the keys under the prefix `data/`:
   &delimiter=`: pages of at most 1000 keys (`max-keys` lower), in byte-wise key order; each
   answered after --delay-ms, every request concurrently (asyncio), so N requests in flight
   take one delay, not N: what a real store's front end does, without its CPU bound.
-- `GET /_stats`: requests served and the most in flight at once, as JSON (no delay).
+- `GET /_stats`: requests served, ListObjectsV2 requests among them and the keys their pages
+  held (a client parses each), the most in flight at once, and the PUTs, object GETs and
+  DELETEs, as JSON (no delay).
+- `PUT /list/KEY` stores an object (in memory; `If-None-Match: *` answers 412 when KEY exists,
+  as S3's conditional put), which listings then show like any key; `DELETE /list/KEY` removes
+  a stored one. A loader publishes its manifest this way (`.ringfeed/`).
 - `GET /list/KEY` (with or without `Range: bytes=a-b`) and `HEAD`: the object's bytes, a
   function of its key (see `body`), so a loader can serve from it.
 - WebDAV: `PROPFIND /list/PATH/` with `Depth: 1` answers the directory's files and
@@ -41,6 +46,7 @@ PREFIX = "data/"
 PAGE_MAX = 1000
 SHAPES = ("seq", "hex", "nested", "skewed")
 HEADER_BYTES_MAX = 64 << 10
+BODY_BYTES_MAX = 1 << 30
 LAST_MODIFIED = "2026-01-01T00:00:00.000Z"
 
 
@@ -82,6 +88,10 @@ def body(key):
     return (block * (n // len(block) + 1))[:n]
 
 
+def stored_etag(data):
+    return '"%s"' % hashlib.md5(data).hexdigest()
+
+
 def xml_escape(s):
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -90,6 +100,7 @@ class Listing:
     def __init__(self, keys):
         self.keys = keys
         self.known = set(keys)
+        self.stored = {}  # key -> bytes, objects PUT by clients
         # Each key's <Contents> made once at start, so a page costs a join, not 1,000
         # hashes: the server's CPU must not be what a listing waits on.
         self.contents = [
@@ -98,6 +109,36 @@ class Listing:
             % (xml_escape(key), LAST_MODIFIED, xml_escape(etag_of(key)), size_of(key))
             for key in keys
         ]
+
+    def contents_of(self, key, size, etag):
+        return ("<Contents><Key>%s</Key><LastModified>%s</LastModified><ETag>%s</ETag>"
+                "<Size>%d</Size><StorageClass>STANDARD</StorageClass></Contents>"
+                % (xml_escape(key), LAST_MODIFIED, xml_escape(etag), size))
+
+    def store(self, key, data):
+        """Adds or replaces a client's object, kept in key order with the rest."""
+        if key in self.known and key not in self.stored:
+            return False
+        at = bisect.bisect_left(self.keys, key)
+        entry = self.contents_of(key, len(data), stored_etag(data))
+        if key in self.stored:
+            self.contents[at] = entry
+        else:
+            self.keys.insert(at, key)
+            self.contents.insert(at, entry)
+            self.known.add(key)
+        self.stored[key] = data
+        return True
+
+    def remove(self, key):
+        if key not in self.stored:
+            return False
+        at = bisect.bisect_left(self.keys, key)
+        del self.keys[at]
+        del self.contents[at]
+        self.known.discard(key)
+        del self.stored[key]
+        return True
 
     def page(self, q):
         prefix = q.get("prefix", "")
@@ -201,6 +242,11 @@ class Server:
         self.listing = listing
         self.delay_s = delay_s
         self.requests = 0
+        self.list_requests = 0
+        self.keys_returned = 0
+        self.puts = 0
+        self.object_gets = 0
+        self.deletes = 0
         self.in_flight = 0
         self.in_flight_max = 0
 
@@ -219,12 +265,16 @@ class Server:
                         k, v = line.split(":", 1)
                         headers[k.strip().lower()] = v.strip()
                 length = int(headers.get("content-length", "0") or 0)
+                body_in = b""
                 if length:
-                    await reader.readexactly(min(length, HEADER_BYTES_MAX))
+                    if length > BODY_BYTES_MAX:
+                        return
+                    body_in = await reader.readexactly(length)
                 self.requests += 1
-                status, extra, payload = await self.answer(method, target, headers)
-                reason = {200: "OK", 206: "Partial Content", 207: "Multi-Status", 400: "Bad Request",
-                          404: "Not Found", 405: "Method Not Allowed", 416: "Range Not Satisfiable"}[status]
+                status, extra, payload = await self.answer(method, target, headers, body_in)
+                reason = {200: "OK", 204: "No Content", 206: "Partial Content", 207: "Multi-Status",
+                          400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+                          412: "Precondition Failed", 416: "Range Not Satisfiable"}[status]
                 hdrs = ["HTTP/1.1 %d %s" % (status, reason), "Date: " + formatdate(usegmt=True),
                         "Content-Length: %d" % len(payload), "Connection: keep-alive"] + extra
                 writer.write(("\r\n".join(hdrs) + "\r\n\r\n").encode() + (b"" if method == "HEAD" else payload))
@@ -232,13 +282,16 @@ class Server:
         finally:
             writer.close()
 
-    async def answer(self, method, target, headers):
+    async def answer(self, method, target, headers, body_in):
         url = urllib.parse.urlsplit(target)
         path = urllib.parse.unquote(url.path).lstrip("/")
         q = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
         if path == "_stats":
             return 200, ["Content-Type: application/json"], (
-                '{"requests": %d, "in_flight_max": %d}' % (self.requests, self.in_flight_max)).encode()
+                '{"requests": %d, "list_requests": %d, "keys_returned": %d, "in_flight_max": %d, "puts": %d, '
+                '"object_gets": %d, "deletes": %d}' % (self.requests, self.list_requests, self.keys_returned,
+                                                       self.in_flight_max, self.puts, self.object_gets,
+                                                       self.deletes)).encode()
         self.in_flight += 1
         self.in_flight_max = max(self.in_flight_max, self.in_flight)
         try:
@@ -246,17 +299,36 @@ class Server:
         finally:
             self.in_flight -= 1
         if method == "GET" and path in (BUCKET, BUCKET + "/") and q.get("list-type") == "2":
+            self.list_requests += 1
             status, payload = self.listing.page(q)
+            # Keys the pages held: a client parses every one, used or not.
+            self.keys_returned += payload.count(b"<Contents>")
             return status, ["Content-Type: application/xml"], payload
         if method == "PROPFIND" and (path == BUCKET or path.startswith(BUCKET + "/")):
             status, payload = self.listing.propfind(path[len(BUCKET):].strip("/"))
             return status, ['Content-Type: application/xml; charset="utf-8"'], payload
+        if method == "PUT" and path.startswith(BUCKET + "/"):
+            key = path[len(BUCKET) + 1:]
+            if headers.get("if-none-match") == "*" and key in self.listing.known:
+                return 412, [], error_xml("PreconditionFailed", key)
+            if not self.listing.store(key, body_in):
+                return 405, [], error_xml("MethodNotAllowed", "synthesised keys are read-only: " + key)
+            self.puts += 1
+            return 200, ["ETag: " + stored_etag(body_in)], b""
+        if method == "DELETE" and path.startswith(BUCKET + "/"):
+            self.deletes += 1
+            self.listing.remove(path[len(BUCKET) + 1:])
+            return 204, [], b""
         if method in ("GET", "HEAD") and path.startswith(BUCKET + "/"):
             key = path[len(BUCKET) + 1:]
             if key not in self.listing.known:
                 return 404, [], error_xml("NoSuchKey", key)
-            data = body(key)
-            extra = ["ETag: " + etag_of(key), "Last-Modified: Thu, 01 Jan 2026 00:00:00 GMT",
+            if method == "GET":
+                self.object_gets += 1
+            stored = self.listing.stored.get(key)
+            data = body(key) if stored is None else stored
+            tag = etag_of(key) if stored is None else stored_etag(stored)
+            extra = ["ETag: " + tag, "Last-Modified: Thu, 01 Jan 2026 00:00:00 GMT",
                      "Accept-Ranges: bytes", "Content-Type: application/octet-stream"]
             rng = headers.get("range", "")
             if rng.startswith("bytes=") and method == "GET":

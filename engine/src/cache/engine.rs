@@ -5,7 +5,8 @@
 //! The tier is picked per read at `submit` from the object's state byte,
 //! so the loader, its one thread and its one completion loop stay as they
 //! are. The first whole hit of an entry in a run is checked against the
-//! CRC32C its footer holds before its completion is handed out, and later
+//! CRC32C its footer holds before its completion is handed out (by a
+//! checking thread, `verify`, for reads past 16 KiB), and later
 //! whole hits of it in the same run are not (once per entry per run: a
 //! byte flipped on disk before the entry's first read back in a run never
 //! reaches a trainer; one flipped after it, within the run, is not
@@ -27,6 +28,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::verify::{Check, Outcome, Verifier, INLINE_CHECK_BYTES_MAX};
 use super::writer::Job;
 use super::{DataCache, Shared, STATE_ABSENT, STATE_CACHED, STATE_WRITING, WRITE_QUEUE_BYTES_MAX};
 use crate::reader::{Completion, ReadEngine, ReadError, ReadOp, RemoteReadEngine};
@@ -41,6 +43,8 @@ const BOTH_WAIT_SLICE: Duration = Duration::from_millis(1);
 /// bytes again; a writer that cannot finish one entry in this long is on a
 /// disk slower than the remote path, and the run does not wait for it.
 const QUEUE_WAIT_MAX: Duration = Duration::from_millis(20);
+/// Longest wait on the verifier while reads are also in flight.
+const CHECK_WAIT_SLICE: Duration = Duration::from_micros(200);
 /// Sleep between looks at the writer's queue while waiting for room.
 const QUEUE_WAIT_STEP: Duration = Duration::from_micros(100);
 
@@ -107,6 +111,13 @@ pub struct CachedEngine {
     /// Completions of reads served from bodies queued for the writer, to
     /// hand out at the next `reap`.
     ready: Vec<Completion>,
+    /// Threads that check first whole hits off this thread (None: checked
+    /// here).
+    verifier: Option<Verifier>,
+    /// Reads whose bytes are being checked by the verifier, by internal id.
+    checking: HashMap<u64, InFlight>,
+    /// Checks done, between `Verifier::outcomes` and their completions.
+    outcomes: Vec<Outcome>,
 }
 
 impl std::fmt::Debug for CachedEngine {
@@ -124,9 +135,15 @@ impl CachedEngine {
     pub fn new(local: Box<dyn ReadEngine>, remote: RemoteReadEngine, cache: DataCache) -> Self {
         let max_in_flight = local.max_in_flight().min(remote.max_in_flight()).max(1);
         let entries = cache.shared().state.len();
+        // One checking thread per two cores, so that the loader's own core
+        // is left to it on a small machine.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get() / 2);
         CachedEngine {
             verified: vec![false; entries],
             ready: Vec::new(),
+            verifier: Verifier::start(threads),
+            checking: HashMap::new(),
+            outcomes: Vec::new(),
             local,
             remote,
             cache,
@@ -228,7 +245,9 @@ impl CachedEngine {
         Ok(())
     }
 
-    /// A cache read finished: check it, or send it to remote.
+    /// A cache read finished: check it (here, or on the verifier's
+    /// thread: its completion then waits for the check), or send it to
+    /// remote.
     fn cache_done(
         &mut self,
         id: u64,
@@ -240,26 +259,81 @@ impl CachedEngine {
         let trouble = match result {
             Ok(()) if entry.whole && self.verified.get(index) == Some(&true) => None,
             Ok(()) if entry.whole => {
+                let expected = self.shared().crc[index].load(Ordering::Relaxed);
                 // SAFETY: the read completed, so `dest` holds its
                 // `len_bytes` bytes, and the caller keeps it valid and
-                // untouched until we hand its completion out.
-                let data = unsafe { std::slice::from_raw_parts(op.dest, op.len_bytes as usize) };
-                let expected = self.shared().crc[index].load(Ordering::Relaxed);
-                let found = crc32c::crc32c(data);
-                if found == expected {
-                    self.verified[index] = true;
-                }
-                (found != expected).then(|| {
-                    self.shared()
-                        .stats
-                        .corrupt_refetched
-                        .fetch_add(1, Ordering::Relaxed);
-                    CacheFault::Corrupt { found, expected }
-                })
+                // untouched until we hand its completion out, which waits
+                // for this check's outcome.
+                let check = unsafe { Check::new(id, op.dest, op.len_bytes, expected) };
+                let check = match &mut self.verifier {
+                    Some(v) if op.len_bytes > INLINE_CHECK_BYTES_MAX => match v.send(check) {
+                        Ok(()) => {
+                            self.checking.insert(id, InFlight(op, Tier::Cache, entry));
+                            return;
+                        }
+                        Err(check) => check,
+                    },
+                    _ => check,
+                };
+                self.checked(Verifier::check_here(&check), index)
             }
             Ok(()) => None,
             Err(e) => Some(CacheFault::Io(e)),
         };
+        self.cache_outcome(id, (op, entry), trouble, out);
+    }
+
+    /// What a check of entry `index` found: nothing wrong (it is now
+    /// verified for the run), or a mismatch (counted).
+    fn checked(&mut self, outcome: Outcome, index: usize) -> Option<CacheFault> {
+        let (found, expected) = (outcome.found, outcome.expected);
+        if found == expected {
+            if let Some(v) = self.verified.get_mut(index) {
+                *v = true;
+            }
+            return None;
+        }
+        self.shared()
+            .stats
+            .corrupt_refetched
+            .fetch_add(1, Ordering::Relaxed);
+        Some(CacheFault::Corrupt { found, expected })
+    }
+
+    /// Hands out the completions of the checks the verifier finished,
+    /// waiting up to `wait` for one.
+    fn drain_checks(&mut self, out: &mut Vec<Completion>, wait: Duration) -> usize {
+        let Some(v) = &mut self.verifier else {
+            return 0;
+        };
+        if v.pending() == 0 {
+            return 0;
+        }
+        let before = out.len();
+        let mut outcomes = std::mem::take(&mut self.outcomes);
+        v.outcomes(&mut outcomes, wait);
+        for outcome in outcomes.drain(..) {
+            let id = outcome.user_data;
+            let Some(InFlight(op, _, entry)) = self.checking.remove(&id) else {
+                continue;
+            };
+            let trouble = self.checked(outcome, entry.index);
+            self.cache_outcome(id, (op, entry), trouble, out);
+        }
+        self.outcomes = outcomes;
+        out.len() - before
+    }
+
+    /// A cache read's end: its completion, or (a fault) a warning and the
+    /// read sent to remote.
+    fn cache_outcome(
+        &mut self,
+        id: u64,
+        (op, entry): (ReadOp, Entry),
+        trouble: Option<CacheFault>,
+        out: &mut Vec<Completion>,
+    ) {
+        let index = entry.index;
         match trouble {
             None => {
                 let stats = &self.shared().stats;
@@ -423,7 +497,7 @@ impl ReadEngine for CachedEngine {
     }
 
     fn in_flight(&self) -> usize {
-        self.ops.len() + self.ready.len()
+        self.ops.len() + self.ready.len() + self.checking.len()
     }
 
     fn max_in_flight(&self) -> usize {
@@ -433,7 +507,7 @@ impl ReadEngine for CachedEngine {
     unsafe fn submit(&mut self, ops: &[ReadOp]) -> Result<(), ReadError> {
         let shared = Arc::clone(self.shared());
         crate::reader::admit_sized(
-            self.ops.len() + self.ready.len(),
+            self.ops.len() + self.ready.len() + self.checking.len(),
             self.max_in_flight,
             ops,
             |i| shared.objects.get(i as usize).map(|o| o.size),
@@ -516,9 +590,10 @@ impl ReadEngine for CachedEngine {
         let mut got = self.ready.len();
         out.append(&mut self.ready);
         loop {
+            got += self.drain_checks(out, Duration::ZERO);
             got += self.reap_tier(Tier::Cache, out, Duration::ZERO)?;
             got += self.reap_tier(Tier::Remote, out, Duration::ZERO)?;
-            if got >= min_complete || self.ops.is_empty() {
+            if got >= min_complete || (self.ops.is_empty() && self.checking.is_empty()) {
                 return Ok(got);
             }
             let left = match timeout {
@@ -528,6 +603,17 @@ impl ReadEngine for CachedEngine {
                 },
                 None => Duration::from_secs(3600),
             };
+            if !self.checking.is_empty() {
+                // A check takes microseconds: wait for it in short slices,
+                // looking at the engines between them.
+                let wait = if self.ops.is_empty() {
+                    left
+                } else {
+                    left.min(CHECK_WAIT_SLICE)
+                };
+                got += self.drain_checks(out, wait);
+                continue;
+            }
             let (cache, remote) = (self.local.in_flight(), self.remote.in_flight());
             let (tier, wait) = match (cache > 0, remote > 0) {
                 (true, true) => (Tier::Cache, left.min(BOTH_WAIT_SLICE)),

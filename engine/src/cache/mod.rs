@@ -20,6 +20,7 @@
 pub mod engine;
 pub mod entry;
 pub mod usage;
+mod verify;
 mod writer;
 
 use std::fmt;

@@ -97,6 +97,10 @@ pub fn serve_argv(user_flags: &[OsString], name: &str, launch: &Launch) -> Vec<O
             "--node-rank".into(),
             launch.node_rank.to_string().into(),
         ]);
+        // The nodes share node 0's listing of this job (its published manifest).
+        if let (Some(job), None) = (&launch.rdzv_id, flag_value(user_flags, "--job-id")) {
+            argv.extend(["--job-id".into(), job.into()]);
+        }
     }
     argv
 }
@@ -429,6 +433,13 @@ mod tests {
         assert_eq!(
             serve_argv(&named, "ignored", &launch(2, 1, 0)),
             words("serve --name=job1 --source /data --batch-size 32 --resume auto --world-size 2")
+        );
+        // Several machines share node 0's listing of the job torchrun names.
+        let mut job = launch(8, 2, 0);
+        job.rdzv_id = Some("job7".into());
+        assert_eq!(
+            serve_argv(&flags, "run-1", &job),
+            words("serve --source /data --batch-size 32 --epochs 3 --name run-1 --resume auto --world-size 16 --nnodes 2 --node-rank 0 --job-id job7")
         );
         // So is a --resume: the trainers cannot move that loader.
         let resumed = words("--source /data --resume 2:64");

@@ -151,6 +151,9 @@ pub struct ServeArgs {
     /// The decode stage: --decode image and its flags.
     #[command(flatten)]
     pub images: super::decode_args::DecodeArgs,
+    /// One listing per job: --job-manifest, --job-id, --job-manifest-wait.
+    #[command(flatten)]
+    pub job_manifest: super::job_manifest_args::JobManifestArgs,
 }
 
 /// `--shuffle`.
@@ -393,6 +396,15 @@ impl ServeArgs {
         // Before a listing that can take minutes; the ring's creation
         // checks again.
         crate::ring::Producer::check_name_free(&self.name)?;
+        let publishing = self
+            .job_manifest
+            .publishing(&super::job_manifest_args::JobShape {
+                source: &serve.source,
+                nnodes: self.nnodes,
+                node_rank: self.node_rank,
+                max_age: self.manifest_max_age,
+                refresh: self.manifest_cache == CacheUse::Refresh,
+            })?;
         Ok(JobConfig {
             serve,
             format,
@@ -400,6 +412,7 @@ impl ServeArgs {
                 cache: self.manifest_cache(),
                 refresh: self.manifest_cache == CacheUse::Refresh,
                 follow_links_outside: self.follow_links_outside,
+                publishing,
             },
             data_cache: match self.cache {
                 DataCacheUse::Off => DataCachePolicy::Off,

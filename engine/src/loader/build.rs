@@ -20,6 +20,7 @@ use crate::manifest::{Manifest, ManifestError, ManifestOptions, ManifestOrigin};
 use crate::metrics::http::{BindError, METRICS_PATH};
 use crate::metrics::MetricsServer;
 use crate::say::say_err;
+use crate::source::published::{self, Published, PublishedError, Publishing};
 use crate::source::{ManifestCache, OpenedSource};
 
 /// Why a job could not be built (nothing was served).
@@ -31,6 +32,9 @@ pub enum BuildError {
     /// The source cannot be opened, listed or indexed.
     #[error(transparent)]
     Listing(#[from] ManifestError),
+    /// The job's published manifest cannot be had (node 0's, or publishing it).
+    #[error(transparent)]
+    Published(#[from] PublishedError),
     /// The run cannot be planned.
     #[error(transparent)]
     Plan(#[from] PlanError),
@@ -105,6 +109,16 @@ pub struct Built {
     relisting: Option<Relisting>,
     cache_stats: Option<Arc<CacheStats>>,
     source: String,
+    /// The job's published manifest this run serves, if any.
+    published: Option<Arc<Published>>,
+}
+
+/// The job's published manifest, as `plan` found it.
+#[derive(Default)]
+struct Shared {
+    published: Option<Arc<Published>>,
+    /// The manifest line's words for it.
+    words: Option<String>,
 }
 
 /// What a run that ended well did.
@@ -143,9 +157,17 @@ pub fn build(job: &JobConfig, stop: &StopToken) -> Result<Built, BuildError> {
         crate::metrics::watch_remote(Arc::clone(&remote.store().metrics));
     }
     let data_cache = data_cache(job, &source);
-    let (plan, origin) = plan(job, &source, data_cache.clone())?;
-    let cached_remote = CachedRemote::of(&source, origin.as_ref(), job.listing.cache.as_ref());
-    let how = said::origin_words(origin.as_ref(), cached_remote.as_ref(), job);
+    let (plan, origin, shared) = plan(job, &source, data_cache.clone())?;
+    let cached_remote = CachedRemote::of(&source, origin.as_ref(), job.listing.cache.as_ref())
+        .map(|c| c.published(shared.published.clone()));
+    let how = match (&shared.words, &origin) {
+        (Some(words), Some(_)) => format!(
+            "{}; {words}",
+            said::origin_words(origin.as_ref(), cached_remote.as_ref(), job)
+        ),
+        (Some(words), None) => words.clone(),
+        (None, _) => said::origin_words(origin.as_ref(), cached_remote.as_ref(), job),
+    };
     say_err!(
         "ringfeed: manifest: {} samples in {} files ({}), {how}, planned in {:.2} s",
         plan.manifest().len(),
@@ -179,6 +201,7 @@ pub fn build(job: &JobConfig, stop: &StopToken) -> Result<Built, BuildError> {
         relisting,
         cache_stats: data_cache.map(|c| c.stats),
         source: cfg.source.to_string(),
+        published: shared.published,
     })
 }
 
@@ -229,7 +252,7 @@ fn plan(
     job: &JobConfig,
     source: &OpenedSource,
     data_cache: Option<CacheConfig>,
-) -> Result<(Plan, Option<ManifestOrigin>), BuildError> {
+) -> Result<(Plan, Option<ManifestOrigin>, Shared), BuildError> {
     let cfg = &job.serve;
     let cache = job.listing.cache.as_ref();
     let opts = ManifestOptions {
@@ -237,7 +260,23 @@ fn plan(
         threads: 0,
         progress: cfg.progress,
     };
+    let shared = std::cell::RefCell::new(Shared::default());
     let list = |refresh: bool| -> Result<(Manifest, Option<ManifestOrigin>), BuildError> {
+        if let (Some(p), OpenedSource::Remote(remote)) = (&job.listing.publishing, source) {
+            let p = Publishing {
+                refresh: p.refresh || refresh,
+                ..p.clone()
+            };
+            let got = published::obtain(remote, &opts, cache, &p)?;
+            *shared.borrow_mut() = Shared {
+                published: got.published,
+                words: got.words,
+            };
+            return Ok((
+                sample_manifest(job, source, got.manifest, cache)?,
+                got.origin,
+            ));
+        }
         let (listed, origin) = match cache {
             Some(cache) => {
                 let (m, origin) = source.build_manifest_cached(&opts, cache, refresh)?;
@@ -255,7 +294,7 @@ fn plan(
         data_cache.clone(),
     );
     match (planned, &origin) {
-        (Ok(plan), _) => Ok((plan, origin)),
+        (Ok(plan), _) => Ok((plan, origin, shared.into_inner())),
         (Err(err), Some(ManifestOrigin::Cached { path, .. }))
             if cfg.record_bytes.is_some() || err.depends_on_sizes() =>
         {
@@ -267,7 +306,7 @@ fn plan(
             let (manifest, origin) = list(true)?;
             let plan =
                 Plan::with_source(cfg.clone(), source.clone(), Arc::new(manifest), data_cache)?;
-            Ok((plan, origin))
+            Ok((plan, origin, shared.into_inner()))
         }
         (Err(err), _) => Err(err.into()),
     }
@@ -321,6 +360,7 @@ impl Built {
             relisting,
             cache_stats,
             source,
+            published,
         } = self;
         match loader.run(stop) {
             Ok(report) => {
@@ -341,7 +381,12 @@ impl Built {
                     cache_stats,
                 })
             }
-            Err(run) => Err(forget_if_stale(run, origin.as_ref(), relisting.as_ref())),
+            Err(run) => Err(forget_if_stale(
+                run,
+                origin.as_ref(),
+                relisting.as_ref(),
+                published.as_deref(),
+            )),
         }
     }
 }
@@ -352,8 +397,19 @@ fn forget_if_stale(
     run: RunError,
     origin: Option<&ManifestOrigin>,
     relisting: Option<&Relisting>,
+    published: Option<&Published>,
 ) -> FinishError {
     let cached = matches!(origin, Some(ManifestOrigin::Cached { .. }));
+    if let Some(published) = published {
+        // A listing a node proved stale is not the job's to share any more.
+        if run.says_the_listing_is_stale(true) {
+            say_err!(
+                "ringfeed: the job's manifest {} is stale: {}",
+                published.describe(),
+                published.withdraw()
+            );
+        }
+    }
     let run = Box::new(run);
     let Some(path) = origin.and_then(ManifestOrigin::cache_file) else {
         return FinishError::Run(run);

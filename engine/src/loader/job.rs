@@ -34,6 +34,9 @@ pub struct ListingPolicy {
     pub refresh: bool,
     /// A local source: also read files that links point to outside it.
     pub follow_links_outside: bool,
+    /// One listing per job: this node's part in publishing a remote
+    /// source's manifest (`--job-manifest`); None: it lists alone.
+    pub publishing: Option<crate::source::published::Publishing>,
 }
 
 /// The disk data cache of a remote source (`--cache`, `--cache-size`).
@@ -81,6 +84,7 @@ impl JobConfig {
                 cache: None,
                 refresh: false,
                 follow_links_outside: false,
+                publishing: None,
             },
             data_cache: DataCachePolicy::Off,
             metrics: None,

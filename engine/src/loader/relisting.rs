@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use super::StopToken;
 use crate::manifest::ManifestOrigin;
+use crate::source::published::Published;
 use crate::source::relist::{self, CachedEntry, RelistOutcome};
 use crate::source::remote::human_duration;
 use crate::source::ManifestCache;
@@ -19,6 +20,9 @@ pub(super) struct CachedRemote {
     entry: CachedEntry,
     cache: ManifestCache,
     listed_at: SystemTime,
+    /// The job's published manifest node 0 took from the board: the re-list
+    /// refreshes its head, or withdraws it when the prefix changed.
+    published: Option<Arc<Published>>,
 }
 
 /// A background re-list under way, and the cache file it may refresh.
@@ -44,9 +48,15 @@ impl CachedRemote {
                 entry: CachedEntry::new(path.clone()),
                 cache: cache.clone(),
                 listed_at,
+                published: None,
             }),
             _ => None,
         }
+    }
+
+    /// The same, with the job's published manifest the re-list looks after.
+    pub(super) fn published(self, published: Option<Arc<Published>>) -> CachedRemote {
+        CachedRemote { published, ..self }
     }
 
     /// How the manifest line says where the manifest came from.
@@ -70,14 +80,29 @@ impl CachedRemote {
         let named = name.clone();
         let stop = stop.clone();
         let entry = self.entry.clone();
+        let published = self.published;
         let spawned =
             relist::spawn(
                 self.remote,
                 self.cache,
                 self.entry,
                 move |outcome| match outcome {
-                    RelistOutcome::Unchanged { .. } => {}
-                    RelistOutcome::Changed(why) => stop.stop_with(why),
+                    RelistOutcome::Unchanged { listed_at, .. } => {
+                        if let Some(p) = published.as_ref().filter(|p| p.relist) {
+                            p.refresh(listed_at);
+                        }
+                    }
+                    RelistOutcome::Changed(why) => {
+                        let why = match &published {
+                            Some(p) => format!(
+                                "{why}; the job's manifest {}: {}",
+                                p.describe(),
+                                p.withdraw()
+                            ),
+                            None => why,
+                        };
+                        stop.stop_with(why)
+                    }
                     RelistOutcome::Failed(why) => tracing::warn!(
                     "listing {named} again in the background failed ({why}); serving on from the \
                      cached listing (each read still insists on the object's cached ETag)"

@@ -11,9 +11,12 @@
 //! - An unbounded range (the tail of the prefix) is cut ahead of the
 //!   current key at multiples of the span one page covered: one cut per
 //!   idle worker, each new range about a page, the last one unbounded.
-//! - A bounded range is cut evenly between the current key and its end,
-//!   into as many parts as idle workers, but no more parts than the pages
-//!   its end is estimated to be away.
+//! - A bounded range is cut into parts of whole pages between the current
+//!   key and its end, as many as idle workers but no more than the pages its
+//!   end is estimated to be away (a request asks for a whole page, whose keys
+//!   past its range's end are parsed for nothing).
+//! - Keys that fill the numbers irregularly (hashes) get ranges that end
+//!   two standard deviations of a page early, so that a range fits its pages.
 //!
 //! A cut that is not strictly inside its range, or that object_store's
 //! `Path` would not keep as it is, is dropped: any cuts give the same
@@ -136,37 +139,50 @@ pub fn cut_points(
     }
     let at = digits.number(cur);
     let walked = at.saturating_sub(digits.number(first.as_bytes()));
+    let gaps = seen.saturating_sub(1).max(1) as u128;
+    let per_key = (walked / gaps).max(1);
+    // A page holds `page_keys` keys: every request of a range asks for a
+    // whole page and its keys are all parsed, those past the range's end
+    // too. So each new range is a whole number of pages, ending where its
+    // last page would (the current key opens a page, which ends
+    // `page_keys - 1` keys on). Keys spaced irregularly (hashes) fill a
+    // span unevenly: their ranges end two standard deviations early
+    // (2 sqrt(page_keys) keys), so that a range fits its pages; one that
+    // passed them by a few keys cost a request whose page was all another
+    // range's (the parallel listing parsed 1.3 to 2.5 times the keys).
+    let regular = walked.is_multiple_of(gaps);
+    let margin = if regular {
+        0
+    } else {
+        2 * (page_keys as f64).sqrt() as u128
+    };
+    let page = (page_keys as u128).saturating_sub(margin).max(1);
+    let span = (walked.saturating_mul(page) / gaps).max(1);
     let numbers: Vec<u128> = match upto {
         Some(hi) => {
             let left = digits.number(hi.as_bytes()).saturating_sub(at);
-            // Pages left, guessed from the pace so far: no more parts.
-            let pages_left = left
-                .saturating_mul(seen as u128)
-                .checked_div(walked)
-                .map_or(parts as u128, |keys| keys / page_keys.max(1) as u128);
+            // Whole pages left, guessed from the pace so far; this worker
+            // keeps its current page (and more), the others take the rest.
+            let pages_left = left / span;
             let parts = (parts as u128)
-                .min(pages_left)
+                .min(pages_left.saturating_sub(1))
                 .min(CUTS_AT_ONCE_MAX as u128);
-            let step = left / (parts + 1);
-            if parts == 0 || step == 0 {
+            if parts == 0 {
                 return Vec::new();
             }
-            (1..=parts).map(|i| at + i * step).collect()
-        }
-        None => {
-            // One page per new range, each ending where a page would: the
-            // current key opens a page, which ends `page_keys - 1` keys on.
-            let gaps = seen.saturating_sub(1).max(1) as u128;
-            let per_key = (walked / gaps).max(1);
-            let span = (walked.saturating_mul(page_keys as u128) / gaps).max(1);
-            (1..=parts.min(CUTS_AT_ONCE_MAX) as u128)
-                .map_while(|i| {
-                    at.checked_add(span.checked_mul(i)?)
-                        .map(|n| n - per_key)
-                        .filter(|&n| n <= digits.max())
-                })
+            let per = pages_left / (parts + 1);
+            (1..=parts)
+                .filter_map(|i| at.checked_add(span.checked_mul(per * i)?))
+                .map(|n| n - per_key)
                 .collect()
         }
+        None => (1..=parts.min(CUTS_AT_ONCE_MAX) as u128)
+            .map_while(|i| {
+                at.checked_add(span.checked_mul(i)?)
+                    .map(|n| n - per_key)
+                    .filter(|&n| n <= digits.max())
+            })
+            .collect(),
     };
     let head = &cur[..from];
     let mut cuts: Vec<String> = Vec::with_capacity(numbers.len());
@@ -226,20 +242,33 @@ mod tests {
     }
 
     #[test]
-    fn a_bounded_range_is_cut_evenly_and_no_finer_than_its_pages() {
+    fn a_bounded_range_is_cut_into_whole_pages_no_finer_than_its_pages() {
+        // At the first key of a page, 10 pages and more before the range's
+        // end: the worker keeps its page, 9 idle workers a page each (the
+        // last the rest), cut where the pages end (a cut inside a page costs
+        // a request for its rest).
         let cuts = cut_points(
             "k/obj-010000",
-            "k/obj-010999",
-            Some("k/obj-020999"),
+            "k/obj-011000",
+            Some("k/obj-021999"),
             &decimal(),
             100,
-            (2, 1000, 1000),
+            (2, 1001, 1000),
         );
-        assert_eq!(cuts.len(), 10, "{cuts:?}");
-        assert!(cuts.windows(2).all(|w| w[0] < w[1]));
-        assert!(cuts
-            .iter()
-            .all(|c| c.as_str() > "k/obj-010999" && c.as_str() < "k/obj-020999"));
+        let want: Vec<String> = (1..=9)
+            .map(|i| format!("k/obj-{:06}", 10_999 + 1000 * i))
+            .collect();
+        assert_eq!(cuts, want);
+        // Two idle workers: three parts of whole pages (3, 3 and the rest).
+        let cuts = cut_points(
+            "k/obj-010000",
+            "k/obj-011000",
+            Some("k/obj-021999"),
+            &decimal(),
+            2,
+            (2, 1001, 1000),
+        );
+        assert_eq!(cuts, ["k/obj-013999", "k/obj-016999"]);
         // Less than a page left: no cut.
         let none = cut_points(
             "k/obj-010000",
@@ -262,6 +291,21 @@ mod tests {
         // Digits of the prefix itself are never carried into.
         let cuts = cut_points("9/99", "9/99", None, &decimal(), 2, (2, 1, 1000));
         assert!(cuts.iter().all(|c| c.starts_with("9/")), "{cuts:?}");
+    }
+
+    #[test]
+    fn hashes_are_cut_early_enough_that_a_range_fits_its_pages() {
+        // Random hex keys: 1000 keys walked an irregular span of numbers.
+        let hex = b"0123456789abcdef";
+        let cuts = cut_points("p/10000", "p/11f3a", None, hex, 2, (2, 1001, 1000));
+        let n = |k: &str| u128::from_str_radix(&k[2..], 16).unwrap();
+        let span = n("p/11f3a") - n("p/10000");
+        // Each range about 937 keys' worth of numbers (1000 less 2 sqrt(1000)).
+        let first = n(&cuts[0]) - n("p/11f3a");
+        assert!(
+            first < span * 95 / 100 && first > span * 90 / 100,
+            "{cuts:?}"
+        );
     }
 
     #[test]

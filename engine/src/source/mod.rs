@@ -22,6 +22,7 @@
 pub(crate) mod cache;
 pub mod local;
 pub(crate) mod private_dir;
+pub mod published;
 pub mod relist;
 pub mod remote;
 mod spec;
@@ -37,8 +38,8 @@ use crate::manifest::{
 /// cache format stores it, so it lives there; the local source makes it.
 pub use crate::manifest::{DirStamp, LinkStamp};
 pub use cache::{
-    is_stale_tmp, ManifestCache, NotACacheFile, DEFAULT_RACY_WINDOW, DEFAULT_STAT_FILES_MAX,
-    TMP_STALE_AFTER,
+    is_stale_tmp, ManifestCache, NotACacheFile, DEFAULT_RACY_WINDOW, DEFAULT_REMOTE_MAX_AGE,
+    DEFAULT_STAT_FILES_MAX, TMP_STALE_AFTER,
 };
 pub use local::LocalSource;
 pub use remote::RemoteSource;

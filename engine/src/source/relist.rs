@@ -28,6 +28,8 @@ pub enum RelistOutcome {
     Unchanged {
         /// Objects listed.
         objects: usize,
+        /// When the confirming listing began.
+        listed_at: SystemTime,
     },
     /// The prefix changed: the message that stops the run.
     Changed(String),
@@ -161,6 +163,7 @@ pub fn relist(remote: &RemoteSource, cache: &ManifestCache, entry: &CachedEntry)
     );
     RelistOutcome::Unchanged {
         objects: after.len(),
+        listed_at,
     }
 }
 

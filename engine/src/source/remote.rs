@@ -73,6 +73,16 @@ const ENDPOINT_VARS: &[&str] = &[
     "AZURITE_BLOB_STORAGE_URL",
 ];
 
+/// The path segment, beside the data, of ringfeed's own objects (a job's
+/// published manifest, `published`): a key with a segment of this name is
+/// never a sample.
+pub const BOARD_SEGMENT: &str = ".ringfeed";
+
+/// Whether `key` (relative to a prefix) is one of ringfeed's own objects.
+pub fn is_ringfeed_key(key: &str) -> bool {
+    key.split('/').any(|segment| segment == BOARD_SEGMENT)
+}
+
 /// Whether `source` names a remote store (a scheme `remote` serves).
 pub fn is_remote_url(source: &str) -> bool {
     [
@@ -168,6 +178,33 @@ impl RemoteSource {
         self.listed.lock().ok().and_then(|l| l.clone())
     }
 
+    /// Takes a listing made elsewhere (the manifest cache, a published
+    /// manifest) as this source's: `objects` with `etags` (each object's and
+    /// a NUL, in the same order), for the fetch engine's `If-Match`; and
+    /// when it began, if the background re-list should compare with it
+    /// (None: as if listed by this start).
+    pub(crate) fn adopt(&self, objects: &FileList, etags: &[u8], listed_at: Option<SystemTime>) {
+        let mut etags = etags.split(|&b| b == 0);
+        let cached: Vec<RemoteObject> = objects
+            .iter()
+            .map(|f| RemoteObject {
+                key: String::from_utf8_lossy(f.rel_path.as_os_str().as_encoded_bytes())
+                    .into_owned(),
+                size: f.size_bytes,
+                etag: etags
+                    .next()
+                    .filter(|e| !e.is_empty())
+                    .map(|e| String::from_utf8_lossy(e).into_owned()),
+            })
+            .collect();
+        if let Ok(mut listed) = self.listed.lock() {
+            *listed = Some(Arc::new(cached));
+        }
+        if let Ok(mut at) = self.cached_listed_at.lock() {
+            *at = listed_at;
+        }
+    }
+
     /// Whether the source is a `--keys` file's list.
     pub fn has_keys_file(&self) -> bool {
         self.keys_file.is_some()
@@ -181,6 +218,7 @@ impl RemoteSource {
         let keys = Arc::new(AtomicU64::new(0));
         let store = self.store.clone();
         let keys_file = self.keys_file.clone();
+        let keys_given = keys_file.is_some();
         let workers = match opts.threads {
             0 => REMOTE_LIST_WORKERS_DEFAULT,
             n => n.min(LIST_WORKERS_MAX),
@@ -239,7 +277,11 @@ impl RemoteSource {
         if let Some(bar) = spinner {
             bar.finish_and_clear();
         }
-        let objects = found?;
+        let mut objects = found?;
+        if !keys_given {
+            // Published manifests beside the data are ringfeed's, never samples.
+            objects.retain(|o| !is_ringfeed_key(&o.key));
+        }
         if opts.progress && started.elapsed() >= Duration::from_millis(PROGRESS_AFTER_MS) {
             tracing::info!(
                 "listed {}: {} objects in {:.1} s",
@@ -351,25 +393,7 @@ impl Source for RemoteSource {
             return Err("the cache file holds a local directory's listing".to_string());
         };
         check_age(*listed_at, SystemTime::now(), cache.remote_max_age)?;
-        let mut etags = etags.split(|&b| b == 0);
-        let cached: Vec<RemoteObject> = objects
-            .iter()
-            .map(|f| RemoteObject {
-                key: String::from_utf8_lossy(f.rel_path.as_os_str().as_encoded_bytes())
-                    .into_owned(),
-                size: f.size_bytes,
-                etag: etags
-                    .next()
-                    .filter(|e| !e.is_empty())
-                    .map(|e| String::from_utf8_lossy(e).into_owned()),
-            })
-            .collect();
-        if let Ok(mut listed) = self.listed.lock() {
-            *listed = Some(Arc::new(cached));
-        }
-        if let Ok(mut at) = self.cached_listed_at.lock() {
-            *at = Some(*listed_at);
-        }
+        self.adopt(objects, etags, Some(*listed_at));
         Ok(Checked::default())
     }
 }
@@ -439,6 +463,25 @@ mod tests {
         assert!(check_age(at + hour, at, hour)
             .unwrap_err()
             .contains("in the future"));
+    }
+
+    #[test]
+    fn keys_with_a_ringfeed_segment_are_ringfeeds_own_and_others_are_samples() {
+        for key in [
+            ".ringfeed/head-1.txt",
+            "a/.ringfeed/manifest-0.rfm",
+            ".ringfeed",
+        ] {
+            assert!(is_ringfeed_key(key), "{key}");
+        }
+        for key in [
+            "a.ringfeed",
+            ".ringfeeds/x",
+            "x/.ringfeed.txt",
+            "ringfeed/x",
+        ] {
+            assert!(!is_ringfeed_key(key), "{key}");
+        }
     }
 
     #[test]

@@ -263,7 +263,7 @@ fn a_chunk_fetched_after_one_was_dropped_lands_in_its_buffer_byte_exact() {
     use crate::support::{check_bytes, make_files, ops_into, run_all, table};
     use std::sync::atomic::Ordering::Relaxed;
     let dir = tempfile::tempdir().unwrap();
-    // 32 chunks of 64 KiB, with room for 8 (spares: a quarter, 2 buffers).
+    // 32 chunks of 64 KiB, with room for 8 (spares: half of it, 4 buffers).
     let size = 32 << 16;
     let (paths, contents) = make_files(dir.path(), &[size]);
     let files = table(&paths, &[size], false);
@@ -302,7 +302,7 @@ fn a_chunk_fetched_after_one_was_dropped_lands_in_its_buffer_byte_exact() {
     let allocated = engine.buffers_allocated();
     assert!(
         allocated <= 8 + 2 + 2,
-        "{allocated} chunk buffers allocated for 32 chunks with room for 8 and 2 spares"
+        "{allocated} chunk buffers allocated for 32 chunks with room for 8 and 4 spares"
     );
 }
 

@@ -106,32 +106,12 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
     if layout.geometry.slot_payload_bytes != geometry.slot_payload_bytes {
         return Err(corrupt(path, "slot payload size is not page-aligned"));
     }
-    let stored = [u64_at(40), u64_at(48), u64_at(56), u64_at(64), u64_at(72)];
-    let computed = [
-        layout.segment_bytes,
-        layout.rank_table_offset,
-        layout.slot_table_offset,
-        layout.payload_offset,
-        layout.slot_meta_bytes,
-    ];
-    if stored != computed {
-        return Err(corrupt(
-            path,
-            format!(
-                "stored offsets {stored:?} differ from those computed from its counts {computed:?}"
-            ),
-        ));
-    }
-    if layout.segment_bytes != bytes.len() as u64 {
-        return Err(corrupt(
-            path,
-            format!(
-                "header says {} bytes but the segment is {} bytes (truncated?)",
-                layout.segment_bytes,
-                bytes.len()
-            ),
-        ));
-    }
+    check_offsets(
+        &layout,
+        [u64_at(40), u64_at(48), u64_at(56), u64_at(64), u64_at(72)],
+        bytes.len(),
+        path,
+    )?;
     let start =
         (u32_at(84) & crate::layout::flags::START_KNOWN != 0).then(|| crate::layout::RunStart {
             epoch: u64_at(112),
@@ -167,6 +147,41 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
         ..job
     };
     Ok((layout, job))
+}
+
+/// The header's stored offsets against those its counts give, and its
+/// segment size against the object's.
+fn check_offsets(
+    layout: &Layout,
+    stored: [u64; 5],
+    len: usize,
+    path: &str,
+) -> Result<(), AttachError> {
+    let computed = [
+        layout.segment_bytes,
+        layout.rank_table_offset,
+        layout.slot_table_offset,
+        layout.payload_offset,
+        layout.slot_meta_bytes,
+    ];
+    if stored != computed {
+        return Err(corrupt(
+            path,
+            format!(
+                "stored offsets {stored:?} differ from those computed from its counts {computed:?}"
+            ),
+        ));
+    }
+    if layout.segment_bytes != len as u64 {
+        return Err(corrupt(
+            path,
+            format!(
+                "header says {} bytes but the segment is {} bytes (truncated?)",
+                layout.segment_bytes, len
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The header's key area and class names region (offsets 1608 to 1647),
