@@ -15,9 +15,11 @@ use std::time::Duration;
 mod resume;
 mod start;
 mod tar;
+mod tokens;
 pub use resume::{rf_resume_advance, rf_resume_after, rf_resume_normal};
 pub use start::{rf_get_start_mode, rf_request_start};
 pub use tar::{rf_tar_field, rf_tar_field_next};
+pub use tokens::{rf_get_token_format, rf_token_format};
 
 use ring::{AttachError, AttachOptions, Consumer, Next, NextError, ReleaseError, SampleEntry};
 

@@ -106,7 +106,7 @@ class Handle:
     """
 
     __slots__ = ("ptr", "pid", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "in_transit", "feeds",
-                 "resume", "awaited_start", "images", "__weakref__")
+                 "resume", "awaited_start", "images", "tokens", "__weakref__")
 
     def __init__(self, cell, name, rank):
         self.ptr = cell[0]
@@ -123,6 +123,8 @@ class Handle:
         self.claims = set()
         # The loader's ImageFormat when it decodes images (serve --decode image).
         self.images = None
+        # The loader's TokenFormat when it serves token windows (serve --seq-len).
+        self.tokens = None
         # A batch rf_next took that never reached the caller (an exception,
         # such as Ctrl-C, struck first): the next next() returns it.
         self.undelivered = None

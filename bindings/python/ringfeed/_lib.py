@@ -55,6 +55,24 @@ class rf_image_format(ctypes.Structure):
     ]
 
 
+class rf_token_format(ctypes.Structure):
+    """The token layout of a loader's batches (``serve --seq-len``)."""
+
+    _fields_ = [
+        ("is_tokens", ctypes.c_uint32),
+        ("item_bytes", ctypes.c_uint32),
+        ("dtype", ctypes.c_char * 8),
+        ("seq_len", ctypes.c_uint64),
+        ("doc_counts_offset", ctypes.c_uint64),
+        ("doc_starts_offset", ctypes.c_uint64),
+        ("doc_starts_max", ctypes.c_uint32),
+        ("has_eos", ctypes.c_uint32),
+        ("eos_token", ctypes.c_uint64),
+        ("corpora", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+    ]
+
+
 class rf_sample(ctypes.Structure):
     """One sample of a batch: its bytes are ``data + offset .. + len``."""
 
@@ -106,7 +124,7 @@ class rf_job(ctypes.Structure):
 
 
 # The sizes the Rust side has; a mismatch means this file drifted from the ABI.
-for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16)):
+for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16), (rf_token_format, 64)):
     if ctypes.sizeof(_struct) != _size:
         raise ImportError(
             "ringfeed: ctypes struct %s is %d bytes, the C ABI says %d"
@@ -133,7 +151,7 @@ _REQUIRED = ("rf_attach", "rf_next", "rf_release", "rf_get_info", "rf_detach", "
 _OPTIONAL = (
     "rf_get_job", "rf_resume_state", "rf_get_taken", "rf_get_start", "rf_resume_normal", "rf_resume_after",
     "rf_resume_advance", "rf_request_start", "rf_get_start_mode", "rf_get_order", "rf_get_order_block",
-    "rf_get_image_format",
+    "rf_get_image_format", "rf_get_token_format",
 )
 
 
@@ -186,6 +204,9 @@ def _declare(lib):
     if hasattr(lib, "rf_get_image_format"):
         lib.rf_get_image_format.argtypes = [_feed_p, ctypes.POINTER(rf_image_format)]
         lib.rf_get_image_format.restype = ctypes.c_int
+    if hasattr(lib, "rf_get_token_format"):
+        lib.rf_get_token_format.argtypes = [_feed_p, ctypes.POINTER(rf_token_format)]
+        lib.rf_get_token_format.restype = ctypes.c_int
     if hasattr(lib, "rf_get_order_block"):
         lib.rf_get_order_block.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]
         lib.rf_get_order_block.restype = ctypes.c_int

@@ -324,6 +324,7 @@ fn demo_config(a: &DemoArgs, data_dir: &Path, name: &str) -> ServeConfig {
         start: ResumeState::default(),
         progress: false,
         decode: None,
+        tokens: None,
     }
 }
 

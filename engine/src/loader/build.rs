@@ -129,16 +129,25 @@ pub fn build(job: &JobConfig, stop: &StopToken) -> Result<Built, BuildError> {
         None => None,
     };
     let started = Instant::now();
-    let source = cfg
-        .source
-        .open()?
-        .follow_links_outside(job.listing.follow_links_outside);
-    if let OpenedSource::Remote(remote) = &source {
-        crate::metrics::watch_remote(Arc::clone(&remote.store().metrics));
-    }
-    let data_cache = data_cache(job, &source);
-    let (plan, origin) = plan(job, &source, data_cache.clone())?;
-    let cached_remote = CachedRemote::of(&source, origin.as_ref(), job.listing.cache.as_ref());
+    let (plan, origin, cached_remote, cache_stats) = if cfg.tokens.is_some() {
+        // A token run opens each of its sources itself (a Megatron PREFIX
+        // or one file is no directory), through the same listing cache.
+        let plan = super::tokens::plan_tokens(job)?;
+        let stats = plan.cache_stats().cloned();
+        (plan, None, None, stats)
+    } else {
+        let source = cfg
+            .source
+            .open()?
+            .follow_links_outside(job.listing.follow_links_outside);
+        if let OpenedSource::Remote(remote) = &source {
+            crate::metrics::watch_remote(Arc::clone(&remote.store().metrics));
+        }
+        let data_cache = data_cache(job, &source);
+        let (plan, origin) = plan(job, &source, data_cache.clone())?;
+        let cached_remote = CachedRemote::of(&source, origin.as_ref(), job.listing.cache.as_ref());
+        (plan, origin, cached_remote, data_cache.map(|c| c.stats))
+    };
     let how = said::origin_words(origin.as_ref(), cached_remote.as_ref(), job);
     say_err!(
         "ringfeed: manifest: {} samples in {} files ({}), {how}, planned in {:.2} s",
@@ -170,7 +179,7 @@ pub fn build(job: &JobConfig, stop: &StopToken) -> Result<Built, BuildError> {
         _metrics: metrics,
         origin,
         relisting,
-        cache_stats: data_cache.map(|c| c.stats),
+        cache_stats,
         source: cfg.source.to_string(),
     })
 }

@@ -24,6 +24,9 @@
 //! - Ranges mode ([`Manifest::from_ranges`]): each sample is a listed byte
 //!   range of one object (a tar shard's samples, `crate::tar`), in the order
 //!   given: shards in key order, samples in tar order within a shard.
+//! - Windows mode ([`Manifest::from_windows`]): each sample is a window of
+//!   tokens cut from a corpus's documents, in parts of one or more objects
+//!   (`crate::tokens`, docs/tokens.md).
 //!
 //! [`Source`]: crate::source::Source
 
@@ -31,10 +34,12 @@ mod file_list;
 pub(crate) mod format;
 mod ranges;
 mod stamps;
+mod windows;
 
 pub use file_list::{FileList, FileRef};
 pub use ranges::SampleRanges;
 pub use stamps::{DirStamp, LinkStamp};
+pub use windows::{WindowPart, Windows};
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -242,6 +247,8 @@ pub struct Manifest {
     first_record: Vec<u64>,
     /// Ranges mode: every sample's range.
     ranges: Option<Arc<SampleRanges>>,
+    /// Windows mode: the corpora's token windows.
+    windows: Option<Arc<dyn Windows>>,
     len: u64,
     total_bytes: u64,
     max_sample_bytes: u64,
@@ -287,6 +294,7 @@ impl Manifest {
             record_bytes,
             first_record: Vec::new(),
             ranges: None,
+            windows: None,
             len: 0,
             total_bytes,
             max_sample_bytes: 0,
@@ -374,6 +382,9 @@ impl Manifest {
             // index < len == ranges.len() <= usize::MAX.
             return ranges.get(index as usize);
         }
+        if let Some(windows) = &self.windows {
+            return Manifest::window_loc(windows.as_ref(), index);
+        }
         match self.record_bytes {
             None => SampleLoc {
                 // index < len <= MAX_FILES < u32::MAX.
@@ -407,6 +418,9 @@ impl Manifest {
             sizes,
             [self.files.len() as u64, self.record_bytes.unwrap_or(0)],
         );
+        if let Some(windows) = &self.windows {
+            return digest_words(whole ^ 0x746f_6b65_6e73, [windows.digest()]);
+        }
         match &self.ranges {
             None => whole,
             Some(ranges) => {
@@ -431,6 +445,9 @@ impl Manifest {
         let count = (count as u64).min(self.len);
         if let Some(record_bytes) = self.record_bytes {
             return count.saturating_mul(record_bytes);
+        }
+        if self.windows.is_some() {
+            return count.saturating_mul(self.max_sample_bytes);
         }
         if count == self.len {
             return self.total_bytes;

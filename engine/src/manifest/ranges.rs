@@ -117,6 +117,7 @@ impl Manifest {
             first_record: Vec::new(),
             len: ranges.len() as u64,
             ranges: Some(Arc::new(ranges)),
+            windows: None,
             total_bytes,
             max_sample_bytes,
         })

@@ -26,6 +26,10 @@ pub struct Job {
     /// image`), with the batch's labels and bad-sample flags beside them in
     /// the slot. None: samples are the objects' bytes.
     pub images: Option<ImageFormat>,
+    /// Every sample is a window of `L + 1` tokens (`serve --seq-len`), with
+    /// the batch's document starts beside them in the slot. None: samples
+    /// are the objects' bytes.
+    pub tokens: Option<super::TokenFormat>,
     /// The loader waits for its ranks' start requests (`--resume auto`,
     /// [`super::flags::AWAITS_START`]): `start` holds the dataset's sample count and
     /// the loader's own start, but the header says START_KNOWN only once the
@@ -147,6 +151,7 @@ impl Job {
             start: None,
             order: None,
             images: None,
+            tokens: None,
             awaits_start: false,
         }
     }
@@ -212,6 +217,7 @@ impl Job {
             start,
             order: None,
             images: None,
+            tokens: None,
             awaits_start: false,
         })
     }
@@ -259,6 +265,7 @@ mod tests {
             start: Some(start),
             order: None,
             images: None,
+            tokens: None,
             awaits_start: false,
         };
         assert_eq!(job.resume_state_after(8, 2, 0), Some((2, 164)));

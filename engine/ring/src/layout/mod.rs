@@ -68,12 +68,17 @@ pub mod flags {
     /// `labels_offset` and `bad_offset` hold the loader's
     /// [`ImageFormat`](super::ImageFormat).
     pub const IMAGES_KNOWN: u32 = 8;
+    /// Samples are token windows: the header's `tokens` words hold the
+    /// loader's [`TokenFormat`](super::TokenFormat) (docs/tokens.md).
+    pub const TOKENS_KNOWN: u32 = 32;
 }
 
 mod counters;
 mod job;
+mod tokens;
 pub use counters::{Counter, Counters, COUNTERS_OFFSET, COUNTER_WORDS};
 pub use job::{ImageFormat, Job, RunOrder, RunStart};
+pub use tokens::{TokenFormat, MAX_DOC_STARTS, TOKENS_OFFSET, TOKEN_WORDS};
 
 /// Segment header at offset 0. Fields up to `plan_digest` are written once
 /// by the loader before `state` becomes READY and never again.
@@ -174,8 +179,12 @@ pub struct Header {
     // --- offset 1288: the loader's counters, rewritten every ~100 ms ---
     /// Figures for `ringfeed stat`, one word per [`Counter`]; Relaxed.
     pub counters: [AtomicU64; COUNTER_WORDS],
-    // --- offset 1544 to 4064: reserved ---
-    _reserved2: [AtomicU64; 315],
+    // --- offset 1544 to 1608: the token format (issue 38) ---
+    /// [`TokenFormat`] as [`TokenFormat::to_words`] writes it (valid with
+    /// [`flags::TOKENS_KNOWN`]): written once before READY.
+    pub tokens: [AtomicU64; TOKEN_WORDS],
+    // --- offset 1608 to 4064: reserved ---
+    _reserved2: [AtomicU64; 307],
     // --- offset 4064: the loader's release, here in every ABI version ---
     /// The loader's ringfeed release (its package version, as `ringfeed
     /// --version` says it), UTF-8, NUL-padded, [`LOADER_RELEASE_BYTES`] at
@@ -374,7 +383,9 @@ const _: () = {
     assert!(offset_of!(Header, abort_message) == 264);
     assert!(offset_of!(Header, counters) == 264 + ABORT_MESSAGE_MAX_BYTES);
     assert!(offset_of!(Header, counters) == COUNTERS_OFFSET);
-    assert!(offset_of!(Header, _reserved2) == COUNTERS_OFFSET + COUNTER_WORDS * 8);
+    assert!(offset_of!(Header, tokens) == COUNTERS_OFFSET + COUNTER_WORDS * 8);
+    assert!(offset_of!(Header, tokens) == TOKENS_OFFSET);
+    assert!(offset_of!(Header, _reserved2) == TOKENS_OFFSET + TOKEN_WORDS * 8);
     assert!(size_of::<RankBlock>() as u64 == RANK_BLOCK_BYTES);
     assert!(offset_of!(RankBlock, publish_futex) == 8);
     assert!(offset_of!(RankBlock, finished) == 12);

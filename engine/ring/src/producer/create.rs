@@ -112,6 +112,7 @@ impl Producer {
             view,
             next_claim: vec![0; w],
             images: job.images,
+            tokens: job.tokens,
             published: vec![0; w],
             abandoned: false,
             name_removed: false,
@@ -261,6 +262,12 @@ impl Producer {
             h.bad_offset.store(images.bad_offset, r);
             h.flags.fetch_or(crate::layout::flags::IMAGES_KNOWN, r);
         }
+        if let Some(tokens) = job.tokens {
+            for (word, value) in h.tokens.iter().zip(tokens.to_words()) {
+                word.store(value, r);
+            }
+            h.flags.fetch_or(crate::layout::flags::TOKENS_KNOWN, r);
+        }
         for rank in 0..g.world_size {
             view.rank(rank).batches_expected.store(u64::MAX, r);
         }
@@ -308,7 +315,7 @@ pub(crate) fn read_loader_pid(fd: &OwnedFd) -> Option<u32> {
 }
 
 /// Refuses a job that leaves no room for the ring's ranks, or whose image
-/// format does not fit its slots.
+/// or token format does not fit its slots.
 fn check_job(job: &Job, geometry: RingGeometry) -> Result<(), CreateError> {
     Job::from_header(
         job.first_rank,
@@ -320,6 +327,11 @@ fn check_job(job: &Job, geometry: RingGeometry) -> Result<(), CreateError> {
     .map_err(CreateError::Job)?;
     if let Some(images) = &job.images {
         images
+            .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
+            .map_err(CreateError::Job)?;
+    }
+    if let Some(tokens) = &job.tokens {
+        tokens
             .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
             .map_err(CreateError::Job)?;
     }
