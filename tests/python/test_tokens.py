@@ -197,3 +197,88 @@ def test_the_torch_loader_gives_windows_in_their_dtype_or_int64_with_varlen_boun
         finally:
             p.kill()
             p.wait()
+
+
+# ------------------------------------------------------------------ mixtures
+
+
+def corpus_counts(indices, first_of_b):
+    a = sum(1 for i in indices if i < first_of_b)
+    return a, len(indices) - a
+
+
+def within_one(counts, weights, total):
+    share = [w / sum(weights) * total for w in weights]
+    return all(abs(c - s) < 1 for c, s in zip(counts, share)), share
+
+
+@pytest.fixture(scope="module")
+def two_corpora(tmp_path_factory, docs):
+    """A Megatron prefix and a datatrove directory: two formats, one mixture."""
+    root = tmp_path_factory.mktemp("mix")
+    write_megatron_layout(root / "web", docs[:100])
+    (root / "books").mkdir()
+    write_datatrove_layout(root / "books", "000", docs[100:])
+    a, _ = concatenation(docs[:100])
+    b, _ = concatenation(docs[100:])
+    return root, (root / "web", root / "books"), (a, b)
+
+
+def test_a_mixture_draws_each_source_within_one_sample_of_its_weight_whatever_the_world_size(two_corpora, docs):
+    _, sources, (a, b) = two_corpora
+    na, nb = windows_of(a), windows_of(b)
+    weights = (0.7, 0.3)
+    runs = {}
+    for w in (1, 3):
+        rows, err = run(sources, L, B, w, "--weights", "0.7,0.3", "--seed", "4")
+        order = positions(rows, w, B)
+        indices = [order[(0, p)][0] for p in range(len(order))]
+        ok, share = within_one(corpus_counts(indices, na), weights, len(indices))
+        assert ok, "W=%d: %s for %s" % (w, corpus_counts(indices, na), share)
+        # Every prefix too (the interleave's promise), and no window twice.
+        for p in range(1, len(indices) + 1, 7):
+            assert within_one(corpus_counts(indices[:p], na), weights, p)[0], "prefix %d" % p
+        assert len(set(indices)) == len(indices)
+        # Each window is its own corpus's slice.
+        stream_a, starts_a = concatenation(docs[:100])
+        stream_b, starts_b = concatenation(docs[100:])
+        assert check_windows(rows, stream_a, starts_a, L, base=0, count=na) > 0
+        assert check_windows(rows, stream_b, starts_b, L, base=na, count=nb) > 0
+        runs[w] = indices
+    # The default epoch repeats no window: 0.7 N <= na and 0.3 N <= nb.
+    n = min(int(na / 0.7), int(nb / 0.3))
+    assert abs(len(runs[1]) - (n // B) * B) <= B
+    # The same order whatever the world size (W=3 drops a longer tail).
+    common = min(len(runs[1]), len(runs[3]))
+    assert runs[1][:common] == runs[3][:common]
+
+
+def test_a_mixture_resumed_mid_epoch_with_another_world_size_keeps_the_proportions(two_corpora):
+    _, sources, (a, _) = two_corpora
+    na = windows_of(a)
+    first, _ = run(sources, L, B, 1, "--weights", "0.7,0.3", "--seed", "9")
+    before = positions(first, 1, B)
+    s = 6 * B  # W=1 stopped after 6 steps
+    rows, _ = run(sources, L, B, 3, "--weights", "0.7,0.3", "--seed", "9", "--resume", "0:%d" % s)
+    after = positions(rows, 3, B, start=s)
+    indices = [before[(0, p)][0] for p in range(s)] + [after[(0, p)][0] for p in range(s, s + len(after))]
+    ok, share = within_one(corpus_counts(indices, na), (0.7, 0.3), len(indices))
+    assert ok, "%s for %s" % (corpus_counts(indices, na), share)
+    for p in range(s, s + len(after)):
+        assert after[(0, p)][0] == before[(0, p)][0], "position %d" % p
+
+
+def test_more_samples_per_epoch_than_a_source_holds_shuffle_it_again_for_each_pass(two_corpora):
+    _, sources, (a, b) = two_corpora
+    na, nb = windows_of(a), windows_of(b)
+    total = 4 * (na + nb) // B * B
+    rows, _ = run(sources, L, B, 2, "--weights", "1,1", "--samples-per-epoch", str(total), "--seed", "2")
+    order = positions(rows, 2, B)
+    indices = [order[(0, p)][0] for p in range(len(order))]
+    firsts = [i for i in indices if i < na]
+    # Whole passes over the first source are permutations of its windows, each a new one.
+    passes = [firsts[k * na:(k + 1) * na] for k in range(len(firsts) // na)]
+    assert len(passes) >= 2
+    for p in passes:
+        assert sorted(p) == list(range(na))
+    assert passes[0] != passes[1]
