@@ -148,7 +148,11 @@ pub fn build(job: &JobConfig, stop: &StopToken) -> Result<Built, BuildError> {
         let cached_remote = CachedRemote::of(&source, origin.as_ref(), job.listing.cache.as_ref());
         (plan, origin, cached_remote, data_cache.map(|c| c.stats))
     };
-    let how = said::origin_words(origin.as_ref(), cached_remote.as_ref(), job);
+    let how = match &cfg.tokens {
+        // Each corpus said where its listing and index came from.
+        Some(_) => "windows of the corpora's documents".to_owned(),
+        None => said::origin_words(origin.as_ref(), cached_remote.as_ref(), job),
+    };
     say_err!(
         "ringfeed: manifest: {} samples in {} files ({}), {how}, planned in {:.2} s",
         plan.manifest().len(),

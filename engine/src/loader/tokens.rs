@@ -14,6 +14,7 @@ use super::token_run::TokenRun;
 use super::{DataCachePolicy, JobConfig, Plan, PlanError, ServeConfig};
 use crate::cache::{CacheConfig, CacheStats};
 use crate::manifest::{FileList, Manifest, ObjectNames, Windows};
+use crate::reader::chunked::ChunkConfig;
 use crate::reader::FileTable;
 use crate::remote::FetchConfig;
 use crate::ring::layout::{Job, RunStart, TokenFormat, MAX_DOC_STARTS};
@@ -22,6 +23,7 @@ use crate::sampler::{Mixture, SampleOrder, Sampler, SamplerConfig};
 use crate::say::say_err;
 use crate::tokens::access::Access;
 use crate::tokens::open::DataLocation;
+use crate::tokens::Corpus;
 use crate::tokens::{open_corpus, OpenedCorpus, TokenError, TokenOptions, TokenSet};
 
 /// Names a token run's objects: their keys are their names already.
@@ -194,7 +196,7 @@ fn read_target(job: &JobConfig, opened: &[OpenedCorpus]) -> Result<ReadTarget, P
                         objects: Arc::new(objects.clone()),
                         fetch: FetchConfig::default(),
                         cache: data_cache(job, &stats),
-                        chunk: None,
+                        chunk: block_chunks(&o.corpus, job.serve.order),
                     })),
                 ));
             }
@@ -211,6 +213,53 @@ fn read_target(job: &JobConfig, opened: &[OpenedCorpus]) -> Result<ReadTarget, P
         routes.remove(0).1
     } else {
         ReadTarget::Routed(routes)
+    })
+}
+
+/// Under the block order, a remote corpus's windows are read through the
+/// chunk layer: one chunk per block of windows (from its first window's
+/// first byte, a token into the next block, since windows overlap by one),
+/// so a window of blocks is a few ranged GETs, which the data cache keeps
+/// as entries of their own; each object's start is a chunk point too, for
+/// the tail of a window that runs into it. None under the other orders:
+/// each window is then a GET of its own.
+fn block_chunks(corpus: &Corpus, order: SampleOrder) -> Option<ChunkConfig> {
+    use crate::reader::chunked::{ChunkGeometry, CHUNK_BYTES_MAX};
+    let shape = order.block_shape()?;
+    let block = u64::from(shape.block_samples());
+    let item = corpus.dtype().item_bytes();
+    let (mut parts, mut starts_scratch) = (Vec::new(), Vec::new());
+    let mut starts: Vec<(u32, u64)> = corpus.parts().iter().map(|p| (p.object, 0)).collect();
+    let mut j = 0;
+    while j < corpus.windows() {
+        parts.clear();
+        starts_scratch.clear();
+        corpus.window(j, 0, &mut parts, &mut starts_scratch);
+        let first = parts.iter().find_map(|p| match *p {
+            crate::manifest::WindowPart::Read {
+                object,
+                offset_bytes,
+                ..
+            } => Some((object, offset_bytes)),
+            crate::manifest::WindowPart::Token(_) => None,
+        });
+        starts.extend(first);
+        j += block;
+    }
+    starts.sort_unstable();
+    starts.dedup();
+    let block_bytes = (block * corpus.seq_len() + 1).saturating_mul(item);
+    let budget = (4 * u64::from(shape.window_blocks()) * block_bytes.min(CHUNK_BYTES_MAX)).clamp(
+        super::chunks::CHUNK_BUDGET_BYTES_MIN,
+        super::chunks::CHUNK_BUDGET_BYTES_MAX,
+    );
+    Some(ChunkConfig {
+        geometry: ChunkGeometry::Overlapping {
+            starts: starts.into(),
+            tail_bytes: item,
+        },
+        small_read_max: CHUNK_BYTES_MAX,
+        budget_bytes: budget,
     })
 }
 
@@ -231,6 +280,50 @@ fn data_cache(job: &JobConfig, stats: &Arc<CacheStats>) -> Option<CacheConfig> {
         size: *size,
         stats: Arc::clone(stats),
     })
+}
+
+/// Whether any remote target of `t` reads through the chunk layer.
+fn chunked_target(t: &ReadTarget) -> bool {
+    match t {
+        ReadTarget::Remote(r) => r.chunk.is_some(),
+        ReadTarget::Files(_) => false,
+        ReadTarget::Routed(routes) => routes.iter().any(|(_, t)| chunked_target(t)),
+    }
+}
+
+/// Slots per rank by default: the loader's rule (`slots.rs`), raised for a
+/// chunked run to a lookahead of windows of blocks (as `chunks.rs` does),
+/// never past the batches a rank gets (nor below 2), fitted to the room in
+/// /dev/shm.
+fn auto_slots(
+    cfg: &ServeConfig,
+    payload_bytes: u64,
+    batches_per_rank: u64,
+    chunked: bool,
+    bare: RingGeometry,
+) -> u32 {
+    let k =
+        super::slots::auto_slots_per_rank(cfg.batch_size, cfg.reader.queue_depth, payload_bytes);
+    let k = match (chunked, cfg.order.block_shape()) {
+        (true, Some(shape)) => {
+            let window = u64::from(shape.block_samples()) * u64::from(shape.window_blocks());
+            let want =
+                (super::chunks::LOOKAHEAD_WINDOWS * window).div_ceil(u64::from(cfg.batch_size));
+            let fit = super::slots::AUTO_RANK_BYTES_MAX / payload_bytes.max(1);
+            let most = u64::from(crate::ring::layout::MAX_SLOTS_PER_RANK);
+            k.max(want.min(fit).min(most) as u32)
+        }
+        _ => k,
+    };
+    let k = u32::try_from(batches_per_rank.max(2)).map_or(k, |most| k.min(most));
+    let room = crate::ring::segment::shm_room_for(&cfg.name).map(|room| room.left());
+    super::slots::fit_auto_slots(
+        RingGeometry {
+            slots_per_rank: k,
+            ..bare
+        },
+        room,
+    )
 }
 
 impl Plan {
@@ -277,19 +370,12 @@ impl Plan {
             slot_payload_bytes: payload_bytes,
         };
         let slots_per_rank = cfg.slots_per_rank.unwrap_or_else(|| {
-            let k = super::slots::auto_slots_per_rank(
-                cfg.batch_size,
-                cfg.reader.queue_depth,
+            auto_slots(
+                &cfg,
                 payload_bytes,
-            );
-            let k = u32::try_from(batches_per_rank.max(2)).map_or(k, |most| k.min(most));
-            let room = crate::ring::segment::shm_room_for(&cfg.name).map(|room| room.left());
-            super::slots::fit_auto_slots(
-                RingGeometry {
-                    slots_per_rank: k,
-                    ..bare
-                },
-                room,
+                batches_per_rank,
+                chunked_target(&target),
+                bare,
             )
         });
         let geometry = RingGeometry {
