@@ -123,15 +123,34 @@ def test_mds_shards_with_a_token_column_are_read_past_their_other_columns(tmp_pa
     assert check_windows(rows, stream, starts, L) > 0
 
 
-def test_a_resume_with_another_world_size_goes_on_with_the_same_windows(tmp_path, docs):
-    prefix = tmp_path / "c"
-    write_megatron_layout(prefix, docs)
-    stream, _ = concatenation(docs)
-    n = windows_of(stream)
-    whole, _ = run([prefix], L, B, 1, "--seed", "11")
+def corpus_of(fmt, tmp_path, docs):
+    """`docs` written in format `fmt` under tmp_path: (--source, the documents held)."""
+    if fmt == "megatron":
+        write_megatron_layout(tmp_path / "c", docs)
+        return tmp_path / "c", docs
+    if fmt == "datatrove":
+        write_datatrove_layout(tmp_path, "000", docs[:50])
+        write_datatrove_layout(tmp_path, "001", docs[50:])
+        return tmp_path, docs
+    if fmt == "tokens":
+        write_flat(tmp_path / "train.bin", docs)
+        return tmp_path / "train.bin", [np.concatenate(docs)]
+    if fmt == "litdata":
+        pytest.importorskip("litdata")
+        return tmp_path / "lit", write_litdata(tmp_path / "lit", docs, chunk_bytes="8KB")
+    pytest.importorskip("streaming")
+    return tmp_path / "mds", write_mds(tmp_path / "mds", docs)
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "datatrove", "tokens", "litdata", "mds"])
+def test_a_resume_with_another_world_size_goes_on_with_the_same_windows(tmp_path, docs, fmt):
+    prefix, held = corpus_of(fmt, tmp_path, docs)
+    flags = ("--format", fmt, "--token-dtype", "uint16")
+    n = windows_of(concatenation(held)[0])
+    whole, _ = run([prefix], L, B, 1, "--seed", "11", *flags)
     order = positions(whole, 1, B)
     # W = 1 stopped after 5 steps (20 samples); W = 2 goes on from there.
-    resumed, _ = run([prefix], L, B, 2, "--seed", "11", "--resume", "0:%d" % (5 * B))
+    resumed, _ = run([prefix], L, B, 2, "--seed", "11", "--resume", "0:%d" % (5 * B), *flags)
     got = positions(resumed, 2, B, start=5 * B)
     assert got, "the resumed run served nothing"
     for key, (index, tokens, _) in got.items():
@@ -139,6 +158,8 @@ def test_a_resume_with_another_world_size_goes_on_with_the_same_windows(tmp_path
         assert np.array_equal(order[key][1], tokens)
     served = {order[(0, p)][0] for p in range(5 * B)} | {v[0] for v in got.values()}
     assert len(served) == 5 * B + len(got) and len(served) > n - 3 * B
+    stream, starts = concatenation(held)
+    assert check_windows(resumed, stream, starts, L) == len(got)
 
 
 def test_document_starts_make_flash_attention_boundaries(tmp_path):

@@ -25,8 +25,8 @@ use super::TokenError;
 pub const INDEX_JSON: &[u8] = b"index.json";
 /// Most bytes of an `index.json` read.
 pub const INDEX_JSON_BYTES_MAX: u64 = 256 << 20;
-/// Most items a chunk header may claim (a header of 4 GiB).
-const ITEMS_MAX: u64 = 1 << 30;
+/// Most items a chunk header may claim (a header of 256 MiB, read at start).
+const ITEMS_MAX: u64 = 1 << 26;
 
 /// The dtype of LitData's `data_format` entry (`no_header_tensor:20` is a
 /// torch.uint16; `no_header_numpy:5` a numpy uint16).

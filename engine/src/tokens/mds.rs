@@ -448,14 +448,11 @@ pub fn parts(
     Ok(out)
 }
 
-/// A shard's bytes, to read its headers: mapped in place, or fetched.
+/// A shard's bytes, to read its headers: mapped in place, or fetched into
+/// memory (at most `access::IN_MEMORY_INDEX_BYTES_MAX`) and dropped once
+/// its documents are found.
 fn whole_shard(access: &Access, obj: &Object) -> Result<Arc<Backing>, TokenError> {
-    match access {
-        Access::Local(_) => access.whole(obj, None),
-        Access::Remote(_) => Ok(Arc::new(Backing::Owned(
-            access.range(obj, 0..obj.size_bytes)?,
-        ))),
-    }
+    access.whole(obj, None)
 }
 
 /// The decompressed copy of zstd shard `obj` (`raw_bytes` once
