@@ -22,7 +22,7 @@ KNOWN = set()
 # must be given its floor here.
 LAYERS = [
     "main", "cli", "loader", "images", "pack", "metrics", "cache", "tar", "tokens", "source", "reader",
-    "planner", "manifest", "sampler", "say", "remote",
+    "planner", "manifest", "sampler", "say", "remote", "home",
 ]
 
 

@@ -11,7 +11,8 @@
 #   bash fuzz/run.sh 60
 #   bash fuzz/run.sh 60 webdav_listing
 #
-# A crash leaves its input in fuzz/artifacts/TARGET/ and exits non-zero;
+# A crash, or a run past 512 MB of memory (RSS, or one allocation), leaves
+# its input in fuzz/artifacts/TARGET/ and exits non-zero;
 # replay it with:
 #   cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run TARGET artifacts/TARGET/crash-...
 set -euo pipefail
@@ -33,6 +34,12 @@ else
 fi
 
 export RUSTC_BOOTSTRAP=1
+# Every target runs under a memory limit (issue 36): a process past 512 MB,
+# or one allocation past it, is a failure with its input saved, so an
+# allocation bomb is found like a crash. AddressSanitizer's quarantine of
+# freed blocks (256 MB by default) would count against it: keep it smaller.
+RSS_LIMIT_MB=512
+export ASAN_OPTIONS="${ASAN_OPTIONS:-quarantine_size_mb=64}"
 for item in "${plan[@]}"; do
     target="${item%%:*}"; secs="${item##*:}"
     [ "$secs" -ge 1 ] || secs=1
@@ -42,5 +49,6 @@ for item in "${plan[@]}"; do
     cp -n "seeds/$target"/* "corpus/$target/"
     echo "fuzz: $target for ${secs}s"
     cargo fuzz run "$target" "corpus/$target" -- \
-        -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+        -max_total_time="$secs" -max_len=65536 -timeout=10 \
+        -rss_limit_mb="$RSS_LIMIT_MB" -malloc_limit_mb="$RSS_LIMIT_MB" -print_final_stats=1
 done

@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod home;
 pub mod images;
 pub mod loader;
 pub mod manifest;

@@ -71,6 +71,9 @@ const DEFAULT_LOG: &str = "info,aws_config=warn,aws_smithy_runtime=warn";
 
 fn main() -> ExitCode {
     use std::io::IsTerminal;
+    // First, with one thread: HOME settled, URLs' secrets of the environment known.
+    let home = ringfeed::home::settle();
+    ringfeed::remote::remember_env_secrets();
     // A RINGFEED_LOG that does not parse falls back to "info"; say so
     // rather than ignore the setting without a word.
     let filter = match std::env::var("RINGFEED_LOG") {
@@ -108,6 +111,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .without_time()
         .init();
+    ringfeed::home::announce(home);
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(a) => match cli::serve::run(&a) {

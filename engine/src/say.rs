@@ -12,9 +12,11 @@ pub fn err(args: fmt::Arguments<'_>) {
     let _ = writeln!(io::stderr().lock(), "{}", crate::remote::scrub(&line));
 }
 
-/// Writes one line to stdout; a failure (a closed pipe) is ignored.
+/// Writes one line to stdout; a failure (a closed pipe) is ignored. A
+/// URL's secrets never show ([`crate::remote::scrub`]).
 pub fn out(args: fmt::Arguments<'_>) {
-    let _ = writeln!(io::stdout().lock(), "{args}");
+    let line = args.to_string();
+    let _ = writeln!(io::stdout().lock(), "{}", crate::remote::scrub(&line));
 }
 
 /// `eprintln!` that ignores a closed stderr.

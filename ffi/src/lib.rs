@@ -67,6 +67,9 @@ pub enum rf_status {
     /// rf_attach: the loader's segment belongs to a user this process does not
     /// trust (not itself, not root, not in RINGFEED_TRUST_UID): another user's
     /// loader holds the name. Returned at once; the message names the owner.
+    /// Also: the segment under the name is another loader's ring (a hard link:
+    /// its header records another name), or no loader of the name runs and its
+    /// outcome's place holds what no loader makes (a directory, link or FIFO).
     RF_E_UNTRUSTED = -13,
 }
 
@@ -281,7 +284,9 @@ fn attach_code(e: &AttachError) -> i32 {
         AttachError::LoaderGone { .. }
         | AttachError::LoaderFailed { .. }
         | AttachError::LoaderEnded { .. } => RF_E_LOADER_GONE,
-        AttachError::Untrusted { .. } => RF_E_UNTRUSTED,
+        AttachError::Untrusted { .. }
+        | AttachError::NameMismatch { .. }
+        | AttachError::OutcomePlanted { .. } => RF_E_UNTRUSTED,
         AttachError::Io { .. } => RF_E_IO,
     }
 }

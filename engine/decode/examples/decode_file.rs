@@ -4,16 +4,78 @@
 //!
 //! decode_file IMAGE OUT [--size H W] [--layout hwc|chw] [--crop random|center]
 //!     [--resize N] [--scale LO HI] [--ratio LO HI] [--flip] [--seed S]
-//!     [--epoch E] [--index I] [--max-pixels N] [--repeat N]
+//!     [--epoch E] [--index I] [--max-pixels N] [--repeat N] [--memory BYTES]
 //!
 //! `--repeat N` decodes N times (index, index+1, ...) with one Decoder and
-//! adds "us_per_image" to the JSON. Exit status: 0 decoded, 1 a DecodeError
-//! (its kind and message in the JSON), 2 bad arguments.
+//! adds "us_per_image" to the JSON. `--memory` sets the decoder's memory
+//! budget (default: the stage's, 256 MiB). The JSON also says the budget the
+//! decode took ("memory_bytes") and the most heap the process held during
+//! the decodes beyond what it held before ("heap_peak_bytes", counted by
+//! this tool's allocator). Exit status: 0 decoded, 1 a DecodeError (its kind
+//! and message in the JSON), 2 bad arguments.
 
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
-use ringfeed_decode::{Crop, DecodeError, Decoder, ImageSpec, Layout, DEFAULT_MAX_PIXELS};
+use ringfeed_decode::{
+    Crop, DecodeError, Decoder, ImageSpec, Layout, MemoryBudget, DEFAULT_MAX_PIXELS,
+    DEFAULT_MEMORY_BUDGET,
+};
+
+/// The system allocator, counting the bytes held and their high-water mark.
+struct Counting;
+
+static HELD: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call goes to System with the same arguments; the counters
+// are only statistics.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = HELD.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: AllocLayout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            let now = HELD.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) };
+        HELD.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: AllocLayout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            if new_size >= layout.size() {
+                let grew = new_size - layout.size();
+                let now = HELD.fetch_add(grew, Ordering::Relaxed) + grew;
+                // A realloc that moves holds both blocks for a moment.
+                PEAK.fetch_max(now + layout.size(), Ordering::Relaxed);
+            } else {
+                HELD.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+            }
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
 
 struct Args {
     image: String,
@@ -23,6 +85,7 @@ struct Args {
     epoch: u64,
     index: u64,
     repeat: u64,
+    memory: u64,
 }
 
 fn parse() -> Result<Args, String> {
@@ -34,6 +97,7 @@ fn parse() -> Result<Args, String> {
     let (mut scale, mut ratio) = ((0.08, 1.0), (3.0 / 4.0, 4.0 / 3.0));
     let (mut flip, mut seed, mut epoch, mut index, mut max_pixels, mut repeat) =
         (false, 0u64, 0u64, 0u64, DEFAULT_MAX_PIXELS, 1u64);
+    let mut memory = DEFAULT_MEMORY_BUDGET;
     fn num<T: std::str::FromStr>(v: Option<String>, name: &str) -> Result<T, String> {
         v.ok_or(format!("{name} needs a value"))?
             .parse()
@@ -65,6 +129,7 @@ fn parse() -> Result<Args, String> {
             "--index" => index = num(it.next(), "--index")?,
             "--max-pixels" => max_pixels = num(it.next(), "--max-pixels")?,
             "--repeat" => repeat = num::<u64>(it.next(), "--repeat")?.max(1),
+            "--memory" => memory = num(it.next(), "--memory")?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -82,6 +147,7 @@ fn parse() -> Result<Args, String> {
         epoch,
         index,
         repeat,
+        memory,
     })
 }
 
@@ -92,6 +158,9 @@ fn kind(e: &DecodeError) -> &'static str {
         DecodeError::NotAnImage { .. } => "NotAnImage",
         DecodeError::TooManyPixels { .. } => "TooManyPixels",
         DecodeError::Unsupported { .. } => "Unsupported",
+        DecodeError::OverBudget { .. } => "OverBudget",
+        DecodeError::OutOfMemory { .. } => "OutOfMemory",
+        DecodeError::Stopped => "Stopped",
         DecodeError::OutputSize { .. } => "OutputSize",
     }
 }
@@ -125,8 +194,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut decoder = Decoder::new();
+    let mut decoder = Decoder::with_budget(Arc::new(MemoryBudget::new(args.memory)));
     let mut out = vec![0u8; args.spec.output_len()];
+    let held_before = HELD.load(Ordering::Relaxed);
+    PEAK.store(held_before, Ordering::Relaxed);
     let start = Instant::now();
     let mut result = decoder.decode_into(
         &bytes, &args.spec, args.seed, args.epoch, args.index, &mut out,
@@ -145,6 +216,7 @@ fn main() -> ExitCode {
         );
     }
     let us = start.elapsed().as_secs_f64() * 1e6 / args.repeat as f64;
+    let heap_peak = PEAK.load(Ordering::Relaxed).saturating_sub(held_before);
     match result {
         Ok(info) => {
             if let Err(e) = std::fs::write(&args.out, &out) {
@@ -157,16 +229,18 @@ fn main() -> ExitCode {
                 None => "null".into(),
             };
             println!(
-                "{{\"ok\":true,\"format\":\"{}\",\"width\":{},\"height\":{},\"crop\":{{\"x\":{},\"y\":{},\"w\":{},\"h\":{},\"flip\":{},\"resized\":{}}},\"us_per_image\":{:.1}}}",
-                info.format, info.width, info.height, c.x, c.y, c.w, c.h, c.flip, resized, us
+                "{{\"ok\":true,\"format\":\"{}\",\"width\":{},\"height\":{},\"crop\":{{\"x\":{},\"y\":{},\"w\":{},\"h\":{},\"flip\":{},\"resized\":{}}},\"us_per_image\":{:.1},\"memory_bytes\":{},\"heap_peak_bytes\":{}}}",
+                info.format, info.width, info.height, c.x, c.y, c.w, c.h, c.flip, resized, us,
+                info.memory_bytes, heap_peak
             );
             ExitCode::SUCCESS
         }
         Err(e) => {
             println!(
-                "{{\"ok\":false,\"kind\":\"{}\",\"error\":{}}}",
+                "{{\"ok\":false,\"kind\":\"{}\",\"error\":{},\"heap_peak_bytes\":{}}}",
                 kind(&e),
-                json_string(&e.to_string())
+                json_string(&e.to_string()),
+                heap_peak
             );
             ExitCode::from(1)
         }

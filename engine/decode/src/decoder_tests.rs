@@ -1,4 +1,5 @@
 use super::*;
+use crate::budget::MemoryBudget;
 use crate::spec::{Crop, DEFAULT_MAX_PIXELS};
 
 /// A `w` x `h` PNG of `channels` (1 gray, 3 RGB, 4 RGBA) at `depth` bits,
@@ -245,11 +246,7 @@ fn a_pixel_bomb_is_refused_from_its_header_before_any_buffer_grows() {
             limit: DEFAULT_MAX_PIXELS
         }
     );
-    assert_eq!(
-        (d.rgb.capacity(), d.raw.capacity()),
-        (0, 0),
-        "a pixel buffer was allocated"
-    );
+    assert_eq!(d.budget().peak(), 0, "memory was taken for it");
 }
 
 #[test]
@@ -315,23 +312,66 @@ fn the_steady_state_reuses_the_decoders_buffers() {
     let mut out = vec![0u8; s.output_len()];
     let mut d = Decoder::new();
     d.decode_into(&bytes, &s, 0, 0, 0, &mut out).unwrap();
-    let before = (
-        d.rgb.as_ptr(),
-        d.rgb.capacity(),
-        d.hwc.as_ptr(),
-        d.hwc.capacity(),
-    );
+    // The source and HWC buffers stay with the budget as spares.
+    let before = (d.budget().in_use(), d.budget().spares());
+    assert_eq!(before.1.len(), 2, "{before:?}");
     for i in 1..50 {
         d.decode_into(&bytes, &s, 0, 0, i, &mut out).unwrap();
     }
+    let after = (d.budget().in_use(), d.budget().spares());
+    let sorted = |mut v: Vec<(usize, usize)>| {
+        v.sort_unstable();
+        v
+    };
     assert_eq!(
-        (
-            d.rgb.as_ptr(),
-            d.rgb.capacity(),
-            d.hwc.as_ptr(),
-            d.hwc.capacity()
-        ),
-        before
+        (after.0, sorted(after.1)),
+        (before.0, sorted(before.1)),
+        "the same two buffers, reused"
+    );
+}
+
+#[test]
+fn decoders_sharing_a_budget_never_hold_more_than_it() {
+    // Each decode of this 300x200 RGB PNG takes its source (180,000 bytes)
+    // and the decoder's allowance: a budget of one and a half decodes lets
+    // only one run at a time, whatever the number of threads.
+    let (bytes, _) = rgb_png(300, 200);
+    let s = spec(32, 32, Layout::Hwc, Crop::RANDOM_RESIZED_DEFAULT, false);
+    let one = Decoder::new()
+        .decode_into(&bytes, &s, 0, 0, 0, &mut vec![0u8; s.output_len()])
+        .unwrap()
+        .memory_bytes;
+    let budget = Arc::new(MemoryBudget::new(one * 3 / 2));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (bytes, budget) = (bytes.clone(), Arc::clone(&budget));
+            std::thread::spawn(move || {
+                let mut d = Decoder::with_budget(budget);
+                let mut out = vec![0u8; s.output_len()];
+                for i in 0..25 {
+                    d.decode_into(&bytes, &s, 1, 0, t * 100 + i, &mut out)
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(
+        budget.peak() <= budget.total(),
+        "{} > {}",
+        budget.peak(),
+        budget.total()
+    );
+    // Too big for this budget at all: refused, not waited for.
+    let small = Arc::new(MemoryBudget::new(one / 2));
+    let err = Decoder::with_budget(small)
+        .decode_into(&bytes, &s, 0, 0, 0, &mut vec![0u8; s.output_len()])
+        .unwrap_err();
+    assert!(
+        matches!(err, DecodeError::OverBudget { width: 300, height: 200, needed, budget, .. } if needed == one && budget == one / 2),
+        "{err:?}"
     );
 }
 
@@ -416,11 +456,7 @@ fn jpeg_and_webp_bombs_are_refused_before_any_buffer_grows() {
             },
             "{name}"
         );
-        assert_eq!(
-            (d.rgb.capacity(), d.raw.capacity()),
-            (0, 0),
-            "{name}: a pixel buffer was allocated"
-        );
+        assert_eq!(d.budget().peak(), 0, "{name}: memory was taken for it");
     }
 }
 

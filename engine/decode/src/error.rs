@@ -33,7 +33,9 @@ impl fmt::Display for Format {
 
 /// Why `Decoder::decode_into` failed. Every variant is a property of the
 /// input (so `--on-bad-sample zero` may stand a zero image in for it) except
-/// `OutputSize`, which is the caller's bug.
+/// `OutputSize`, which is the caller's bug, and `Stopped`, which is the
+/// caller's stop. `OutOfMemory` is the machine's, but also the sample's
+/// doing: it is served as a bad sample too.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DecodeError {
     /// The data ends before the image does.
@@ -71,6 +73,30 @@ pub enum DecodeError {
         /// The feature.
         what: String,
     },
+    /// Decoding it would take more memory at once than the whole budget
+    /// (`MemoryBudget::total`): refused from its headers, before any
+    /// pixel buffer is allocated.
+    OverBudget {
+        /// The format.
+        format: Format,
+        /// Width from the header.
+        width: u32,
+        /// Height from the header.
+        height: u32,
+        /// What its decode would hold at once, in bytes.
+        needed: u64,
+        /// The budget, in bytes.
+        budget: u64,
+    },
+    /// A pixel buffer could not be allocated (the machine is out of
+    /// memory, or the process's address space limit was reached).
+    OutOfMemory {
+        /// The allocation that failed, in bytes.
+        bytes: u64,
+    },
+    /// The caller's stop condition became true while the decode waited for
+    /// memory (not the sample's fault).
+    Stopped,
     /// `out` is not `spec.output_len()` bytes long (a caller bug).
     OutputSize {
         /// `spec.output_len()`.
@@ -97,6 +123,18 @@ impl fmt::Display for DecodeError {
                 "{width}x{height} pixels is over the limit of {limit} (a decompression bomb?): raise max_pixels if it is real"
             ),
             DecodeError::Unsupported { format, what } => write!(f, "unsupported {format}: {what}"),
+            DecodeError::OverBudget { format, width, height, needed, budget } => write!(
+                f,
+                "decoding this {width}x{height} {format} needs {} at once, more than the decode memory budget of {}: raise the budget if it is real",
+                mib(*needed),
+                mib(*budget)
+            ),
+            DecodeError::OutOfMemory { bytes } => write!(
+                f,
+                "could not allocate {} for its pixels (out of memory)",
+                mib(*bytes)
+            ),
+            DecodeError::Stopped => write!(f, "stopped while waiting for decode memory"),
             DecodeError::OutputSize { expected, got } => write!(
                 f,
                 "output buffer is {got} bytes, the spec needs {expected} (h * w * 3)"
@@ -106,6 +144,11 @@ impl fmt::Display for DecodeError {
 }
 
 impl std::error::Error for DecodeError {}
+
+/// Bytes as MiB with one decimal ("700.0 MiB").
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+}
 
 /// Up to the first 8 bytes as lower-case hex pairs separated by spaces.
 pub(crate) fn hex_prefix(bytes: &[u8]) -> String {

@@ -1,7 +1,8 @@
-//! Bytes to a full-size RGB8 image: format by magic bytes, dimensions from
-//! the header and the pixel limit checked before any pixel buffer exists,
-//! then the format's decoder (zune-jpeg, png, image-webp; docs/images.md
-//! says why these).
+//! Bytes to a full-size RGB8 image: format by magic bytes, dimensions and
+//! cost from the headers (`probe`) with the pixel limit checked before any
+//! pixel buffer exists, then the format's decoder (zune-jpeg, png,
+//! image-webp; docs/images.md says why these) into a buffer the memory
+//! budget lent.
 
 use std::io::Cursor;
 
@@ -12,6 +13,9 @@ use zune_jpeg::errors::DecodeErrors;
 use zune_jpeg::JpegDecoder;
 
 use crate::error::{hex_prefix, DecodeError, Format};
+use crate::probe::{
+    check_pixels, jpeg_frame, jpeg_need, png_probe, webp_probe, JpegFrame, Probe, PNG_METADATA_MAX,
+};
 
 const JPEG_MAGIC: &[u8] = &[0xFF, 0xD8, 0xFF];
 const PNG_MAGIC: &[u8] = &[0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
@@ -52,57 +56,71 @@ pub(crate) fn sniff(bytes: &[u8]) -> Result<Format, DecodeError> {
     })
 }
 
-/// Refuses `width * height > limit`, and a zero side (corrupt).
-pub(crate) fn check_pixels(
-    format: Format,
-    width: u64,
-    height: u64,
-    limit: u64,
-) -> Result<(), DecodeError> {
-    if width == 0 || height == 0 {
-        return Err(DecodeError::Corrupt {
-            format,
-            what: format!("header says {width}x{height} pixels"),
-        });
+/// An image's dimensions and cost from its headers, the pixel limit
+/// checked (and every WebP frame against its canvas), before any decode.
+pub(crate) fn probe(format: Format, bytes: &[u8], max_pixels: u64) -> Result<Probe, DecodeError> {
+    match format {
+        Format::Jpeg => probe_jpeg(bytes, max_pixels),
+        Format::Png => {
+            let p = png_probe(bytes)?;
+            check_pixels(Format::Png, p.width.into(), p.height.into(), max_pixels)?;
+            Ok(p)
+        }
+        Format::WebP => webp_probe(bytes, max_pixels),
     }
-    if width.saturating_mul(height) > limit {
-        return Err(DecodeError::TooManyPixels {
-            width,
-            height,
-            limit,
-        });
-    }
-    Ok(())
 }
 
-/// `buf[..len]`, growing `buf` only when it is shorter (steady state: no
-/// allocation and no clearing; the decoder overwrites every byte).
-pub(crate) fn scratch(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-    &mut buf[..len]
+fn probe_jpeg(bytes: &[u8], max_pixels: u64) -> Result<Probe, DecodeError> {
+    let frame = match jpeg_frame(bytes) {
+        Some(f) => f,
+        // Our walk found no frame: zune says what is wrong, or where the
+        // frame is (then counted as the costliest kind: progressive, four
+        // full-resolution components).
+        None => {
+            let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), jpeg_options());
+            decoder.decode_headers().map_err(jpeg_error)?;
+            let Some((w, h)) = decoder.dimensions() else {
+                return Err(DecodeError::Corrupt {
+                    format: Format::Jpeg,
+                    what: "no frame header".into(),
+                });
+            };
+            JpegFrame {
+                width: w as u32,
+                height: h as u32,
+                progressive: true,
+                components: 4,
+                factors: [(1, 1); 4],
+                first_scan_components: 4,
+            }
+        }
+    };
+    check_pixels(
+        Format::Jpeg,
+        frame.width.into(),
+        frame.height.into(),
+        max_pixels,
+    )?;
+    Ok(Probe {
+        width: frame.width,
+        height: frame.height,
+        need: jpeg_need(&frame, bytes.len()),
+    })
 }
 
-/// A decoded image in `rgb[..w * h * 3]`.
-pub(crate) struct Decoded {
-    pub(crate) width: u32,
-    pub(crate) height: u32,
-}
-
-/// Decodes `bytes` (already sniffed as `format`) into `rgb`, using `raw` for
-/// sources with other channel counts.
-pub(crate) fn decode_rgb(
+/// Decodes `bytes` (already sniffed as `format` and probed as `probe`)
+/// into `source`: `width * height * source_bpp` bytes, of which the first
+/// `width * height * 3` hold the image as RGB8 on success.
+pub(crate) fn decode_source(
     format: Format,
     bytes: &[u8],
-    max_pixels: u64,
-    rgb: &mut Vec<u8>,
-    raw: &mut Vec<u8>,
-) -> Result<Decoded, DecodeError> {
+    probe: &Probe,
+    source: &mut [u8],
+) -> Result<(), DecodeError> {
     match format {
-        Format::Jpeg => decode_jpeg(bytes, max_pixels, rgb),
-        Format::Png => decode_png(bytes, max_pixels, rgb, raw),
-        Format::WebP => decode_webp(bytes, max_pixels, rgb, raw),
+        Format::Jpeg => decode_jpeg(bytes, probe, source),
+        Format::Png => decode_png(bytes, probe, source),
+        Format::WebP => decode_webp(bytes, probe, source),
     }
 }
 
@@ -143,23 +161,27 @@ pub(crate) fn jpeg_has_end(bytes: &[u8]) -> bool {
     }
 }
 
-fn decode_jpeg(bytes: &[u8], max_pixels: u64, rgb: &mut Vec<u8>) -> Result<Decoded, DecodeError> {
-    let options = DecoderOptions::default()
+fn jpeg_options() -> DecoderOptions {
+    DecoderOptions::default()
         .jpeg_set_out_colorspace(ColorSpace::RGB)
         .set_max_width(JPEG_MAX_SIDE)
-        .set_max_height(JPEG_MAX_SIDE);
-    let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
-    decoder.decode_headers().map_err(jpeg_error)?;
-    let Some((w, h)) = decoder.dimensions() else {
-        return Err(DecodeError::Corrupt {
-            format: Format::Jpeg,
-            what: "no frame header".into(),
-        });
-    };
-    check_pixels(Format::Jpeg, w as u64, h as u64, max_pixels)?;
+        .set_max_height(JPEG_MAX_SIDE)
+}
+
+fn decode_jpeg(bytes: &[u8], probe: &Probe, source: &mut [u8]) -> Result<(), DecodeError> {
     if !jpeg_has_end(bytes) {
         return Err(DecodeError::Truncated {
             format: Format::Jpeg,
+        });
+    }
+    let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), jpeg_options());
+    decoder.decode_headers().map_err(jpeg_error)?;
+    if decoder.dimensions() != Some((probe.width as usize, probe.height as usize)) {
+        // Our walk and zune's disagree about which frame counts: refuse
+        // rather than decode dimensions nobody checked.
+        return Err(DecodeError::Corrupt {
+            format: Format::Jpeg,
+            what: "its frame headers disagree about its size".into(),
         });
     }
     if decoder.output_colorspace() != Some(ColorSpace::RGB) {
@@ -169,28 +191,11 @@ fn decode_jpeg(bytes: &[u8], max_pixels: u64, rgb: &mut Vec<u8>) -> Result<Decod
             what,
         });
     }
-    let out = scratch(rgb, w * h * 3);
-    decoder.decode_into(out).map_err(jpeg_error)?;
-    Ok(Decoded {
-        width: w as u32,
-        height: h as u32,
-    })
-}
-
-/// (width, height) from the IHDR chunk, which PNG requires first.
-fn png_header_dims(bytes: &[u8]) -> Result<(u64, u64), DecodeError> {
-    let format = Format::Png;
-    if bytes.len() < 24 {
-        return Err(DecodeError::Truncated { format });
-    }
-    if &bytes[12..16] != b"IHDR" {
-        return Err(DecodeError::Corrupt {
-            format,
-            what: "first chunk is not IHDR".into(),
-        });
-    }
-    let be = |b: &[u8]| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-    Ok((be(&bytes[16..20]), be(&bytes[20..24])))
+    let len = probe.width as usize * probe.height as usize * 3;
+    decoder
+        .decode_into(&mut source[..len])
+        .map_err(jpeg_error)?;
+    Ok(())
 }
 
 fn png_error(e: png::DecodingError) -> DecodeError {
@@ -213,80 +218,75 @@ fn png_error(e: png::DecodingError) -> DecodeError {
     }
 }
 
-fn decode_png(
-    bytes: &[u8],
-    max_pixels: u64,
-    rgb: &mut Vec<u8>,
-    raw: &mut Vec<u8>,
-) -> Result<Decoded, DecodeError> {
-    let (w, h) = png_header_dims(bytes)?;
-    check_pixels(Format::Png, w, h, max_pixels)?;
-    // Bounded by the pixel limit: the decoder's own buffers (rows, zlib
-    // window, palette) come well under 8 bytes per allowed pixel.
-    let limit_bytes = usize::try_from(max_pixels.saturating_mul(8)).unwrap_or(usize::MAX);
-    let mut decoder =
-        png::Decoder::new_with_limits(Cursor::new(bytes), png::Limits { bytes: limit_bytes });
+fn decode_png(bytes: &[u8], probe: &Probe, source: &mut [u8]) -> Result<(), DecodeError> {
+    let format = Format::Png;
+    let width = probe.width as usize;
+    // The decoder's own allocations besides the image: a row, and the
+    // metadata chunks it keeps (eXIf, palette) up to a cap. ICC profiles
+    // and text are skipped unread: a 1x1 PNG whose iCCP inflates to 700 MB
+    // costs nothing (issue 36).
+    let limits = png::Limits {
+        bytes: width * 8 + PNG_METADATA_MAX as usize,
+    };
+    let mut decoder = png::Decoder::new_with_limits(Cursor::new(bytes), limits);
+    decoder.set_ignore_iccp_chunk(true);
+    decoder.set_ignore_text_chunk(true);
     // Palette and low bit depths become 8-bit samples, 16-bit samples keep
     // their high byte (as Pillow's RGB;16B unpacker does).
     decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
     let mut reader = decoder.read_info().map_err(png_error)?;
     let (color, _) = reader.output_color_type();
-    let Some(len) = reader.output_buffer_size() else {
-        return Err(DecodeError::TooManyPixels {
-            width: w,
-            height: h,
-            limit: max_pixels,
-        });
+    let channels = match color {
+        png::ColorType::Grayscale => 1,
+        png::ColorType::GrayscaleAlpha => 2,
+        png::ColorType::Rgb => 3,
+        png::ColorType::Rgba => 4,
+        other => {
+            let what = format!("{other:?} output after expansion");
+            return Err(DecodeError::Unsupported { format, what });
+        }
     };
-    let pixels = (w * h) as usize;
-    if color == png::ColorType::Rgb {
-        reader.next_frame(scratch(rgb, len)).map_err(png_error)?;
-    } else {
-        let src = scratch(raw, len);
-        reader.next_frame(src).map_err(png_error)?;
-        let channels = match color {
-            png::ColorType::Grayscale => 1,
-            png::ColorType::GrayscaleAlpha => 2,
-            png::ColorType::Rgba => 4,
-            other => {
-                let what = format!("{other:?} output after expansion");
-                return Err(DecodeError::Unsupported {
-                    format: Format::Png,
-                    what,
-                });
-            }
-        };
-        to_rgb(
-            &src[..pixels * channels],
-            channels,
-            scratch(rgb, pixels * 3),
-        );
+    let pixels = width * probe.height as usize;
+    let len = reader.output_buffer_size();
+    if len != Some(pixels * channels) || source.len() < pixels * channels.max(3) {
+        // The chunks before the image data changed what the header said.
+        return Err(DecodeError::Corrupt {
+            format,
+            what: "its chunks disagree about its layout".into(),
+        });
     }
-    Ok(Decoded {
-        width: w as u32,
-        height: h as u32,
-    })
+    reader
+        .next_frame(&mut source[..pixels * channels])
+        .map_err(png_error)?;
+    to_rgb_in_place(source, pixels, channels);
+    Ok(())
 }
 
-/// Gray, gray+alpha or RGBA samples to RGB: gray is copied to the three
-/// channels and alpha is dropped, as Pillow's `convert("RGB")` does.
-fn to_rgb(src: &[u8], channels: usize, dst: &mut [u8]) {
+/// Gray, gray+alpha or RGBA samples in `buf[..pixels * channels]` to RGB
+/// in `buf[..pixels * 3]`, in place: gray is copied to the three channels
+/// and alpha is dropped, as Pillow's `convert("RGB")` does. Widening runs
+/// from the last pixel back, narrowing from the first on, so no sample is
+/// overwritten before it is read.
+fn to_rgb_in_place(buf: &mut [u8], pixels: usize, channels: usize) {
     match channels {
         1 => {
-            for (d, &g) in dst.chunks_exact_mut(3).zip(src) {
-                d.fill(g);
+            for i in (0..pixels).rev() {
+                let g = buf[i];
+                buf[i * 3..i * 3 + 3].fill(g);
             }
         }
         2 => {
-            for (d, s) in dst.chunks_exact_mut(3).zip(src.chunks_exact(2)) {
-                d.fill(s[0]);
+            for i in (0..pixels).rev() {
+                let g = buf[i * 2];
+                buf[i * 3..i * 3 + 3].fill(g);
             }
         }
-        _ => {
-            for (d, s) in dst.chunks_exact_mut(3).zip(src.chunks_exact(4)) {
-                d.copy_from_slice(&s[..3]);
+        4 => {
+            for i in 0..pixels {
+                buf.copy_within(i * 4..i * 4 + 3, i * 3);
             }
         }
+        _ => {}
     }
 }
 
@@ -311,34 +311,27 @@ fn webp_error(e: image_webp::DecodingError) -> DecodeError {
     }
 }
 
-fn decode_webp(
-    bytes: &[u8],
-    max_pixels: u64,
-    rgb: &mut Vec<u8>,
-    raw: &mut Vec<u8>,
-) -> Result<Decoded, DecodeError> {
+fn decode_webp(bytes: &[u8], probe: &Probe, source: &mut [u8]) -> Result<(), DecodeError> {
     let mut decoder = image_webp::WebPDecoder::new(Cursor::new(bytes)).map_err(webp_error)?;
-    let (w, h) = decoder.dimensions();
-    let (w64, h64) = (u64::from(w), u64::from(h));
-    check_pixels(Format::WebP, w64, h64, max_pixels)?;
-    decoder.set_memory_limit(usize::try_from(max_pixels.saturating_mul(8)).unwrap_or(usize::MAX));
-    let Some(len) = decoder.output_buffer_size() else {
-        return Err(DecodeError::TooManyPixels {
-            width: w64,
-            height: h64,
-            limit: max_pixels,
+    if decoder.dimensions() != (probe.width, probe.height) {
+        return Err(DecodeError::Corrupt {
+            format: Format::WebP,
+            what: "its headers disagree about its size".into(),
         });
-    };
-    let pixels = w as usize * h as usize;
-    if decoder.has_alpha() {
-        let src = scratch(raw, len);
-        decoder.read_image(src).map_err(webp_error)?;
-        to_rgb(&src[..pixels * 4], 4, scratch(rgb, pixels * 3));
-    } else {
-        decoder.read_image(scratch(rgb, len)).map_err(webp_error)?;
     }
-    Ok(Decoded {
-        width: w,
-        height: h,
-    })
+    // Metadata (ICC, EXIF, XMP) is never asked for, so never read.
+    decoder.set_memory_limit(PNG_METADATA_MAX as usize);
+    let pixels = probe.width as usize * probe.height as usize;
+    let channels = if decoder.has_alpha() { 4 } else { 3 };
+    if decoder.output_buffer_size() != Some(pixels * channels) || source.len() < pixels * channels {
+        return Err(DecodeError::Corrupt {
+            format: Format::WebP,
+            what: "its headers disagree about its channels".into(),
+        });
+    }
+    decoder
+        .read_image(&mut source[..pixels * channels])
+        .map_err(webp_error)?;
+    to_rgb_in_place(source, pixels, channels);
+    Ok(())
 }

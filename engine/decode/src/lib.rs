@@ -17,12 +17,15 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod budget;
 mod crop;
 mod decoder;
 mod error;
 mod formats;
+mod probe;
 mod spec;
 
+pub use budget::{max_pixels_within, MemoryBudget, DEFAULT_MEMORY_BUDGET};
 pub use crop::{crop_box, CropBox};
 pub use decoder::{zero_fill, Decoder, ImageInfo};
 pub use error::{DecodeError, Format};

@@ -5,9 +5,8 @@ use std::fmt;
 
 /// The most pixels a decoded source image may have, by default: Pillow's
 /// `Image.MAX_IMAGE_PIXELS` (its `DecompressionBombWarning` threshold; Pillow
-/// refuses at twice this). Lower than Pillow's hard limit because a loader
-/// decodes on several threads at once and each keeps its own RGB buffer: at
-/// this limit one decode needs 256 MiB (358 MiB for a source with alpha).
+/// refuses at twice this), which is what the default memory budget
+/// (`DEFAULT_MEMORY_BUDGET`, 256 MiB) holds at 3 bytes a pixel.
 pub const DEFAULT_MAX_PIXELS: u64 = 89_478_485;
 
 /// The longest output side accepted: outputs are slots of a ring, and a side

@@ -99,7 +99,7 @@ fn cstr(name: &OsStr) -> io::Result<CString> {
 }
 
 /// A single path component: no `/`, not empty, not `.` or `..`.
-fn component(name: &OsStr) -> io::Result<CString> {
+pub(crate) fn component(name: &OsStr) -> io::Result<CString> {
     let b = name.as_bytes();
     if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') {
         return Err(io::Error::new(
@@ -110,7 +110,7 @@ fn component(name: &OsStr) -> io::Result<CString> {
     cstr(name)
 }
 
-fn kind_of(mode: u32) -> &'static str {
+pub(crate) fn kind_of(mode: u32) -> &'static str {
     match mode & libc::S_IFMT {
         libc::S_IFLNK => "symlink",
         libc::S_IFIFO => "FIFO",
@@ -126,8 +126,8 @@ fn kind_of(mode: u32) -> &'static str {
 /// A directory opened once, through which its files are opened by name.
 #[derive(Debug)]
 pub struct Dir {
-    fd: OwnedFd,
-    path: PathBuf,
+    pub(crate) fd: OwnedFd,
+    pub(crate) path: PathBuf,
 }
 
 impl Dir {
@@ -393,7 +393,7 @@ impl Dir {
     }
 }
 
-fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
+pub(crate) fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
     // SAFETY: an all-zero stat is a valid value to be overwritten.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: valid descriptor and a valid out pointer.

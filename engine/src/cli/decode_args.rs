@@ -3,7 +3,9 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use ringfeed_decode::{Crop, ImageSpec, Layout, DEFAULT_MAX_PIXELS};
+use ringfeed_decode::{
+    max_pixels_within, Crop, ImageSpec, Layout, DEFAULT_MAX_PIXELS, DEFAULT_MEMORY_BUDGET,
+};
 
 use crate::images::{DecodeConfig, LabelChoice, OnBadSample, TarFields};
 
@@ -51,9 +53,15 @@ pub struct DecodeArgs {
     #[arg(long, value_name = "EXT", default_value = "cls")]
     pub label_field: String,
     /// Most pixels an image may have before it is refused unread (a
-    /// decompression bomb).
+    /// decompression bomb); at most what --decode-memory holds at 3 bytes
+    /// a pixel.
     #[arg(long, default_value_t = DEFAULT_MAX_PIXELS)]
     pub max_pixels: u64,
+    /// The decode stage's memory budget, for all its threads together
+    /// (e.g. 256MiB, 1GiB): an image whose decode needs more is a bad
+    /// sample, refused from its headers.
+    #[arg(long, value_name = "SIZE", value_parser = super::pack::parse_size, default_value = "256MiB")]
+    pub decode_memory: u64,
 }
 
 /// `--decode`.
@@ -98,6 +106,11 @@ fn field(ext: &str) -> String {
     ext.trim_start_matches('.').to_ascii_lowercase()
 }
 
+/// Bytes as a --decode-memory value would say them (MiB, rounded up).
+fn human(bytes: u64) -> String {
+    format!("{}MiB", bytes.div_ceil(1 << 20))
+}
+
 /// `N` or `HxW`, each 1 or more.
 fn parse_size(flag: &str, s: &str) -> Result<(u32, u32)> {
     let bad = || anyhow::anyhow!("{flag}: size {s:?} is not N or HxW (e.g. 224 or 256x192)");
@@ -122,6 +135,10 @@ impl DecodeArgs {
                 (self.on_bad_sample != BadFlag::Error, "--on-bad-sample"),
                 (self.labels != LabelsFlag::Auto, "--labels"),
                 (self.max_pixels != DEFAULT_MAX_PIXELS, "--max-pixels"),
+                (
+                    self.decode_memory != DEFAULT_MEMORY_BUDGET,
+                    "--decode-memory",
+                ),
                 (self.image_field.is_some(), "--image-field"),
                 (self.label_field != "cls", "--label-field"),
             ];
@@ -152,6 +169,15 @@ impl DecodeArgs {
                 self.crop
             ),
         };
+        let holds = max_pixels_within(self.decode_memory);
+        if self.max_pixels > holds {
+            bail!(
+                "--max-pixels {} is more than the decode memory budget holds ({} at 3 bytes a pixel: {holds} pixels); lower --max-pixels to {holds} or less, or raise --decode-memory to {} or more",
+                self.max_pixels,
+                human(self.decode_memory),
+                human(self.max_pixels.saturating_mul(3)),
+            );
+        }
         let layout = match self.layout {
             LayoutFlag::Chw => Layout::Chw,
             LayoutFlag::Hwc => Layout::Hwc,
@@ -168,6 +194,7 @@ impl DecodeArgs {
         Ok(Some(DecodeConfig {
             spec,
             threads: self.decode_threads,
+            memory_bytes: self.decode_memory,
             on_bad: match self.on_bad_sample {
                 BadFlag::Error => OnBadSample::Error,
                 BadFlag::Zero => OnBadSample::Zero,

@@ -1,12 +1,16 @@
 //! `ringfeed gc`.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
 use crate::ring::gc::{collect, GcOutcome};
+use crate::ring::outcome::{OutcomeGc, OUTCOME_GC_GRACE};
+use crate::ring::safe_file::{Dir, TrustError};
 use crate::ring::segment::{human_bytes, SHM_DIR};
+use crate::source::private_dir::open_existing_private_dir;
 use crate::source::{is_stale_tmp, ManifestCache, NotACacheFile};
 
 /// Removes segments of dead loaders, and cached manifests of directories
@@ -56,14 +60,10 @@ fn collect_segments() -> Result<()> {
         outcomes.len() - removed - failed
     );
     // The last words of loaders that exited (ring::outcome), once no
-    // segment of the name is left.
-    match crate::ring::outcome::remove_stale() {
-        Ok(names) if !names.is_empty() => println!(
-            "removed the outcome file(s) of {} loader(s) that exited: {}",
-            names.len(),
-            names.join(", ")
-        ),
-        Ok(_) => {}
+    // segment of the name is left, no `ringfeed run` holds them, and a late
+    // trainer has had its minute.
+    match crate::ring::outcome::collect_stale() {
+        Ok(gc) => say_outcomes(&gc),
         Err(e) => eprintln!("error   cannot list {SHM_DIR} for outcome files: {e}"),
     }
     if failed > 0 {
@@ -74,77 +74,135 @@ fn collect_segments() -> Result<()> {
     Ok(())
 }
 
+/// Says what `collect_stale` did with the outcome files.
+fn say_outcomes(gc: &OutcomeGc) {
+    if !gc.removed.is_empty() {
+        println!(
+            "removed the outcome file(s) of {} loader(s) that exited: {}",
+            gc.removed.len(),
+            gc.removed.join(", ")
+        );
+    }
+    if !gc.recent.is_empty() {
+        println!(
+            "kept    the outcome file(s) of {}: their loader exited less than {} s ago (a trainer that comes late still reads it)",
+            gc.recent.join(", "),
+            OUTCOME_GC_GRACE.as_secs()
+        );
+    }
+    if !gc.held.is_empty() {
+        println!(
+            "kept    the outcome file(s) of {}: their `ringfeed run` still runs its trainers",
+            gc.held.join(", ")
+        );
+    }
+}
+
 /// Removes cache files of directories that no longer exist, files that are
 /// not cache files of this version, and temporary files of dead writers.
-/// Problems are printed, never fatal: the cache is only an optimisation.
-fn collect_manifests(dir: &Path) {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return,
+/// The directory is opened under the cache's private-directory rule (as
+/// `serve` opens it: ours, not a link, in a cache directory no other user
+/// may fill) and its entries are judged and removed through its descriptor,
+/// never through a path another user could redirect. Problems are printed,
+/// never fatal: the cache is only an optimisation.
+fn collect_manifests(path: &Path) {
+    let dir = match open_existing_private_dir(path) {
+        Ok(Some(dir)) => dir,
+        Ok(None) => return,
+        Err(err) => {
+            eprintln!(
+                "error   the manifest cache {} is not this user's to clean: {err}; nothing removed there",
+                path.display()
+            );
+            return;
+        }
+    };
+    let names = match dir.names() {
+        Ok(names) => names,
         Err(err) => {
             eprintln!(
                 "error   cannot list the manifest cache {}: {err}",
-                dir.display()
+                path.display()
             );
             return;
         }
     };
     let (mut removed, mut kept) = (0, 0);
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let why = if name.contains(".manifest.tmp.") {
+    for name in names {
+        let text = name.to_string_lossy();
+        let why = if text.contains(".manifest.tmp.") {
             // A writer renames its file when done: one left for long is
             // garbage (ages, not process ids: a writer may be in another
             // PID namespace or on another host sharing the directory).
-            match entry.metadata() {
-                Ok(meta) if is_stale_tmp(&meta) => {
-                    Some("a temporary file left by a writer that stopped".to_owned())
-                }
-                _ => None,
-            }
-        } else if name.ends_with(".manifest") {
-            match ManifestCache::root_of(&path) {
-                // A remote prefix's listing: nothing here can tell whether
-                // the prefix still exists; its age limit retires it.
-                Ok(root) if crate::source::remote::is_remote_url(&root.to_string_lossy()) => None,
-                // Only a directory that is certainly gone: an unmounted or
-                // unreadable one may come back.
-                Ok(root) => match fs::symlink_metadata(&root) {
-                    Err(err)
-                        if err.kind() == std::io::ErrorKind::NotFound
-                            || err.raw_os_error() == Some(libc::ENOTDIR) =>
-                    {
-                        Some(format!("{} no longer exists", root.display()))
-                    }
-                    Ok(meta) if meta.is_file() => Some(format!(
-                        "{} is now a file, not the directory that was listed",
-                        root.display()
-                    )),
-                    _ => None,
-                },
-                Err(NotACacheFile::NewerVersion(_)) => None,
-                Err(NotACacheFile::Unusable(why)) => {
-                    Some(format!("not a usable manifest cache file ({why})"))
-                }
-            }
+            dir.open_trusted(&name)
+                .and_then(|f| f.metadata().map_err(|source| io_trust(&dir, &name, source)))
+                .ok()
+                .filter(is_stale_tmp)
+                .map(|_| "a temporary file left by a writer that stopped".to_owned())
+        } else if text.ends_with(".manifest") {
+            manifest_gone(&dir, &name)
         } else {
             continue;
         };
+        let shown = path.join(&name);
         match why {
             None => kept += 1,
-            Some(why) => match fs::remove_file(&path) {
+            Some(why) => match dir.remove(&name) {
                 Ok(()) => {
                     removed += 1;
-                    println!("removed {}: {why}", path.display());
+                    println!("removed {}: {why}", shown.display());
                 }
-                Err(err) => eprintln!("error   {}: cannot remove: {err}", path.display()),
+                Err(err) => eprintln!("error   {}: cannot remove: {err}", shown.display()),
             },
         }
     }
     println!(
         "{removed} cached manifest(s) removed, {kept} kept ({})",
-        dir.display()
+        path.display()
     );
+}
+
+fn io_trust(dir: &Dir, name: &OsStr, source: std::io::Error) -> TrustError {
+    TrustError::Io {
+        path: dir.path().join(name),
+        source,
+    }
+}
+
+/// Why the cache file `name` of `dir` is to be removed, if it is.
+fn manifest_gone(dir: &Dir, name: &OsStr) -> Option<String> {
+    let read = dir.open_trusted(name).and_then(|file| {
+        let meta = file
+            .metadata()
+            .map_err(|source| io_trust(dir, name, source))?;
+        Ok((file, meta))
+    });
+    let root = match read {
+        Ok((file, meta)) => ManifestCache::root_of_open(file, &meta),
+        Err(e) => Err(NotACacheFile::Unusable(e.to_string())),
+    };
+    match root {
+        // A remote prefix's listing: nothing here can tell whether
+        // the prefix still exists; its age limit retires it.
+        Ok(root) if crate::source::remote::is_remote_url(&root.to_string_lossy()) => None,
+        // Only a directory that is certainly gone: an unmounted or
+        // unreadable one may come back.
+        Ok(root) => match fs::symlink_metadata(&root) {
+            Err(err)
+                if err.kind() == std::io::ErrorKind::NotFound
+                    || err.raw_os_error() == Some(libc::ENOTDIR) =>
+            {
+                Some(format!("{} no longer exists", root.display()))
+            }
+            Ok(meta) if meta.is_file() => Some(format!(
+                "{} is now a file, not the directory that was listed",
+                root.display()
+            )),
+            _ => None,
+        },
+        Err(NotACacheFile::NewerVersion(_)) => None,
+        Err(NotACacheFile::Unusable(why)) => {
+            Some(format!("not a usable manifest cache file ({why})"))
+        }
+    }
 }

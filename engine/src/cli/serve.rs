@@ -22,8 +22,14 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
     let job = args.into_config()?;
     let cfg = &job.serve;
     // A previous loader's word, or its segment if it died, is stale once a
-    // new loader of the name starts: trainers now wait for this one.
-    Outcome::remove(&cfg.name);
+    // new loader of the name starts: trainers now wait for this one. So is
+    // anything planted at the outcome's place (a directory a rename cannot
+    // replace): removed if this user may, else said now.
+    match Outcome::clear(&cfg.name) {
+        Ok(None) => {}
+        Ok(Some(removed)) => tracing::warn!("{removed}"),
+        Err(why) => tracing::warn!("{why}"),
+    }
     if let Err(e) = crate::ring::Producer::remove_dead_segment(&cfg.name) {
         tracing::debug!("a dead loader's segment stays until the ring is made: {e}");
     }
@@ -59,7 +65,7 @@ pub fn run(args: &ServeArgs) -> Result<u8> {
         ),
     };
     if let Err(e) = outcome.write(&cfg.name) {
-        tracing::debug!("cannot leave the loader's outcome for its trainers: {e}");
+        tracing::warn!("cannot leave this loader's outcome for trainers that attach later: {e}");
     }
     result
 }

@@ -5,15 +5,20 @@
 //! bad-sample flags beside the images (`ring::layout::ImageFormat`).
 //!
 //! The raw bytes land in the slot's staging area, after the images; the
-//! stage runs on threads of its own (`--decode-threads`). A sample's crop and
+//! stage runs on threads of its own (`--decode-threads`), which share one
+//! memory budget (`--decode-memory`): more threads never hold more. A sample's crop and
 //! flip are a function of (seed, epoch, sample index) alone, so a resumed
 //! run, another world size or another thread count gives the same pixels.
 
 mod labels;
+mod pool;
 mod stage;
+mod tar;
 
 pub use labels::{LabelChoice, Labels};
-pub use stage::{BadSample, DecodeStage, OnBadSample, TarFields};
+pub use pool::IdleWatch;
+pub use stage::{BadSample, DecodeStage, OnBadSample, StageError};
+pub use tar::TarFields;
 
 use ringfeed_decode::ImageSpec;
 
@@ -24,6 +29,9 @@ pub struct DecodeConfig {
     pub spec: ImageSpec,
     /// Decode threads; 0: one per core the ranks leave (at least 1).
     pub threads: usize,
+    /// The stage's memory budget in bytes: every decode of every thread
+    /// together holds at most this much (`--decode-memory`).
+    pub memory_bytes: u64,
     /// What an image that cannot be decoded does to the run.
     pub on_bad: OnBadSample,
     /// Where labels come from (a tree of files).

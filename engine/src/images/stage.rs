@@ -2,9 +2,13 @@
 //! area, become images at the slot's start, on the stage's threads.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use ringfeed_decode::{zero_fill, Decoder, ImageSpec};
+use crossbeam_channel::RecvTimeoutError;
+use ringfeed_decode::{zero_fill, MemoryBudget};
 
+use super::pool::{IdleWatch, Pool, SampleError, SampleJob};
+use super::tar::{label_only, tar_parts, TarFields};
 use super::Labels;
 use crate::ring::layout::ImageFormat;
 use crate::ring::SampleEntry;
@@ -18,6 +22,19 @@ pub enum OnBadSample {
     Zero,
 }
 
+/// Why a batch was not decoded.
+#[derive(Debug)]
+pub enum StageError {
+    /// A sample could not be decoded, under `--on-bad-sample error`.
+    Bad(BadSample),
+    /// The run was stopped while the batch was being decoded: the batch is
+    /// abandoned, not published.
+    Stopped,
+}
+
+/// How often a batch's wait for its samples looks at the run's stop.
+const STOP_POLL: Duration = Duration::from_millis(20);
+
 /// An image that cannot be decoded, under `--on-bad-sample error`.
 #[derive(Debug, thiserror::Error)]
 #[error("sample {index} ({key}) cannot be decoded: {why}; fix or remove it, or pass --on-bad-sample zero to serve a zero image in its place (flagged in batch.bad)")]
@@ -30,78 +47,35 @@ pub struct BadSample {
     pub why: String,
 }
 
-/// Which members of a tar sample (`--format tar`) are its image and its
-/// label, by field name (the extension, lowercased).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TarFields {
-    /// The image's field (`--image-field`); None: the first of jpg, jpeg,
-    /// png, webp.
-    pub image: Option<String>,
-    /// The label's field (`--label-field`, default cls): a decimal integer;
-    /// a sample without one has label -1.
-    pub label: String,
-}
+/// Allocations of this size and more are their own mappings, returned to
+/// the system when freed (`return_large_blocks_to_the_system`).
+#[cfg(target_env = "gnu")]
+const MMAP_THRESHOLD_BYTES: i32 = 4 << 20;
 
-/// Fields an image is found in when `--image-field` is not given.
-const IMAGE_FIELDS: [&[u8]; 4] = [b"jpg", b"jpeg", b"png", b"webp"];
-
-/// A tar sample's label alone (one without an image has one too).
-fn label_only(sample: &[u8], fields: &TarFields) -> Option<i64> {
-    let mut cursor = 0;
-    while let Ok(Some(f)) = crate::ring::tar_fields::next_field(sample, &mut cursor) {
-        if f.field_name().as_ref() == fields.label.as_bytes() {
-            return String::from_utf8_lossy(f.data).trim().parse().ok();
-        }
+/// Makes glibc map every block of `MMAP_THRESHOLD_BYTES` or more on its own
+/// and unmap it when freed. By default glibc raises that threshold to the
+/// size of any such block freed (up to 32 MiB), after which a decoder's
+/// large per-image buffers come from per-thread heaps that keep their pages
+/// after the decode: the process's memory would then follow the largest
+/// image each thread ever saw, not the budget.
+fn return_large_blocks_to_the_system() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a tuning parameter of the allocator; a
+    // fixed threshold is always valid.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
     }
-    None
-}
-
-/// A tar sample's image bytes and its label, if it has one.
-fn tar_parts<'a>(sample: &'a [u8], fields: &TarFields) -> Result<(&'a [u8], Option<i64>), String> {
-    let mut cursor = 0;
-    let (mut image, mut label) = (None, None);
-    while let Some(f) = crate::ring::tar_fields::next_field(sample, &mut cursor)
-        .map_err(|e| format!("its tar members cannot be read: {e}"))?
-    {
-        let name = f.field_name();
-        let wanted = match &fields.image {
-            Some(want) => name.as_ref() == want.as_bytes(),
-            None => IMAGE_FIELDS.contains(&name.as_ref()),
-        };
-        if wanted && image.is_none() {
-            image = Some(f.data);
-        }
-        if name.as_ref() == fields.label.as_bytes() {
-            let text = String::from_utf8_lossy(f.data);
-            label = Some(text.trim().parse::<i64>().map_err(|_| {
-                format!(
-                    "its .{} member {:?} is not a whole number (a class index)",
-                    fields.label,
-                    text.chars().take(40).collect::<String>()
-                )
-            })?);
-        }
-    }
-    let image = image.ok_or_else(|| match &fields.image {
-        Some(want) => format!("it has no .{want} member (--image-field)"),
-        None => {
-            "it has no .jpg, .jpeg, .png or .webp member; name the image's field with --image-field"
-                .to_string()
-        }
-    })?;
-    Ok((image, label))
 }
 
 /// The decode stage of a run.
 pub struct DecodeStage {
-    spec: ImageSpec,
     format: ImageFormat,
     staging_base: u64,
-    seed: u64,
     on_bad: OnBadSample,
     labels: Arc<Labels>,
     tar: Option<TarFields>,
-    decoders: Vec<Decoder>,
+    pool: Pool,
+    budget: Arc<MemoryBudget>,
     /// Images decoded so far.
     pub decoded: u64,
     /// Samples served as zero images so far (`--on-bad-sample zero`).
@@ -111,7 +85,7 @@ pub struct DecodeStage {
 impl DecodeStage {
     /// A stage writing `format`'s images as `cfg` says (its tar fields
     /// when `tar`), reading raw samples at or after `staging_base` of the
-    /// payload, on `threads` threads.
+    /// payload, on `threads` threads sharing `cfg.memory_bytes` of memory.
     pub fn new(
         cfg: &super::DecodeConfig,
         format: ImageFormat,
@@ -120,30 +94,125 @@ impl DecodeStage {
         labels: Arc<Labels>,
         tar: bool,
         threads: usize,
-    ) -> DecodeStage {
-        DecodeStage {
-            spec: cfg.spec,
+    ) -> std::io::Result<DecodeStage> {
+        let tar = tar.then(|| cfg.tar.clone());
+        return_large_blocks_to_the_system();
+        let budget = Arc::new(MemoryBudget::new(cfg.memory_bytes));
+        let pool = Pool::start(threads, cfg.spec, seed, tar.clone(), &budget)?;
+        Ok(DecodeStage {
             format,
             staging_base,
-            seed,
             on_bad: cfg.on_bad,
             labels,
-            tar: tar.then(|| cfg.tar.clone()),
-            decoders: (0..threads.max(1)).map(|_| Decoder::new()).collect(),
+            tar,
+            pool,
+            budget,
             decoded: 0,
             bad: 0,
-        }
+        })
+    }
+
+    /// The most memory the stage's decodes held at once so far, in bytes.
+    pub fn memory_peak_bytes(&self) -> u64 {
+        self.budget.peak()
+    }
+
+    /// Waits for the stage's threads to hold no sample: the ring they
+    /// write into may be unmapped once this says so.
+    pub fn idle_watch(&self) -> IdleWatch {
+        self.pool.idle_watch()
     }
 
     /// Decodes one batch of `epoch` in `payload`: `samples` hold the raw
     /// samples' places (in the staging area) and become the images' places;
     /// the labels (`file_of` maps a sample to its object) and the bad mask
-    /// are written beside them. `key_of` names a sample in an error.
+    /// are written beside them. `key_of` names a sample in an error. A
+    /// `stopped()` that becomes true abandons the batch within about
+    /// `STOP_POLL` (queued samples skipped; one under way is left to finish
+    /// in its own time, see `idle_watch`).
     pub fn decode_batch(
         &mut self,
         payload: &mut [u8],
         epoch: u64,
         samples: &mut [SampleEntry],
+        file_of: impl Fn(u64) -> u32,
+        key_of: impl Fn(u64) -> String,
+        stopped: &dyn Fn() -> bool,
+    ) -> Result<(), StageError> {
+        let n = samples.len();
+        let image = self.format.image_bytes() as usize;
+        let base = self.staging_base as usize;
+        // The planner put every sample inside the staging area, after the
+        // images, labels and flags; a place outside it reads as empty.
+        let payload_len = payload.len();
+        let raw_range = |e: &SampleEntry| -> (usize, usize) {
+            let start = (e.offset as usize).max(base);
+            let end = (e.offset as usize).saturating_add(e.len as usize);
+            if end <= payload_len && start <= end {
+                (start, end - start)
+            } else {
+                (base, 0)
+            }
+        };
+        assert!(
+            n * image <= self.format.labels_offset as usize && base <= payload_len,
+            "the slot layout holds the batch's images before its staging area"
+        );
+        let ptr = payload.as_mut_ptr();
+        let jobs: Vec<SampleJob> = samples
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let (start, len) = raw_range(e);
+                // SAFETY: `payload` is this claimed, unpublished slot's
+                // payload (borrowed mutably for this whole call, which
+                // returns only once every job's result is in or the batch
+                // is abandoned: then the loader keeps the mapping until the
+                // pool is idle). Inputs lie in the staging area at or after
+                // `base`, images i*image..(i+1)*image before it (asserted),
+                // one per job.
+                unsafe { SampleJob::new(e.index, ptr.add(start), len, ptr.add(i * image)) }
+            })
+            .collect();
+        let results = self.pool.submit(epoch, jobs);
+        let mut outcome: Vec<Option<Result<Option<i64>, String>>> = (0..n).map(|_| None).collect();
+        let mut got = 0;
+        while got < n {
+            if stopped() {
+                self.pool.stop();
+                return Err(StageError::Stopped);
+            }
+            match results.recv_timeout(STOP_POLL) {
+                Ok((i, result)) => {
+                    got += 1;
+                    outcome[i] = Some(match result {
+                        Ok(label) => Ok(label),
+                        Err(SampleError::Bad(why)) => Err(why),
+                        Err(SampleError::Stopped) => {
+                            self.pool.stop();
+                            return Err(StageError::Stopped);
+                        }
+                        // A decoder that panicked is a bug of ringfeed: it
+                        // goes on up.
+                        Err(SampleError::Panicked(panic)) => std::panic::resume_unwind(panic),
+                    });
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                // The pool keeps every batch's sender until its last job.
+                Err(RecvTimeoutError::Disconnected) => return Err(StageError::Stopped),
+            }
+        }
+        self.finish_batch(payload, samples, outcome, file_of, key_of)
+            .map_err(StageError::Bad)
+    }
+
+    /// Writes a decoded batch's labels and bad flags, zero images for its
+    /// bad samples, and its samples' new places.
+    fn finish_batch(
+        &mut self,
+        payload: &mut [u8],
+        samples: &mut [SampleEntry],
+        outcome: Vec<Option<Result<Option<i64>, String>>>,
         file_of: impl Fn(u64) -> u32,
         key_of: impl Fn(u64) -> String,
     ) -> Result<(), BadSample> {
@@ -157,27 +226,16 @@ impl DecodeStage {
             rest.split_at_mut((self.format.bad_offset - self.format.labels_offset) as usize);
         let bad = &mut rest[..n];
         let raw = |e: &SampleEntry| -> &[u8] {
-            // The planner put every sample inside the staging area.
             let start = (e.offset as usize).saturating_sub(base);
             staging
                 .get(start..start + e.len as usize)
                 .unwrap_or_default()
         };
-        let outs: Vec<&mut [u8]> = images.chunks_exact_mut(image).take(n).collect();
-        let results = run_parallel(&mut self.decoders, outs, |decoder, i, out| {
-            let e = &samples[i];
-            let (bytes, label) = match &self.tar {
-                Some(fields) => tar_parts(raw(e), fields)?,
-                None => (raw(e), None),
-            };
-            decoder
-                .decode_into(bytes, &self.spec, self.seed, epoch, e.index, out)
-                .map(|_| label)
-                .map_err(|e| e.to_string())
-        });
-        for (i, result) in results.into_iter().enumerate() {
+        for (i, result) in outcome.into_iter().enumerate() {
             let index = samples[i].index;
             let mut tar_label = None;
+            // Every sample's result came in (decode_batch waits for all).
+            let result = result.unwrap_or_else(|| Err("not decoded".into()));
             let flag = match result {
                 Ok(label) => {
                     tar_label = label;
@@ -220,55 +278,4 @@ impl DecodeStage {
         self.decoded += n as u64;
         Ok(())
     }
-}
-
-/// Runs `work(decoder, i, out)` for every `outs[i]`, sample i on decoder
-/// `i % decoders.len()`, one thread per decoder (the caller's thread when
-/// there is one). The results in sample order.
-fn run_parallel<'a>(
-    decoders: &mut [Decoder],
-    outs: Vec<&'a mut [u8]>,
-    work: impl Fn(&mut Decoder, usize, &mut [u8]) -> Result<Option<i64>, String> + Sync,
-) -> Vec<Result<Option<i64>, String>> {
-    let n = outs.len();
-    let threads = decoders.len().min(n).max(1);
-    if threads == 1 {
-        let decoder = &mut decoders[0];
-        return outs
-            .into_iter()
-            .enumerate()
-            .map(|(i, out)| work(decoder, i, out))
-            .collect();
-    }
-    let mut buckets: Vec<Vec<(usize, &'a mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
-    for (i, out) in outs.into_iter().enumerate() {
-        buckets[i % threads].push((i, out));
-    }
-    let mut results: Vec<Option<Result<Option<i64>, String>>> = (0..n).map(|_| None).collect();
-    std::thread::scope(|scope| {
-        let work = &work;
-        let handles: Vec<_> = decoders
-            .iter_mut()
-            .zip(buckets)
-            .map(|(decoder, bucket)| {
-                scope.spawn(move || {
-                    bucket
-                        .into_iter()
-                        .map(|(i, out)| (i, work(decoder, i, out)))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for handle in handles {
-            // A decoder that panicked is a bug of ringfeed: it goes on up.
-            let done = handle
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            for (i, result) in done {
-                results[i] = Some(result);
-            }
-        }
-    });
-    // Every sample was in one bucket, so every result is there.
-    results.into_iter().flatten().collect()
 }

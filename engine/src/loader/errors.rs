@@ -92,6 +92,9 @@ pub enum StartError {
         /// "; or ..." naming a flag and a value, or empty.
         advice: String,
     },
+    /// The decode stage's threads could not be started.
+    #[error("cannot start the decode threads: {0}; lower --decode-threads")]
+    DecodeThreads(std::io::Error),
 }
 
 /// Why a run that had started stopped before its end.

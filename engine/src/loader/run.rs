@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::stack::open_engine_for;
-use crate::images::DecodeStage;
+use crate::images::{DecodeStage, IdleWatch, StageError};
 use crate::planner::{self, BatchPlan, Tier};
 use crate::reader::{Completion, ReadEngine, ReadError, ReadOp};
 use crate::ring::segment::human_bytes;
@@ -122,7 +122,7 @@ impl Loader {
         let decode = plan.decode.as_ref().zip(cfg.decode.as_ref()).map(|(p, d)| {
             let (threads, words) = d.threads_for(cfg.world_size);
             crate::say::say_err!(
-                "ringfeed: decoding images to {}x{} {} on {words} thread(s); {}",
+                "ringfeed: decoding images to {}x{} {} on {words} thread(s) sharing {} MiB (--decode-memory); {}",
                 d.spec.height(),
                 d.spec.width(),
                 if p.format.chw {
@@ -130,6 +130,7 @@ impl Loader {
                 } else {
                     "(H, W, 3)"
                 },
+                d.memory_bytes >> 20,
                 if p.tar {
                     format!("labels from each tar sample's .{} member", d.tar.label)
                 } else {
@@ -146,6 +147,7 @@ impl Loader {
                 threads,
             )
         });
+        let decode = decode.transpose().map_err(StartError::DecodeThreads)?;
         let report = ServeReport {
             backend: opened.engine.backend_name(),
             ..Default::default()
@@ -209,7 +211,9 @@ impl Loader {
             } else {
                 0
             };
-            self.producer.abort_with(code, &err.to_string());
+            // Scrubbed: it is read by every trainer and by `ringfeed stat`.
+            self.producer
+                .abort_with(code, &crate::remote::scrub(&err.to_string()));
             self.producer.remove_name();
         }
         self.report.elapsed = self.started.elapsed();
@@ -225,9 +229,11 @@ impl Loader {
     /// in place (the read may still write into it) and this returns; the
     /// process is expected to exit.
     fn shut_down(self, grace: Duration) {
+        let decodes = self.decode.as_ref().map(DecodeStage::idle_watch);
         let Loader {
             reader, producer, ..
         } = self;
+        let producer = RingAfterDecodes::new(producer, decodes);
         let in_flight = reader.in_flight();
         if in_flight == 0 {
             drop(reader);
@@ -298,7 +304,7 @@ impl Loader {
                 self.complete()?;
                 self.probe_stalled_files()?;
             }
-            self.publish_ready()?;
+            self.publish_ready(stop)?;
             if self.all_claimed() && self.pending.is_empty() && self.queued.is_empty() {
                 break;
             }
@@ -555,12 +561,12 @@ impl Loader {
         Ok(())
     }
 
-    fn publish_ready(&mut self) -> Result<(), RunError> {
+    fn publish_ready(&mut self, stop: &StopToken) -> Result<(), RunError> {
         for r in 0..self.plan.cfg.world_size {
             while let Some(mut done) = self.pending.pop_ready(r, self.producer.published(r)) {
                 if let Some(stage) = &mut self.decode {
                     let (manifest, plan) = (&self.plan.manifest, &self.plan);
-                    stage.decode_batch(
+                    let decoded = stage.decode_batch(
                         done.claim.payload_mut(),
                         done.epoch,
                         &mut done.samples,
@@ -570,7 +576,17 @@ impl Loader {
                                 .display()
                                 .to_string()
                         },
-                    )?;
+                        &|| stop.code() != 0,
+                    );
+                    match decoded {
+                        Ok(()) => {}
+                        Err(StageError::Bad(bad)) => return Err(bad.into()),
+                        // Abandoned, never published: the stop's own error.
+                        Err(StageError::Stopped) => {
+                            stop.check()?;
+                            return Err(RunError::Stopped);
+                        }
+                    }
                 }
                 let n = done.samples.len() as u64;
                 let bytes: u64 = done.samples.iter().map(|s| s.len).sum();
@@ -636,6 +652,45 @@ impl Loader {
             } else {
                 tracing::warn!("rank {rank}: its trainer went away holding {n} batch(es); reclaimed them, waiting for a trainer to attach to rank {rank}");
             }
+        }
+    }
+}
+
+/// How long a stopping loader waits for a decode under way before leaving
+/// the ring mapped for it (see `RingAfterDecodes`).
+const DECODE_GRACE: Duration = Duration::from_millis(300);
+
+/// The ring, unmapped on drop only once no decode thread can be inside one
+/// of its slots: at once when the decode stage is idle (always, after a run
+/// that ended); after a stop, once the decode under way ends, or, if it
+/// takes longer than `DECODE_GRACE`, never (as for a read that does not
+/// return: the process is expected to exit, and a stop must not wait for a
+/// long decode).
+struct RingAfterDecodes {
+    producer: std::mem::ManuallyDrop<Producer>,
+    decodes: Option<IdleWatch>,
+}
+
+impl RingAfterDecodes {
+    fn new(producer: Producer, decodes: Option<IdleWatch>) -> Self {
+        RingAfterDecodes {
+            producer: std::mem::ManuallyDrop::new(producer),
+            decodes,
+        }
+    }
+}
+
+impl Drop for RingAfterDecodes {
+    fn drop(&mut self) {
+        let idle = self
+            .decodes
+            .as_ref()
+            .is_none_or(|d| d.wait(Some(DECODE_GRACE)));
+        if idle {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.producer) };
+        } else {
+            tracing::debug!("a decode still under way as the loader stops: its ring stays mapped until the process exits");
         }
     }
 }

@@ -6,14 +6,20 @@
 //! request head and [`WRITE_TIMEOUT_MS`] to take the whole response, then
 //! it is closed; at most [`MAX_CONNECTIONS`] are open at once (the next ones
 //! wait in the kernel's queue until one ends), so memory stays bounded.
+//! One peer address holds at most [`MAX_CONNECTIONS_PER_PEER`] of them (the
+//! next are closed at once), and once more than [`BUSY_CONNECTIONS`] are
+//! open a new one has only [`BUSY_REQUEST_DEADLINE_MS`] for its head: 700
+//! idle connections from one peer slowed every other peer's scrape to
+//! seconds (issue 36), now they cost it nothing.
 //! One request per connection (`Connection: close`); requests past
 //! [`MAX_REQUEST_BYTES`] get 431. The thread reads the ring's atomics and
 //! nothing else of the loader's, so a slow or hostile client never slows
 //! the loader.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -22,6 +28,8 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::timeout;
 
+pub use crate::metrics::peers::MAX_CONNECTIONS_PER_PEER;
+use crate::metrics::peers::{PeerPlace, Peers};
 use crate::metrics::{Metrics, CONTENT_TYPE};
 use crate::ring::observer::Observer;
 
@@ -34,6 +42,13 @@ pub const WRITE_TIMEOUT_MS: u64 = 2_000;
 /// The most connections served at once; each holds at most
 /// [`MAX_REQUEST_BYTES`] of request and one response.
 pub const MAX_CONNECTIONS: usize = 512;
+/// Open connections past which the server counts as saturated.
+pub const BUSY_CONNECTIONS: usize = MAX_CONNECTIONS / 4;
+/// Time a client has to send its request head while the server is
+/// saturated (a scraper sends it at once).
+pub const BUSY_REQUEST_DEADLINE_MS: u64 = 250;
+/// The accept queue's length asked of the kernel.
+const LISTEN_BACKLOG: libc::c_int = 4096;
 /// How long the accept loop waits after the kernel refused an accept (out
 /// of descriptors, say) before trying again.
 pub const ACCEPT_RETRY_MS: u64 = 100;
@@ -141,6 +156,15 @@ impl MetricsServer {
             source,
         };
         let bound = listener.local_addr().map_err(other)?;
+        // A deeper accept queue than std's 128: a burst of connections (the
+        // next ones are taken at once, or close idle ones) must not make the
+        // kernel drop a scraper's SYN, which it would retry only after 1 s.
+        // SAFETY: a listening socket's descriptor; listen again only sets
+        // its backlog (capped by net.core.somaxconn).
+        if unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&listener), LISTEN_BACKLOG) } != 0
+        {
+            return Err(other(io::Error::last_os_error()));
+        }
         // tokio needs a non-blocking socket.
         listener.set_nonblocking(true).map_err(other)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -228,9 +252,12 @@ fn block_stop_signals() {
 }
 
 /// Accepts connections until `stop`, each served by a task of its own while
-/// at most [`MAX_CONNECTIONS`] are open.
+/// at most [`MAX_CONNECTIONS`] are open, [`MAX_CONNECTIONS_PER_PEER`] of
+/// them from one peer address.
 async fn accept_loop(listener: tokio::net::TcpListener, stop: Arc<Notify>, metrics: Arc<Metrics>) {
     let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let peers: Peers = Arc::new(Mutex::new(HashMap::new()));
+    let mut next_id: u64 = 0;
     let mut warned = false;
     loop {
         // A place first, then the connection: while all are taken, the next
@@ -247,11 +274,26 @@ async fn accept_loop(listener: tokio::net::TcpListener, stop: Arc<Notify>, metri
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
+                // One peer's idle connections never take the others' places:
+                // past its share it is closed at once.
+                next_id += 1;
+                let Some(peer_place) = PeerPlace::take(&peers, peer.ip().to_canonical(), next_id)
+                else {
+                    let _ = stream.try_write(TOO_MANY_FROM_PEER);
+                    continue;
+                };
+                let busy = MAX_CONNECTIONS - open.available_permits() > BUSY_CONNECTIONS;
+                let deadline_ms = if busy {
+                    BUSY_REQUEST_DEADLINE_MS
+                } else {
+                    REQUEST_DEADLINE_MS
+                };
                 let metrics = metrics.clone();
                 tokio::spawn(async move {
                     // A client that vanishes mid-request costs it only itself.
-                    let _ = answer(stream, &metrics).await;
+                    let _ = answer(stream, &metrics, &peer_place, deadline_ms).await;
+                    drop(peer_place);
                     drop(place);
                 });
             }
@@ -280,12 +322,15 @@ const NOT_FOUND: Reply = Reply::Status("404", "Not Found");
 const NOT_ALLOWED: Reply = Reply::Status("405", "Method Not Allowed");
 const TIMEOUT: Reply = Reply::Status("408", "Request Timeout");
 const TOO_LARGE: Reply = Reply::Status("431", "Request Header Fields Too Large");
+/// What a connection past its peer's share is told before it is closed.
+const TOO_MANY_FROM_PEER: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 
-/// Reads a request head (up to the blank line) within the deadline and the
+/// Reads a request head (up to the blank line) within `deadline_ms` and the
 /// size bound: Ok(Ok(head)), or Ok(Err(reply)) for a request too slow or too
 /// large. Err: the connection failed, or closed before a whole head.
-async fn read_head(stream: &mut TcpStream) -> io::Result<Result<Vec<u8>, Reply>> {
-    let deadline = Duration::from_millis(REQUEST_DEADLINE_MS);
+async fn read_head(stream: &mut TcpStream, deadline_ms: u64) -> io::Result<Result<Vec<u8>, Reply>> {
+    let deadline = Duration::from_millis(deadline_ms);
     match timeout(deadline, read_head_untimed(stream)).await {
         Ok(read) => read,
         Err(_) => Ok(Err(TIMEOUT)),
@@ -348,8 +393,20 @@ fn route(head: &[u8]) -> Reply {
     Reply::Metrics
 }
 
-async fn answer(mut stream: TcpStream, metrics: &Metrics) -> io::Result<()> {
-    let reply = match read_head(&mut stream).await? {
+async fn answer(
+    mut stream: TcpStream,
+    metrics: &Metrics,
+    place: &PeerPlace,
+    deadline_ms: u64,
+) -> io::Result<()> {
+    // A head already sent is read before an eviction is looked at.
+    let head = tokio::select! {
+        biased;
+        head = read_head(&mut stream, deadline_ms) => head?,
+        () = place.evicted() => return Ok(()),
+    };
+    place.answering();
+    let reply = match head {
         Ok(head) => route(&head),
         Err(reply) => reply,
     };
@@ -361,7 +418,12 @@ async fn answer(mut stream: TcpStream, metrics: &Metrics) -> io::Result<()> {
             // bug, said as such rather than as half a response.
             let plain = "text/plain; charset=utf-8";
             match metrics.render() {
-                Ok(body) => ("200", "OK", CONTENT_TYPE, body),
+                // A URL in a label (a source, an endpoint) shows redacted,
+                // as on stderr.
+                Ok(body) => match crate::remote::scrub(&body) {
+                    std::borrow::Cow::Borrowed(_) => ("200", "OK", CONTENT_TYPE, body),
+                    std::borrow::Cow::Owned(scrubbed) => ("200", "OK", CONTENT_TYPE, scrubbed),
+                },
                 Err(_) => (
                     "500",
                     "Internal Server Error",

@@ -22,6 +22,7 @@
 pub mod cache;
 pub mod figure;
 pub mod http;
+mod peers;
 pub mod remote;
 pub mod ring;
 

@@ -55,11 +55,20 @@ fn env_true(name: &str) -> bool {
     env_value(name).is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
 }
 
-fn home_file(rel: &str) -> String {
-    match std::env::var_os("HOME") {
-        Some(home) => format!("{}/{rel}", std::path::Path::new(&home).display()),
-        None => format!("~/{rel}"),
-    }
+/// `rel` under the home directory (`crate::home`: HOME, else the password
+/// database's), for messages and the presence checks below; None without a
+/// home. Never a path relative to the working directory.
+fn home_file(rel: &str) -> Option<String> {
+    crate::home::file(rel).map(|p| p.display().to_string())
+}
+
+/// The AWS profile file `var` names, else `rel` under the home, else words
+/// saying it is not read.
+fn aws_file(var: &str, rel: &str) -> String {
+    env_value(var)
+        .filter(|_| !crate::home::blanked(var))
+        .or_else(|| home_file(rel))
+        .unwrap_or_else(|| format!("~/{rel} (not read: no home directory)"))
 }
 
 /// The profile the AWS CLI would use, and its two files.
@@ -73,9 +82,8 @@ impl AwsProfile {
     fn from_env() -> AwsProfile {
         AwsProfile {
             name: env_value("AWS_PROFILE").unwrap_or_else(|| "default".to_string()),
-            credentials_file: env_value("AWS_SHARED_CREDENTIALS_FILE")
-                .unwrap_or_else(|| home_file(".aws/credentials")),
-            config_file: env_value("AWS_CONFIG_FILE").unwrap_or_else(|| home_file(".aws/config")),
+            credentials_file: aws_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"),
+            config_file: aws_file("AWS_CONFIG_FILE", ".aws/config"),
         }
     }
 
@@ -394,7 +402,7 @@ pub(crate) fn gcs_source() -> String {
         return format!("application default credentials {path} (GOOGLE_APPLICATION_CREDENTIALS)");
     }
     let adc = home_file(".config/gcloud/application_default_credentials.json");
-    if std::path::Path::new(&adc).exists() {
+    if let Some(adc) = adc.filter(|f| std::path::Path::new(f).exists()) {
         return format!(
             "application default credentials {adc} (`gcloud auth application-default login`)"
         );
@@ -402,13 +410,12 @@ pub(crate) fn gcs_source() -> String {
     "GCE metadata server (the VM's service account, or GKE workload identity)".to_string()
 }
 
-/// Whether the Azure CLI has a login (`az login` writes azureProfile.json
-/// in `AZURE_CONFIG_DIR`, default `~/.azure`).
-fn azure_cli_logged_in() -> bool {
-    let dir = env_value("AZURE_CONFIG_DIR").unwrap_or_else(|| home_file(".azure"));
-    std::path::Path::new(&dir)
-        .join("azureProfile.json")
-        .exists()
+/// The Azure CLI's profile if `az login` was run (it writes
+/// azureProfile.json in `AZURE_CONFIG_DIR`, default `~/.azure`): its path.
+fn azure_cli_profile() -> Option<String> {
+    let dir = env_value("AZURE_CONFIG_DIR").or_else(|| home_file(".azure"))?;
+    let profile = std::path::Path::new(&dir).join("azureProfile.json");
+    profile.exists().then(|| profile.display().to_string())
 }
 
 /// Where object_store's Azure builder will find credentials, and whether to
@@ -439,9 +446,12 @@ pub(crate) fn azure_source() -> (String, bool) {
         "Azure CLI (`az account get-access-token`; AZURE_USE_AZURE_CLI)"
     } else if env_true("AZURE_SKIP_SIGNATURE") {
         "none (AZURE_SKIP_SIGNATURE=true: unsigned requests)"
-    } else if !set("IDENTITY_ENDPOINT") && !set("AZURE_MSI_ENDPOINT") && azure_cli_logged_in() {
+    } else if let Some(profile) = (!set("IDENTITY_ENDPOINT") && !set("AZURE_MSI_ENDPOINT"))
+        .then(azure_cli_profile)
+        .flatten()
+    {
         return (
-            "Azure CLI login (`az login`; `az account get-access-token`)".to_string(),
+            format!("Azure CLI login (`az login`, {profile}; `az account get-access-token`)"),
             true,
         );
     } else {

@@ -60,7 +60,7 @@ pub use list::{
 pub use metrics::{MetricsSnapshot, RemoteMetrics};
 pub use page::s3_page_keys;
 pub use part::SLOW_WARNING_INTERVAL_MS;
-pub use redact::{redact_url, remember_secrets, scrub, REDACTED};
+pub use redact::{redact_url, remember_env_secrets, remember_secrets, scrub, REDACTED};
 pub use store::{
     Scheme, StoreHandle, CONNECT_TIMEOUT_MS, POOL_IDLE_PER_HOST_MAX, SOCKET_READ_TIMEOUT_MS,
 };

@@ -8,10 +8,16 @@
 //! is there to authenticate; its names stay, to say which). Everything else
 //! is kept, so the redacted URL still says which data set.
 //!
-//! Behind it, [`scrub`]: the secrets of every URL opened in this process
-//! ([`remember_secrets`]) are replaced wherever they show up in a line for
-//! stderr or the outcome file, should a message of a library quote a
-//! request's URL.
+//! Behind it, [`scrub`], for every line ringfeed writes (stderr, stdout, the
+//! outcome file, the ring's abort message): any URL in the text has its
+//! password and the values of its signing query parameters
+//! (`X-Amz-Signature`, `sig`, `token`, ...: [`secret_param`]) replaced,
+//! whichever variable or file it came from (`AWS_ENDPOINT_URL`, a profile's
+//! `endpoint_url`, a proxy, a redirect); and the secrets of every URL opened
+//! in this process ([`remember_secrets`]) and of every URL in its
+//! environment ([`remember_env_secrets`]) are replaced wherever they show up
+//! on their own, should a message of a library quote them apart from their
+//! URL.
 
 use std::borrow::Cow;
 use std::sync::Mutex;
@@ -28,6 +34,106 @@ pub const REDACTED: &str = "REDACTED";
 /// `url` with its secrets replaced by [`REDACTED`] (see the module docs).
 /// A string without `scheme://` is given back as it is.
 pub fn redact_url(url: &str) -> String {
+    redact_with(url, &|_| true)
+}
+
+/// Whether a query parameter named `name` carries a secret: a signature, a
+/// credential, a token, a key, a password, a session, an OAuth code. In a
+/// URL quoted inside a message only these values are redacted, so that the
+/// others (an S3 listing's `prefix=`) still say what was asked.
+pub fn secret_param(name: &str) -> bool {
+    const WORDS: [&str; 10] = [
+        "sig",
+        "token",
+        "credential",
+        "secret",
+        "pass",
+        "pwd",
+        "auth",
+        "key",
+        "session",
+        "code",
+    ];
+    let name = percent_decode(name).to_ascii_lowercase();
+    WORDS.iter().any(|w| name.contains(w))
+}
+
+/// The places (start, end) of the URLs in `text`: a scheme, `://`, and what
+/// follows up to a space, a quote or an angle bracket (closing punctuation
+/// at the end left out).
+fn urls_in(text: &str) -> Vec<(usize, usize)> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = text[from..].find("://").map(|i| from + i) {
+        let scheme_ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'.' | b'-');
+        let mut start = at;
+        while start > from && scheme_ok(bytes[start - 1]) {
+            start -= 1;
+        }
+        let stop =
+            |b: u8| b.is_ascii_whitespace() || matches!(b, b'"' | b'\'' | b'<' | b'>' | b'`');
+        let mut end = at + 3;
+        while end < bytes.len() && !stop(bytes[end]) {
+            end += 1;
+        }
+        let next = end.max(at + 3);
+        while end > at + 3 && matches!(bytes[end - 1], b')' | b']' | b'.' | b',' | b';' | b':') {
+            end -= 1;
+        }
+        if start < at {
+            out.push((start, end));
+        }
+        from = next;
+    }
+    out
+}
+
+/// `text` with every URL in it redacted: its password, and the values of
+/// its query parameters that carry secrets ([`secret_param`]).
+fn redact_urls_in(text: &str) -> Cow<'_, str> {
+    let found = urls_in(text);
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for (start, end) in found {
+        out.push_str(&text[last..start]);
+        out.push_str(&redact_with(&text[start..end], &secret_param));
+        last = end;
+    }
+    if last == 0 {
+        return Cow::Borrowed(text);
+    }
+    out.push_str(&text[last..]);
+    if out == text {
+        Cow::Borrowed(text)
+    } else {
+        Cow::Owned(out)
+    }
+}
+
+/// Remembers, for [`scrub`], the secrets of every URL in this process's
+/// environment: an endpoint (`AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_S3`,
+/// `AZURE_STORAGE_ENDPOINT`, `GOOGLE_...`), a proxy (`HTTPS_PROXY`), a
+/// credentials endpoint, whichever variable holds it.
+pub fn remember_env_secrets() {
+    let values = std::env::vars_os().filter_map(|(_, v)| v.into_string().ok());
+    remember_urls_in(values);
+}
+
+/// Remembers the secrets of every URL in `values`: passwords, and the
+/// values of signing parameters only (a `page=100000` of some URL in the
+/// environment must not blank every "100000" ringfeed prints).
+fn remember_urls_in(values: impl Iterator<Item = String>) {
+    for value in values {
+        for (start, end) in urls_in(&value) {
+            remember_secrets_with(&value[start..end], &secret_param);
+        }
+    }
+}
+
+/// [`redact_url`], redacting the query parameters `redact_param` names
+/// (a bare value, `?SECRET`, always).
+fn redact_with(url: &str, redact_param: &dyn Fn(&str) -> bool) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -56,7 +162,8 @@ pub fn redact_url(url: &str) -> String {
             let params: Vec<String> = query
                 .split('&')
                 .map(|p| match p.split_once('=') {
-                    Some((name, _)) => format!("{name}={REDACTED}"),
+                    Some((name, _)) if redact_param(name) => format!("{name}={REDACTED}"),
+                    Some(_) => p.to_string(),
                     None if p.is_empty() => String::new(),
                     // A bare value (`?SECRET`) may be a token itself.
                     None => REDACTED.to_string(),
@@ -76,6 +183,12 @@ pub fn redact_url(url: &str) -> String {
 /// The secrets of `url` (its password and query values, as written and
 /// percent-decoded), remembered for [`scrub`] for the rest of the process.
 pub fn remember_secrets(url: &str) {
+    remember_secrets_with(url, &|_| true);
+}
+
+/// [`remember_secrets`], remembering the values of the query parameters
+/// `secret` names (a bare value always).
+fn remember_secrets_with(url: &str, secret: &dyn Fn(&str) -> bool) {
     let redacted = redact_url(url);
     if redacted == url {
         return;
@@ -99,7 +212,11 @@ pub fn remember_secrets(url: &str) {
     if let Some((_, query)) = url[authority_end..].split_once('?') {
         let query = query.split('#').next().unwrap_or("");
         for p in query.split('&') {
-            let value = p.split_once('=').map_or(p, |(_, v)| v);
+            let value = match p.split_once('=') {
+                Some((name, value)) if secret(name) => value,
+                Some(_) => continue,
+                None => p,
+            };
             found.push(value.to_string());
             found.push(percent_decode(value));
         }
@@ -114,13 +231,19 @@ pub fn remember_secrets(url: &str) {
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
 }
 
-/// `text` with every remembered secret replaced by [`REDACTED`].
+/// `text` with the secrets of every URL in it, and every remembered
+/// secret, replaced by [`REDACTED`].
 pub fn scrub(text: &str) -> Cow<'_, str> {
+    let text = if text.contains("://") {
+        redact_urls_in(text)
+    } else {
+        Cow::Borrowed(text)
+    };
     let secrets = SECRETS.lock().unwrap_or_else(|p| p.into_inner());
     if !secrets.iter().any(|s| text.contains(s.as_str())) {
-        return Cow::Borrowed(text);
+        return text;
     }
-    let mut out = text.to_string();
+    let mut out = text.into_owned();
     for s in secrets.iter() {
         out = out.replace(s.as_str(), REDACTED);
     }
@@ -219,6 +342,39 @@ mod tests {
             "GET http://u:REDACTED@h/d/k?X-Amz-Signature=REDACTED failed (sv=1)"
         );
         assert!(matches!(scrub("nothing here"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn any_url_in_a_text_loses_its_password_and_signatures_and_keeps_the_rest() {
+        let text = "Error performing GET http://user:PASSWORD@127.0.0.1:9/bkt?list-type=2&prefix=p%2F in 5 s \
+                    (via 'https://h/o?X-Amz-Credential=AK&X-Amz-Signature=SIG1&x-id=GetObject'), \
+                    see <az://c/p?sv=1&sig=SIG2>.";
+        let want = "Error performing GET http://user:REDACTED@127.0.0.1:9/bkt?list-type=2&prefix=p%2F in 5 s \
+                    (via 'https://h/o?X-Amz-Credential=REDACTED&X-Amz-Signature=REDACTED&x-id=GetObject'), \
+                    see <az://c/p?sv=1&sig=REDACTED>.";
+        assert_eq!(scrub(text), want);
+        assert_eq!(
+            scrub("endpoint http://u:pw@h)."),
+            "endpoint http://u:REDACTED@h)."
+        );
+        assert!(matches!(scrub("no url: a://"), Cow::Borrowed(_)));
+        assert!(matches!(scrub("s3://b/p/ and /x"), Cow::Borrowed(_)));
+        assert!(secret_param("X-Amz-Security-Token") && secret_param("access_token"));
+        assert!(!secret_param("prefix") && !secret_param("list-type") && !secret_param("sv"));
+    }
+
+    #[test]
+    fn the_secrets_of_urls_in_the_environment_are_scrubbed_from_any_text() {
+        let env = [
+            "x".to_string(),
+            "http://svc:EnvPass-777@h:1/?token=EnvToken-888&page=4455667".to_string(),
+        ];
+        remember_urls_in(env.into_iter());
+        let text = "a library said: auth EnvPass-777 refused, token EnvToken-888, 4455667 left";
+        assert_eq!(
+            scrub(text),
+            "a library said: auth REDACTED refused, token REDACTED, 4455667 left"
+        );
     }
 
     #[test]

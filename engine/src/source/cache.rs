@@ -86,8 +86,9 @@ impl ManifestCache {
 
     /// The manifests directory under ringfeed's cache directory `base`, or
     /// under the default one: `$RINGFEED_CACHE_DIR`, else
-    /// `$XDG_CACHE_HOME/ringfeed`, else `$HOME/.cache/ringfeed`. None when
-    /// none is set.
+    /// `$XDG_CACHE_HOME/ringfeed` (if absolute), else
+    /// `~/.cache/ringfeed` (the home of `crate::home`: never the working
+    /// directory). None when there is none.
     pub fn dir_under(base: Option<&Path>) -> Option<PathBuf> {
         let nonempty = |var: &str| {
             std::env::var_os(var)
@@ -97,8 +98,8 @@ impl ManifestCache {
         let base = match base {
             Some(base) => base.to_path_buf(),
             None => nonempty("RINGFEED_CACHE_DIR")
-                .or_else(|| nonempty("XDG_CACHE_HOME").map(|d| d.join("ringfeed")))
-                .or_else(|| nonempty("HOME").map(|d| d.join(".cache").join("ringfeed")))?,
+                .or_else(|| crate::home::xdg("XDG_CACHE_HOME").map(|d| d.join("ringfeed")))
+                .or_else(|| crate::home::file(".cache/ringfeed"))?,
         };
         Some(base.join("manifests"))
     }
@@ -242,6 +243,13 @@ impl ManifestCache {
     pub fn root_of(path: &Path) -> Result<PathBuf, NotACacheFile> {
         let (file, meta) =
             open_cache_file(path).map_err(|err| NotACacheFile::Unusable(err.to_string()))?;
+        Self::root_of_open(file, &meta)
+    }
+
+    /// [`ManifestCache::root_of`] for a cache file already opened (a
+    /// regular file of ours, `meta` its metadata): `gc` opens it through
+    /// its directory's descriptor.
+    pub fn root_of_open(file: fs::File, meta: &fs::Metadata) -> Result<PathBuf, NotACacheFile> {
         format::root_of(
             BufReader::with_capacity(IO_CHUNK_BYTES, file),
             meta.len(),

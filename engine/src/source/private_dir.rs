@@ -29,17 +29,52 @@ pub(crate) fn untrusted(e: TrustError) -> io::Error {
 /// write to (unless it is sticky), and a `root` that is a link or another
 /// user's.
 pub fn open_private_dir(root: &Path) -> io::Result<Dir> {
-    let base = match root.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
     fs::DirBuilder::new()
         .recursive(true)
         .mode(DIR_MODE)
-        .create(base)?;
+        .create(cache_dir_of(root))?;
+    let (base, name) = checked_cache_dir(root)?;
+    let dir = base.make_dir(name, DIR_MODE).map_err(untrusted)?;
+    let (owner, mode) = dir.owner_and_mode()?;
+    if owner == safe_file::euid() && mode & 0o077 != 0 {
+        // Made by an older version (0755): its entries were readable by
+        // every user.
+        dir.set_mode(DIR_MODE)?;
+    }
+    Ok(dir)
+}
+
+/// Opens the directory `root` (`<cache dir>/NAME`) under the rule of
+/// [`open_private_dir`], making nothing (for `ringfeed gc`, which cleans
+/// it): `Ok(None)` when it or the cache directory does not exist.
+pub fn open_existing_private_dir(root: &Path) -> io::Result<Option<Dir>> {
+    let absent = |e: &io::Error| e.kind() == io::ErrorKind::NotFound;
+    let (base, name) = match checked_cache_dir(root) {
+        Ok(found) => found,
+        Err(e) if absent(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match base.open_dir(name) {
+        Ok(dir) => Ok(Some(dir)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(untrusted(e)),
+    }
+}
+
+/// The cache directory `root` is in.
+fn cache_dir_of(root: &Path) -> &Path {
+    match root.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// The cache directory of `root` (opened, once judged: ours or root's, and
+/// not writable by others unless sticky) and `root`'s name in it.
+fn checked_cache_dir(root: &Path) -> io::Result<(Dir, &std::ffi::OsStr)> {
     // The cache directory may be a link the user made (to a bigger disk):
     // followed, and then judged.
-    let base = fs::canonicalize(base)?;
+    let base = fs::canonicalize(cache_dir_of(root))?;
     let meta = fs::metadata(&base)?;
     let mode = meta.mode() & 0o7777;
     if !safe_file::trusted_owner(meta.uid()) {
@@ -71,14 +106,5 @@ pub fn open_private_dir(root: &Path) -> io::Result<Dir> {
             ),
         ));
     };
-    let dir = Dir::open(&base)?
-        .make_dir(name, DIR_MODE)
-        .map_err(untrusted)?;
-    let (owner, mode) = dir.owner_and_mode()?;
-    if owner == safe_file::euid() && mode & 0o077 != 0 {
-        // Made by an older version (0755): its entries were readable by
-        // every user.
-        dir.set_mode(DIR_MODE)?;
-    }
-    Ok(dir)
+    Ok((Dir::open(&base)?, name))
 }

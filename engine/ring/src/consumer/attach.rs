@@ -10,7 +10,7 @@ use super::*;
 /// enough for a loader being restarted to take the name, short enough that
 /// a trainer learns at once, in effect, that its loader is not coming.
 pub const GONE_GRACE: Duration = Duration::from_secs(1);
-use crate::outcome::{Outcome, OutcomeKind};
+use crate::outcome::{Found, Outcome, OutcomeKind};
 
 /// First pause of an attach that waits for a segment to be finished or a
 /// rank to be freed; it doubles up to `ATTACH_POLL`.
@@ -343,6 +343,12 @@ impl Consumer {
         // every header field written before it is visible now.
         ready_or_retry(header, &fd, &path)?;
         let (layout, job) = validate_header(bytes, &path).map_err(Retry::Never)?;
+        if !crate::name_tag::matches(bytes, name) {
+            return Err(Retry::Never(AttachError::NameMismatch {
+                name: name.to_string(),
+                path,
+            }));
+        }
         let world_size = layout.geometry.world_size;
         if rank >= world_size {
             return Err(Retry::Never(AttachError::RankOutOfRange {
@@ -544,9 +550,25 @@ pub(super) enum Retry {
     Gone(AttachError),
 }
 
-/// The error for loader `name` if it left a fresh outcome (`ring::outcome`).
+/// The error for loader `name` if it left a fresh outcome (`ring::outcome`),
+/// or if what lies at its outcome's place is no loader's (a directory, link,
+/// FIFO: a loader could not write there).
 fn ended_loader(name: &str) -> Option<AttachError> {
-    let outcome = Outcome::read_fresh(name)?;
+    let outcome = match Outcome::look(name) {
+        Found::Nothing => return None,
+        Found::Planted { kind, owner } => {
+            return Some(AttachError::OutcomePlanted {
+                name: name.to_string(),
+                path: crate::outcome::outcome_path(name).display().to_string(),
+                kind,
+                owner,
+            })
+        }
+        Found::Outcome(o) => o,
+    };
+    if outcome.age() > crate::outcome::OUTCOME_FRESH {
+        return None;
+    }
     let (name, pid, ago_s) = (name.to_string(), outcome.pid, outcome.age().as_secs());
     Some(match outcome.kind {
         OutcomeKind::Ended => AttachError::LoaderEnded { name, pid, ago_s },

@@ -151,6 +151,31 @@ pub enum AttachError {
         /// This process's effective uid.
         euid: u32,
     },
+    /// The segment under this name records another loader's name: a hard
+    /// link to another loader's ring (issue 36), which anyone who can write
+    /// /dev/shm can make when `fs.protected_hardlinks` is off.
+    #[error("{path} is not the ring of loader {name:?}: its header records another loader's name, so it is a hard link to another loader's segment (made by someone who can write {dir}); its samples are not this job's and are not taken; remove it (`rm {path}`, as root or its owner) and start the loader of {name:?}, or use another --name", dir = segment::SHM_DIR)]
+    NameMismatch {
+        /// The name.
+        name: String,
+        /// The segment path.
+        path: String,
+    },
+    /// No loader of the name runs, and its outcome's place holds something
+    /// no loader writes (a directory, link, FIFO, socket or device): a
+    /// loader of the name could not leave its last word there, so waiting
+    /// for it would wait out the whole timeout (issue 36).
+    #[error("no loader named {name:?} is running, and {path} is a {kind} of {}, which no ringfeed loader makes: a loader of {name:?} that stopped could not leave its outcome there, so this trainer does not wait out its timeout; remove it (as root or its owner) and start the loader (its log says how it ended), or use another --name", segment::trust::describe_uid(*owner))]
+    OutcomePlanted {
+        /// The name.
+        name: String,
+        /// The outcome path.
+        path: String,
+        /// What is there.
+        kind: &'static str,
+        /// Its owner.
+        owner: u32,
+    },
     /// An OS call failed.
     #[error("{what} {path}: {source}")]
     Io {

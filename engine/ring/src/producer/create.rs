@@ -98,6 +98,7 @@ impl Producer {
         let map = segment::map(&fd, layout.segment_bytes).map_err(|e| io_err("cannot map", e))?;
         let view = View::new(map, layout);
         Self::write_header(&view, job);
+        crate::name_tag::write(&view, name);
         let w = layout.geometry.world_size as usize;
         let backing = Arc::new(Backing {
             allocated: (0..layout.slot_count())

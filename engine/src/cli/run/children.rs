@@ -18,6 +18,7 @@ use anyhow::{Context, Result};
 use crate::cli::say::say_err;
 use crate::loader::signals;
 use crate::ring::observer::Observer;
+use crate::ring::outcome::Outcome;
 use crate::ring::segment;
 
 /// How often the children and the signal flag are looked at.
@@ -87,6 +88,9 @@ pub(super) struct LoaderProc {
     /// This process has sent it a signal: its exit is not a failure.
     pub(super) stopped: bool,
     status: Option<ExitStatus>,
+    /// Its outcome file, held once it exited (`Outcome::hold`): `ringfeed
+    /// gc` leaves it while the trainers run; removed when this is dropped.
+    outcome: Option<std::fs::File>,
 }
 
 impl LoaderProc {
@@ -113,6 +117,7 @@ impl LoaderProc {
             drained,
             stopped: false,
             status: None,
+            outcome: None,
         })
     }
 
@@ -123,6 +128,9 @@ impl LoaderProc {
                 .child
                 .try_wait()
                 .context("cannot wait for the loader")?;
+            if self.status.is_some() {
+                self.outcome = Outcome::hold(&self.name);
+            }
         }
         Ok(self.status)
     }
@@ -186,6 +194,19 @@ impl LoaderProc {
         };
         self.remove_segment();
         Ok(status)
+    }
+
+    /// Removes the outcome file this loader left, if it is still there and
+    /// is this loader's (never another's of the same name), once it exited:
+    /// `ringfeed run`'s trainers have read it, or are gone.
+    fn remove_outcome(&mut self) {
+        if !matches!(self.exited(), Ok(Some(_))) {
+            return;
+        }
+        self.outcome = None;
+        if Outcome::read(&self.name).is_some_and(|o| o.pid == self.child.id()) {
+            Outcome::remove(&self.name);
+        }
     }
 
     /// Removes the loader's segment if it is still there and is this
@@ -262,6 +283,14 @@ pub(super) enum Ready {
     Signal(i32),
     /// The loader exited first.
     Exited(ExitStatus),
+}
+
+impl Drop for LoaderProc {
+    /// `ringfeed run` ends: its torchrun has ended, so no trainer of its
+    /// loader is left to read the loader's outcome (issue 39).
+    fn drop(&mut self) {
+        self.remove_outcome();
+    }
 }
 
 /// Passes the loader's stderr on to ours, line by line, keeping the last
