@@ -21,7 +21,7 @@ KNOWN = set()
 # name rooms on its own floor or below, never above. A new top-level module
 # must be given its floor here.
 LAYERS = [
-    "main", "cli", "loader", "images", "pack", "metrics", "cache", "tar", "source", "reader",
+    "main", "cli", "loader", "images", "pack", "metrics", "cache", "tar", "tokens", "source", "reader",
     "planner", "manifest", "sampler", "say", "remote", "home",
 ]
 

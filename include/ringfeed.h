@@ -454,6 +454,65 @@ typedef struct rf_tar_field {
   uint64_t len;
 } rf_tar_field;
 
+/**
+ * The token layout of a loader's batches (`rf_get_token_format`): sample i
+ * is `seq_len + 1` tokens of `item_bytes` each at `batch.data + i ×
+ * (seq_len + 1) × item_bytes`; `batch.data + doc_counts_offset` holds
+ * `n_samples` little-endian uint32, the documents starting in each sample
+ * (more than `doc_starts_max` when some were left out);
+ * `batch.data + doc_starts_offset` holds `doc_starts_max` little-endian
+ * uint32 per sample, the token offsets (0 to `seq_len`) where those
+ * documents start, ascending.
+ */
+typedef struct rf_token_format {
+  /**
+   * 1: samples are token windows as below; 0: they are the objects'
+   * bytes (and the other fields are 0).
+   */
+  uint32_t is_tokens;
+  /**
+   * Bytes of one token: 1, 2, 4 or 8.
+   */
+  uint32_t item_bytes;
+  /**
+   * The tokens' type as a numpy type string (`<u2`, `<i4`, `|u1`),
+   * NUL-terminated.
+   */
+  uint8_t dtype[8];
+  /**
+   * L: a sample holds L + 1 tokens.
+   */
+  uint64_t seq_len;
+  /**
+   * Payload offset of the per-sample document counts.
+   */
+  uint64_t doc_counts_offset;
+  /**
+   * Payload offset of the document starts.
+   */
+  uint64_t doc_starts_offset;
+  /**
+   * Document starts each sample has room for.
+   */
+  uint32_t doc_starts_max;
+  /**
+   * 1 when the loader puts `eos_token` between documents.
+   */
+  uint32_t has_eos;
+  /**
+   * The token between documents (`--eos-token`), if `has_eos`.
+   */
+  uint64_t eos_token;
+  /**
+   * Corpora the run draws from (its `--source`s).
+   */
+  uint32_t corpora;
+  /**
+   * Zero (padding).
+   */
+  uint32_t reserved;
+} rf_token_format;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -880,6 +939,16 @@ int32_t rf_tar_field_next(const uint8_t *sample,
                           uint64_t *cursor,
                           struct rf_tar_field *out);
 
+/**
+ * Fills `*format` with the token layout of the loader's batches, or with
+ * `is_tokens` 0 when its samples are the objects' bytes. The same for
+ * every batch of the run.
+ *
+ * # Safety
+ * `feed` comes from rf_attach and was not detached; `format` is writable.
+ */
+int32_t rf_get_token_format(const struct rf_feed *feed, struct rf_token_format *format);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus
@@ -919,5 +988,9 @@ RF_STATIC_ASSERT(sizeof(rf_epoch) == 32, "rf_epoch is 32 bytes");
 RF_STATIC_ASSERT(offsetof(rf_epoch, steps_per_epoch) == 8, "rf_epoch.steps_per_epoch at 8");
 RF_STATIC_ASSERT(offsetof(rf_epoch, samples_per_epoch) == 16, "rf_epoch.samples_per_epoch at 16");
 RF_STATIC_ASSERT(offsetof(rf_epoch, dataset_samples) == 24, "rf_epoch.dataset_samples at 24");
+RF_STATIC_ASSERT(sizeof(rf_token_format) == 64, "rf_token_format is 64 bytes");
+RF_STATIC_ASSERT(offsetof(rf_token_format, seq_len) == 16, "rf_token_format.seq_len at 16");
+RF_STATIC_ASSERT(offsetof(rf_token_format, doc_starts_offset) == 32, "rf_token_format.doc_starts_offset at 32");
+RF_STATIC_ASSERT(offsetof(rf_token_format, eos_token) == 48, "rf_token_format.eos_token at 48");
 
 #endif  /* RINGFEED_H */

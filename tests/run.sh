@@ -58,7 +58,10 @@ fi
 export RINGFEED_WHEELHOUSE=${RINGFEED_WHEELHOUSE:-$HOME/.cache/ringfeed-wheels}
 # pillow: tests/python/test_decode_pixels.py makes its images and reference pixels with it (issue 30).
 # lightning: tests/python/test_epoch_len.py fits a model with a ringfeed.torch.Loader as its train loader (issue 39).
-PY_PACKAGES=(numpy pytest torch prometheus_client boto3 pillow lightning)
+# megatron-core, litdata, mosaicml-streaming: tests/python/test_tokens*.py write their corpora with
+# these formats' own writers (issue 38; datatrove's needs a newer huggingface_hub, so its layout is
+# written by hand there).
+PY_PACKAGES=(numpy pytest torch prometheus_client boto3 pillow lightning megatron-core litdata mosaicml-streaming)
 .venv/bin/python -m pip download -q -d "$RINGFEED_WHEELHOUSE" "${PY_PACKAGES[@]}"
 .venv/bin/python -m pip install -q --no-compile --no-index --find-links "$RINGFEED_WHEELHOUSE" "${PY_PACKAGES[@]}"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked -q

@@ -25,3 +25,4 @@ pub mod sampler;
 pub mod say;
 pub mod source;
 pub mod tar;
+pub mod tokens;

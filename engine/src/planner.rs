@@ -23,7 +23,9 @@
 
 use std::ops::Range;
 
-use crate::manifest::Manifest;
+use crate::manifest::{Manifest, WindowPart};
+
+mod windows;
 
 /// Where a read's bytes come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +95,23 @@ pub struct BatchPlan {
     pub pieces: Vec<Piece>,
     /// Bytes of the payload the samples take.
     pub used_bytes: u64,
+    /// Windows mode: tokens the loader writes itself (the separators).
+    pub fills: Vec<Fill>,
+    /// Windows mode: every window's document starts, end to end.
+    pub doc_starts: Vec<u32>,
+    /// Windows mode: where each window's starts end in `doc_starts`.
+    pub doc_starts_end: Vec<usize>,
+    /// Windows mode: scratch for one window's parts.
+    pub window_parts: Vec<WindowPart>,
+}
+
+/// A token the loader writes into the payload (windows mode's separator).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fill {
+    /// Where it lands in the payload.
+    pub dest_offset_bytes: u64,
+    /// The token, written little-endian in the windows' item bytes.
+    pub token: u64,
 }
 
 /// Why a batch cannot be planned.
@@ -190,6 +209,14 @@ pub fn plan_batch(
     plan.reads.clear();
     plan.pieces.clear();
     plan.used_bytes = 0;
+    plan.fills.clear();
+    plan.doc_starts.clear();
+    plan.doc_starts_end.clear();
+    if let Some(windows) = manifest.windows() {
+        // Windows never merge: a window's parts are whole runs already, and
+        // neighbours overlap by one token rather than touch.
+        return windows::plan_windows(indices, windows.as_ref(), slot_bytes, tier, plan);
+    }
     let mut offset = 0u64;
     for (position, &index) in indices.iter().enumerate() {
         let loc = manifest.sample(index);

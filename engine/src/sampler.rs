@@ -34,9 +34,11 @@ pub use crate::ring::resume::Tail;
 
 mod block;
 mod feistel;
+mod mixture;
 pub use block::{BlockShape, BlockShapeError, MAX_BLOCK_SAMPLES, MAX_WINDOW_BLOCKS};
 use feistel::Feistel;
 pub use feistel::{mix64, FEISTEL_ROUNDS};
+pub use mixture::{Mixture, MixtureError, MAX_CORPORA};
 
 /// Most ranks in a job, all machines together (one loader serves at most
 /// the ring's `MAX_RANKS` of them).

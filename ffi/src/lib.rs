@@ -18,6 +18,7 @@ mod progress;
 mod resume;
 mod start;
 mod tar;
+mod tokens;
 pub use epoch::{rf_epoch, rf_epoch_steps, rf_get_epoch, RF_TAIL_DROP, RF_TAIL_KEEP};
 pub use names::{rf_batch_key, rf_get_class_count, rf_get_class_name, rf_key};
 pub use progress::{rf_get_run_shape, rf_run_shape};
@@ -27,6 +28,7 @@ pub use resume::{
 };
 pub use start::{rf_get_start_mode, rf_request_start};
 pub use tar::{rf_tar_field, rf_tar_field_next};
+pub use tokens::{rf_get_token_format, rf_token_format};
 
 use ring::{AttachError, AttachOptions, Consumer, Next, NextError, ReleaseError, SampleEntry};
 

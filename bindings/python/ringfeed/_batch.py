@@ -33,7 +33,7 @@ class Batch:
     dangling view: while views are alive it only defers.
     """
 
-    __slots__ = ("_base", "_finalizer", "_table", "_spans", "_resume", "_images", "epoch", "step", "slot",
+    __slots__ = ("_base", "_finalizer", "_table", "_spans", "_resume", "_images", "_tokens", "epoch", "step", "slot",
                  "generation", "nbytes", "data_ptr")
 
     def __init__(self, handle, raw, claim):
@@ -52,6 +52,7 @@ class Batch:
         self.data_ptr = raw.data or 0
         self._resume = handle.resume
         self._images = handle.images
+        self._tokens = getattr(handle, "tokens", None)
         self._base = _base_type(raw.data_len).from_address(self.data_ptr)
         self._finalizer = weakref.finalize(self._base, _handle.give_back, handle, raw, claim)
         self._finalizer.atexit = False
@@ -147,6 +148,77 @@ class Batch:
                 "(or read the bytes with sample(i), samples() or array())"
             )
         return self._images
+
+    @property
+    def tokens(self):
+        """The batch's token windows (``serve --seq-len L``), zero-copy: a
+        numpy array of ``(n, L + 1)`` in the corpus's dtype (inputs
+        ``[:, :-1]``, targets ``[:, 1:]``)."""
+        fmt = self._token_format()
+        n = len(self)
+        whole = np.frombuffer(self._live_base(), dtype=fmt.dtype, count=n * (fmt.seq_len + 1))
+        return whole.reshape((n, fmt.seq_len + 1))
+
+    @property
+    def doc_counts(self):
+        """How many documents start in each window, zero-copy: numpy uint32
+        of ``(n,)``; a count above ``doc_starts_max`` means only the first
+        ``doc_starts_max`` starts are kept."""
+        fmt = self._token_format()
+        return np.frombuffer(self._live_base(), dtype="<u4", count=len(self), offset=fmt.doc_counts_offset)
+
+    @property
+    def doc_starts(self):
+        """Where documents start in each window (token offsets 0 to L,
+        ascending), zero-copy: numpy uint32 of ``(n, doc_starts_max)``; row
+        i's first ``min(doc_counts[i], doc_starts_max)`` entries are valid."""
+        fmt = self._token_format()
+        n, room = len(self), fmt.doc_starts_max
+        whole = np.frombuffer(self._live_base(), dtype="<u4", count=n * room, offset=fmt.doc_starts_offset)
+        return whole.reshape((n, room))
+
+    def cu_seqlens(self, length=None):
+        """FlashAttention's ``cu_seqlens`` for the first ``length`` tokens of
+        every window (default L: the inputs), packed window after window: an
+        int32 numpy array ``[0, ..., n * length]`` cutting at every document
+        start and at every window's end. With ``max_seqlen = np.diff(cu).max()``
+        it is what ``flash_attn_varlen_func`` takes. A window whose starts
+        were cut short (``doc_counts > doc_starts_max``) joins its last
+        documents into one."""
+        fmt = self._token_format()
+        length = fmt.seq_len if length is None else int(length)
+        if not 1 <= length <= fmt.seq_len + 1:
+            raise ValueError("length %d is not from 1 to %d tokens (L + 1)" % (length, fmt.seq_len + 1))
+        n = len(self)
+        if n == 0:
+            return np.zeros(1, dtype=np.int32)
+        counts = np.minimum(self.doc_counts, fmt.doc_starts_max).astype(np.int64)
+        starts = self.doc_starts.astype(np.int64)
+        valid = (np.arange(fmt.doc_starts_max)[None, :] < counts[:, None]) & (starts > 0) & (starts < length)
+        rows = np.nonzero(valid)[0]
+        cuts = starts[valid] + rows * length
+        ends = np.arange(n + 1, dtype=np.int64) * length
+        return np.union1d(ends, cuts).astype(np.int32)
+
+    def position_ids(self, length=None):
+        """Each token's position within its document, for the first
+        ``length`` tokens of every window (default L): int64 numpy of
+        ``(n, length)``, 0 at every document start and at every window's
+        start (a document that began in an earlier window counts from 0)."""
+        fmt = self._token_format()
+        length = fmt.seq_len if length is None else int(length)
+        cu = self.cu_seqlens(length).astype(np.int64)
+        total = len(self) * length
+        pos = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1], np.diff(cu))
+        return pos.reshape((len(self), length))
+
+    def _token_format(self):
+        if self._tokens is None:
+            raise ValueError(
+                "this loader serves the objects' bytes, not token windows: start it with --seq-len L "
+                "(or read the bytes with sample(i), samples() or array())"
+            )
+        return self._tokens
 
     @property
     def indices(self):

@@ -62,6 +62,7 @@ FeedInfo = collections.namedtuple(
         "tail",
         "steps_per_epoch",
         "samples_per_epoch",
+        "tokens",
     ],
 )
 
@@ -71,6 +72,16 @@ every sample is a uint8 RGB image of ``(3, height, width)`` when ``chw``, else
 ``(height, width, 3)``; ``classes`` is how many classes the labels index (0:
 labels are -1). ``Batch.images``, ``Batch.labels`` and ``Batch.bad`` view
 them; the offsets say where in the payload the labels and flags are."""
+TokenFormat = collections.namedtuple(
+    "TokenFormat",
+    ["dtype", "seq_len", "doc_counts_offset", "doc_starts_offset", "doc_starts_max", "eos_token", "corpora"],
+)
+TokenFormat.__doc__ = """The layout of a loader's token windows (``serve --seq-len L``;
+docs/tokens.md): every sample is ``seq_len + 1`` tokens of numpy ``dtype``
+(inputs and targets shifted by one); ``doc_starts_max`` is each sample's
+room for document starts; ``eos_token`` the token put between documents
+(None: none); ``corpora`` the sources mixed. ``Batch.tokens``,
+``Batch.doc_starts`` and ``Batch.cu_seqlens()`` view them."""
 FeedInfo.__doc__ = """Shape of the ring a feed is attached to.
 
 ``payload_region_address`` / ``payload_region_bytes`` span the payload of
@@ -528,6 +539,7 @@ def attach(name=None, rank=None, timeout=30.0):
         tail=None,
         steps_per_epoch=None,
         samples_per_epoch=None,
+        tokens=None,
     )
     if LIB.has("rf_get_job"):
         job = _lib.rf_job()
@@ -573,6 +585,16 @@ def attach(name=None, rank=None, timeout=30.0):
     handle.classes = _class_names(handle)
     info = _epoch_info(handle, info)
     handle.tail = _lib.RF_TAIL_KEEP if info.tail == "keep" else _lib.RF_TAIL_DROP
+    if LIB.has("rf_get_token_format"):
+        fmt = _lib.rf_token_format()
+        rc = LIB.rf_get_token_format(handle.ptr, ctypes.byref(fmt))
+        if rc != _lib.RF_OK:
+            raise errors.error_for(rc, LIB.last_error())
+        if fmt.is_tokens:
+            info = info._replace(tokens=TokenFormat(
+                np.dtype(fmt.dtype.decode("ascii")), fmt.seq_len, fmt.doc_counts_offset, fmt.doc_starts_offset,
+                fmt.doc_starts_max, fmt.eos_token if fmt.has_eos else None, fmt.corpora))
+            handle.tokens = info.tokens
     if info.start is not None:
         handle.resume = (info.start, info.dataset_samples, _step_samples(info), handle.tail)
     _job.check_job(info, name, rank_from_env)

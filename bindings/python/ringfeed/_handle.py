@@ -106,7 +106,7 @@ class Handle:
     """
 
     __slots__ = ("ptr", "pid", "name", "rank", "call_lock", "pending", "queued", "claims", "undelivered", "in_transit", "feeds",
-                 "resume", "awaited_start", "images", "classes", "tail", "__weakref__")
+                 "resume", "awaited_start", "images", "classes", "tail", "tokens", "__weakref__")
 
     def __init__(self, cell, name, rank):
         self.ptr = cell[0]
@@ -125,6 +125,8 @@ class Handle:
         self.images = None
         # The class names the loader recorded (a tuple of str; empty: none).
         self.classes = ()
+        # The loader's TokenFormat when it serves token windows (serve --seq-len).
+        self.tokens = None
         # A batch rf_next took that never reached the caller (an exception,
         # such as Ctrl-C, struck first): the next next() returns it.
         self.undelivered = None

@@ -60,6 +60,24 @@ class rf_image_format(ctypes.Structure):
     ]
 
 
+class rf_token_format(ctypes.Structure):
+    """The token layout of a loader's batches (``serve --seq-len``)."""
+
+    _fields_ = [
+        ("is_tokens", ctypes.c_uint32),
+        ("item_bytes", ctypes.c_uint32),
+        ("dtype", ctypes.c_char * 8),
+        ("seq_len", ctypes.c_uint64),
+        ("doc_counts_offset", ctypes.c_uint64),
+        ("doc_starts_offset", ctypes.c_uint64),
+        ("doc_starts_max", ctypes.c_uint32),
+        ("has_eos", ctypes.c_uint32),
+        ("eos_token", ctypes.c_uint64),
+        ("corpora", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+    ]
+
+
 class rf_sample(ctypes.Structure):
     """One sample of a batch: its bytes are ``data + offset .. + len``."""
 
@@ -150,7 +168,7 @@ class rf_run_shape(ctypes.Structure):
 
 # The sizes the Rust side has; a mismatch means this file drifted from the ABI.
 for _struct, _size in ((rf_sample, 24), (rf_batch, 56), (rf_info, 48), (rf_job, 16), (rf_key, 32), (rf_epoch, 32),
-                      (rf_run_shape, 24)):
+                      (rf_run_shape, 24), (rf_token_format, 64)):
     if ctypes.sizeof(_struct) != _size:
         raise ImportError(
             "ringfeed: ctypes struct %s is %d bytes, the C ABI says %d"
@@ -179,7 +197,7 @@ _OPTIONAL = (
     "rf_resume_advance", "rf_request_start", "rf_get_start_mode", "rf_get_order", "rf_get_order_block",
     "rf_get_image_format", "rf_batch_key", "rf_get_class_count", "rf_get_class_name", "rf_get_epoch",
     "rf_epoch_steps", "rf_resume_normal_tail", "rf_resume_after_tail", "rf_resume_advance_tail",
-    "rf_get_run_shape",
+    "rf_get_run_shape", "rf_get_token_format",
 )
 
 
@@ -255,6 +273,9 @@ def _declare(lib):
     if hasattr(lib, "rf_get_run_shape"):
         lib.rf_get_run_shape.argtypes = [_feed_p, ctypes.POINTER(rf_run_shape)]
         lib.rf_get_run_shape.restype = ctypes.c_int
+    if hasattr(lib, "rf_get_token_format"):
+        lib.rf_get_token_format.argtypes = [_feed_p, ctypes.POINTER(rf_token_format)]
+        lib.rf_get_token_format.restype = ctypes.c_int
     if hasattr(lib, "rf_get_order_block"):
         lib.rf_get_order_block.argtypes = [_feed_p, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]
         lib.rf_get_order_block.restype = ctypes.c_int

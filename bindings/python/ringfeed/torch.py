@@ -39,6 +39,19 @@ sample, of any sizes), returning what the loop gets (tensors, or dicts,
 lists and tuples of them). ``epoch``, ``step``, ``indices`` and
 ``resume_state`` are those of the last batch the loop got.
 
+From a loader of token windows (``serve --seq-len L``, docs/tokens.md), with
+no argument, each batch is the ``(B, L + 1)`` tensor of the corpus's dtype
+(uint16 stays 2 bytes on its way); ``token_dtype=torch.int64`` gives it in
+that dtype (converted on the device, after the copy, on a GPU), and
+``cu_seqlens=True`` makes each batch a ``TokenBatch(tokens, cu_seqlens,
+max_seqlen)``: FlashAttention's varlen boundaries of the inputs (the first L
+tokens of every window, cut at each document start)::
+
+    loader = ringfeed.torch.Loader(device="cuda", token_dtype=torch.long, cu_seqlens=True)
+    for b in loader:
+        x, y = b.tokens[:, :-1], b.tokens[:, 1:]
+        out = flash_attn_varlen_func(q, k, v, b.cu_seqlens, b.cu_seqlens, b.max_seqlen, b.max_seqlen)
+
 From a loader that decodes images (``serve --decode image``), with no
 argument, each batch is ``(images, labels)``: a ``(B, 3, H, W)`` uint8 tensor
 (``(B, H, W, 3)`` with ``--layout hwc``) and a ``(B,)`` int64 tensor, views of
@@ -76,7 +89,13 @@ from . import _resume
 from . import errors
 from ._feed import attach
 
-__all__ = ["Loader", "STATE_VERSION"]
+__all__ = ["Loader", "STATE_VERSION", "TokenBatch"]
+
+#: A batch of token windows with FlashAttention's varlen boundaries
+#: (``Loader(cu_seqlens=True)``): ``tokens`` (B, L + 1), ``cu_seqlens`` int32
+#: (documents + 1,) over the packed inputs ``tokens[:, :-1]``, and
+#: ``max_seqlen``, the longest document piece (a Python int).
+TokenBatch = collections.namedtuple("TokenBatch", ["tokens", "cu_seqlens", "max_seqlen"])
 
 #: Version of the dict state_dict() returns; load_state_dict() reads it and older.
 STATE_VERSION = 1
@@ -229,7 +248,7 @@ class Loader(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, feed=None, *, dtype=None, shape=None, batch_shape=None, collate=None, device=None,
-                 pin_memory=True, prefetch=_PREFETCH_DEFAULT):
+                 pin_memory=True, prefetch=_PREFETCH_DEFAULT, token_dtype=None, cu_seqlens=False):
         if collate is not None and (dtype is not None or shape is not None or batch_shape is not None):
             raise errors.InvalidArgumentError("pass either collate= or dtype=/shape=, not both: collate makes the batch itself")
         if collate is not None and not callable(collate):
@@ -242,9 +261,17 @@ class Loader(torch.utils.data.IterableDataset):
         self._shape = _resolve_shape(shape, "shape")
         self._batch_shape = _resolve_shape(batch_shape, "batch_shape")
         self._collate = collate
+        self._token_dtype = None if token_dtype is None else _resolve_dtype(token_dtype)[0]
+        self._cu_seqlens = bool(cu_seqlens)
         self._device = _resolve_device(device)
         self._owns_feed = feed is None
         self._feed = attach() if feed is None else feed
+        if (self._token_dtype is not None or self._cu_seqlens) and getattr(self._feed.info, "tokens", None) is None:
+            if self._owns_feed:
+                self._feed.close()
+            raise errors.InvalidArgumentError(
+                "token_dtype= and cu_seqlens= are for a loader of token windows (ringfeed serve --seq-len L); "
+                "loader %r serves other samples" % (self._feed.name,))
         self._prefetch = prefetch
         self._started = False
         self._ended = False
@@ -447,6 +474,8 @@ class Loader(torch.utils.data.IterableDataset):
         if batch._images is not None and self._collate is None and self._shape is None and self._batch_shape is None:
             # Decoded images: their shape is the loader's, said in the ring.
             return (torch.from_numpy(batch.images), torch.from_numpy(batch.labels))
+        if batch._tokens is not None and self._collate is None and self._shape is None and self._batch_shape is None:
+            return self._tokens_of(batch)
         if self._collate is not None:
             # One vectorised pass over the sample table (batch.samples), not a
             # Python call per sample: microseconds for 64 small samples.
@@ -472,6 +501,18 @@ class Loader(torch.utils.data.IterableDataset):
         # batch.array(), and the slot with it, as its __context__.
         raise ValueError(misfit)
 
+    def _tokens_of(self, batch):
+        """A token batch on the CPU: the windows (a zero-copy view, unless a
+        token_dtype on the CPU asks for a converted copy) and, asked for,
+        their varlen boundaries."""
+        tokens = torch.from_numpy(batch.tokens)
+        if self._token_dtype is not None and self._device is None:
+            tokens = tokens.to(self._token_dtype)
+        if not self._cu_seqlens:
+            return tokens
+        cu = batch.cu_seqlens()
+        return TokenBatch(tokens, torch.from_numpy(cu), int(np.diff(cu).max()) if len(cu) > 1 else 0)
+
     def _misfit(self, batch, error):
         lengths = batch.lengths
         per_sample = "%d bytes" % lengths[0] if len(lengths) and (lengths == lengths[0]).all() else "unequal sizes"
@@ -489,6 +530,12 @@ class Loader(torch.utils.data.IterableDataset):
         host = self._make(batch)
         with torch.cuda.stream(self._stream):
             out = _map_tensors(host, lambda t: t.to(self._device, non_blocking=True))
+            if self._token_dtype is not None and batch._tokens is not None:
+                # Converted on the device: the copy moves the corpus's dtype.
+                if isinstance(out, TokenBatch):
+                    out = out._replace(tokens=out.tokens.to(self._token_dtype))
+                elif isinstance(out, torch.Tensor):
+                    out = out.to(self._token_dtype)
             event = torch.cuda.Event()
             event.record(self._stream)
         entry = _InFlight(batch, host, out, event)

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use memmap2::MmapMut;
 use ringfeed_ring::consumer::{validate_header, Next};
 use ringfeed_ring::layout::{
-    ImageFormat, Job, RunOrder, RunStart, HEADER_BYTES, SAMPLE_ENTRY_BYTES, SLOT_META_FIXED_BYTES,
+    ImageFormat, Job, RunOrder, RunStart, TokenFormat, HEADER_BYTES, SAMPLE_ENTRY_BYTES,
+    SLOT_META_FIXED_BYTES, TOKENS_OFFSET,
 };
 use ringfeed_ring::resume::Tail;
 use ringfeed_ring::segment::{self, LOADER_LOCK_BYTE};
@@ -196,6 +197,69 @@ fn an_image_format_that_does_not_fit_its_slots_is_corrupt() {
     // A zero-sized image.
     let msg = corrupt_header_err("img-zero", images(0, 0, 32));
     assert!(msg.contains("image format"), "{msg}");
+}
+
+#[test]
+fn a_token_format_reaches_the_consumer_and_one_that_does_not_fit_its_slots_is_corrupt() {
+    // Issue 38: 4 windows of 100 + 1 uint16 tokens (808 bytes), 16 document
+    // starts each, in the 4 KiB payload.
+    let dtype = *b"<u2\0\0\0\0\0";
+    let mut format = TokenFormat::plan(dtype, 100, 2, 4, 16).unwrap();
+    format.eos_token = Some(50256);
+    format.corpora = 2;
+    let name = unique("tok-ok");
+    let job = Job {
+        tokens: Some(format),
+        ..Job::single(2)
+    };
+    let _producer = Producer::create_in_job(&name, GEOMETRY, job).unwrap();
+    let consumer = Consumer::attach(&name, 0, SHORT).unwrap();
+    assert_eq!(consumer.job().tokens, Some(format));
+    drop(consumer);
+    // Flags word at 84: TOKENS_KNOWN (32); the format's words from 1544.
+    let tokens = |words: [u64; 8]| {
+        move |b: &mut Vec<u8>| {
+            let flags = u32::from_le_bytes(b[84..88].try_into().unwrap()) | 32;
+            b[84..88].copy_from_slice(&flags.to_le_bytes());
+            for (i, w) in words.iter().enumerate() {
+                put_u64(b, TOKENS_OFFSET + 8 * i, *w);
+            }
+        }
+    };
+    let good = format.to_words();
+    // Windows of 1000 tokens: 8 KiB, more than the slot.
+    let msg = corrupt_header_err(
+        "tok-big",
+        tokens([good[0], 1000, good[2], good[3], 16, 0, 0, 0]),
+    );
+    assert!(msg.contains("token format"), "{msg}");
+    // Starts that overlap the counts.
+    let msg = corrupt_header_err(
+        "tok-overlap",
+        tokens([good[0], 100, good[2], good[2], 16, 0, 0, 0]),
+    );
+    assert!(msg.contains("token format"), "{msg}");
+    // An unknown dtype.
+    let msg = corrupt_header_err(
+        "tok-dtype",
+        tokens([
+            u64::from_le_bytes(*b"<f4\0\0\0\0\0"),
+            100,
+            good[2],
+            good[3],
+            16,
+            0,
+            0,
+            0,
+        ]),
+    );
+    assert!(msg.contains("token format"), "{msg}");
+    // Starts of hostile capacity.
+    let msg = corrupt_header_err(
+        "tok-room",
+        tokens([good[0], 100, good[2], good[3], u64::MAX, 0, 0, 0]),
+    );
+    assert!(msg.contains("token format"), "{msg}");
 }
 
 #[test]
@@ -456,6 +520,7 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
         // 4 images of 16 x 20 x 3 = 960 bytes each, labels, flags: 4072 of
         // the 4096-byte payload.
         images: Some(ImageFormat::plan(16, 20, true, 1000, 4)),
+        tokens: None,
         awaits_start: false,
         keys: None,
         class_names: None,
@@ -488,6 +553,7 @@ fn a_consumer_learns_where_its_ranks_sit_in_the_job() {
             start: None,
             order: None,
             images: None,
+            tokens: None,
             awaits_start: false,
             keys: None,
             class_names: None,

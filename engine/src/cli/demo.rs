@@ -325,6 +325,7 @@ fn demo_config(a: &DemoArgs, data_dir: &Path, name: &str) -> ServeConfig {
         tail: crate::sampler::Tail::Drop,
         progress: false,
         decode: None,
+        tokens: None,
     }
 }
 

@@ -16,3 +16,4 @@ pub mod serve;
 mod serve_args;
 pub mod stat;
 pub mod testing;
+mod token_args;

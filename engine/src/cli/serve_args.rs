@@ -21,9 +21,11 @@ pub struct ServeArgs {
     /// s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX,
     /// abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PREFIX, http(s)://HOST/PATH/
     /// (credentials and endpoints from the cloud's usual environment, as
-    /// object_store's from_env reads them; docs/manifest.md).
-    #[arg(long)]
-    pub source: String,
+    /// object_store's from_env reads them; docs/manifest.md). With --seq-len:
+    /// a token corpus (a Megatron PREFIX, a directory, a file), and given
+    /// again for each corpus of a mixture (docs/tokens.md).
+    #[arg(long, required = true)]
+    pub source: Vec<String>,
     /// A remote source's objects from a file instead of a listing: one key
     /// (relative to the prefix) per line, optionally a tab and its size in
     /// bytes (else a HEAD asks); `#` lines are comments.
@@ -154,6 +156,9 @@ pub struct ServeArgs {
     /// One listing per job: --job-manifest, --job-id, --job-manifest-wait.
     #[command(flatten)]
     pub job_manifest: super::job_manifest_args::JobManifestArgs,
+    /// Token corpora: --seq-len and its flags.
+    #[command(flatten)]
+    pub tokens: super::token_args::TokenArgs,
 }
 
 /// `--shuffle`.
@@ -206,6 +211,31 @@ pub enum FormatFlag {
     Records,
     /// Objects are WebDataset tar shards.
     Tar,
+    /// Flat token files (nanoGPT's train.bin; --seq-len, --token-dtype).
+    Tokens,
+    /// Megatron-Core's PREFIX.bin + PREFIX.idx (--seq-len).
+    Megatron,
+    /// datatrove's NAME.ds + NAME.ds.index (--seq-len).
+    Datatrove,
+    /// LitData optimize() output written with TokensLoader (--seq-len).
+    Litdata,
+    /// MosaicML MDS shards with a token column (--seq-len).
+    Mds,
+}
+
+impl FormatFlag {
+    /// The token format this names, if it is one.
+    fn token_format(self) -> Option<crate::tokens::TokenFormatKind> {
+        use crate::tokens::TokenFormatKind as K;
+        match self {
+            FormatFlag::Files | FormatFlag::Records | FormatFlag::Tar => None,
+            FormatFlag::Tokens => Some(K::Flat),
+            FormatFlag::Megatron => Some(K::Megatron),
+            FormatFlag::Datatrove => Some(K::Datatrove),
+            FormatFlag::Litdata => Some(K::LitData),
+            FormatFlag::Mds => Some(K::Mds),
+        }
+    }
 }
 
 /// `--cache`.
@@ -345,6 +375,7 @@ pub fn ranks_from(world_size: Option<u32>, nnodes: u32, node_rank: u32) -> Resul
             start: None,
             order: None,
             images: None,
+            tokens: None,
             awaits_start: false,
             keys: None,
             class_names: None,
@@ -374,7 +405,19 @@ impl ServeArgs {
                 crate::reader::QUEUE_DEPTH_MAX
             );
         }
-        let format = match (self.format, self.record_bytes) {
+        let token_format = self.format.and_then(FormatFlag::token_format);
+        if serve.tokens.is_some() {
+            if let Some(n) = self.record_bytes {
+                bail!("--record-bytes {n} with --seq-len: a token run cuts its own windows; leave --record-bytes out");
+            }
+            if serve.decode.is_some() {
+                bail!("--decode image with --seq-len: token windows are not images; leave one of them out");
+            }
+            if let Some(f) = self.format.filter(|_| token_format.is_none()) {
+                bail!("--format {} with --seq-len: pass a token format (tokens, megatron, datatrove, litdata, mds) or leave --format out", f.to_possible_value().map_or("?".into(), |v| v.get_name().to_owned()));
+            }
+        }
+        let format = match (self.format.filter(|_| token_format.is_none()), self.record_bytes) {
             (Some(FormatFlag::Records), None) => {
                 bail!("--format records needs --record-bytes N, the size of one record")
             }
@@ -385,7 +428,8 @@ impl ServeArgs {
             (Some(FormatFlag::Records), Some(_)) | (None, Some(_)) => SampleFormat::Records,
             (Some(FormatFlag::Tar), None) => SampleFormat::Tar,
             (Some(FormatFlag::Files), None) => SampleFormat::Files,
-            (None, None) => SampleFormat::Auto,
+            // A token format: its run is `ServeConfig::tokens`.
+            (None, None) | (Some(_), _) => SampleFormat::Auto,
         };
         if serve.decode.is_some() && format == SampleFormat::Records {
             bail!("--decode image decodes an image per object or tar sample; it cannot be used with --record-bytes (records are not images)");
@@ -479,8 +523,15 @@ impl ServeArgs {
             awaits_start,
             ..job
         };
+        let tokens = self.tokens.config(
+            &self.source,
+            self.keys.as_deref(),
+            self.format.and_then(FormatFlag::token_format),
+            self.cache_dir.as_deref(),
+        )?;
         Ok(ServeConfig {
-            source: source_spec(&self.source, self.keys.as_deref())?,
+            tokens,
+            source: source_spec(&self.source[0], self.keys.as_deref())?,
             name: self.name.clone(),
             batch_size: self.batch_size,
             world_size,

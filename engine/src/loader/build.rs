@@ -149,17 +149,37 @@ pub fn build(job: &JobConfig, stop: &StopToken) -> Result<Built, BuildError> {
         None => None,
     };
     let started = Instant::now();
-    let source = cfg
-        .source
-        .open()?
-        .follow_links_outside(job.listing.follow_links_outside);
-    if let OpenedSource::Remote(remote) = &source {
-        crate::metrics::watch_remote(Arc::clone(&remote.store().metrics));
-    }
-    let data_cache = data_cache(job, &source);
-    let (plan, origin, shared) = plan(job, &source, data_cache.clone())?;
-    let cached_remote = CachedRemote::of(&source, origin.as_ref(), job.listing.cache.as_ref())
-        .map(|c| c.published(shared.published.clone()));
+    let (plan, origin, cached_remote, cache_stats, shared) = if cfg.tokens.is_some() {
+        // A token run opens each of its sources itself (a Megatron PREFIX
+        // or one file is no directory), through the same listing cache.
+        let plan = super::tokens::plan_tokens(job)?;
+        let stats = plan.cache_stats().cloned();
+        let shared = Shared {
+            published: None,
+            words: Some("windows of the corpora's documents".to_owned()),
+        };
+        (plan, None, None, stats, shared)
+    } else {
+        let source = cfg
+            .source
+            .open()?
+            .follow_links_outside(job.listing.follow_links_outside);
+        if let OpenedSource::Remote(remote) = &source {
+            crate::metrics::watch_remote(Arc::clone(&remote.store().metrics));
+        }
+        let data_cache = data_cache(job, &source);
+        let (plan, origin, shared) = plan(job, &source, data_cache.clone())?;
+        let cached_remote = CachedRemote::of(&source, origin.as_ref(), job.listing.cache.as_ref())
+            .map(|c| c.published(shared.published.clone()));
+        (
+            plan,
+            origin,
+            cached_remote,
+            data_cache.map(|c| c.stats),
+            shared,
+        )
+    };
+    // A token run: each corpus said where its listing and index came from.
     let how = match (&shared.words, &origin) {
         (Some(words), Some(_)) => format!(
             "{}; {words}",
@@ -199,7 +219,7 @@ pub fn build(job: &JobConfig, stop: &StopToken) -> Result<Built, BuildError> {
         _metrics: metrics,
         origin,
         relisting,
-        cache_stats: data_cache.map(|c| c.stats),
+        cache_stats,
         source: cfg.source.to_string(),
         published: shared.published,
     })

@@ -19,7 +19,7 @@ use crate::ring::segment::human_bytes;
 /// (128 slots of 64 samples at the default block of 64 and window of 4)
 /// keeps it within the ring + 128 MiB the loader promises; more, with
 /// `--slots-per-rank`, buys up to ~1.4x for the memory.
-const LOOKAHEAD_WINDOWS: u64 = 32;
+pub(super) const LOOKAHEAD_WINDOWS: u64 = 32;
 
 /// The slots per rank a chunked block-order run wants for its lookahead
 /// (see `LOOKAHEAD_WINDOWS`), within `AUTO_RANK_BYTES_MAX` of slots per
@@ -52,8 +52,8 @@ fn chunkable(manifest: &Manifest) -> bool {
 /// such samples are worth a GET each, and a block of them is many MiB.
 const CHUNKED_SAMPLE_BYTES_MAX: u64 = 256 << 10;
 /// Fewest and most bytes the chunk layer keeps (4 windows of blocks).
-const CHUNK_BUDGET_BYTES_MIN: u64 = 16 << 20;
-const CHUNK_BUDGET_BYTES_MAX: u64 = 256 << 20;
+pub(super) const CHUNK_BUDGET_BYTES_MIN: u64 = 16 << 20;
+pub(super) const CHUNK_BUDGET_BYTES_MAX: u64 = 256 << 20;
 
 /// The chunk layer for a remote run under the block order whose samples
 /// are small ranges of larger objects (tar shards, records): one chunk per

@@ -52,6 +52,12 @@ pub enum PlanError {
     /// The decode stage cannot serve this dataset (`--decode image`).
     #[error("{0}")]
     Decode(String),
+    /// A token corpus cannot be read or cut into windows (`--seq-len`).
+    #[error(transparent)]
+    Tokens(#[from] crate::tokens::TokenError),
+    /// The corpora cannot be mixed as asked (`--weights`).
+    #[error(transparent)]
+    Mixture(#[from] crate::sampler::MixtureError),
 }
 
 impl PlanError {

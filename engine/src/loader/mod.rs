@@ -40,6 +40,8 @@ mod slots;
 mod stack;
 mod start;
 mod stop;
+mod token_run;
+mod tokens;
 mod watch;
 
 use std::time::Duration;
@@ -55,6 +57,7 @@ pub use slots::{
 };
 pub use stack::{open_engine_for, ReadTarget, RemoteTarget};
 pub use stop::StopToken;
+pub use token_run::{TokenRun, TokensConfig, DEFAULT_DOC_STARTS_MAX};
 
 /// A `stop` value that is not a signal: the caller (the demo, when one of
 /// its consumers failed) ends the run; trainers see "stopped on an error".

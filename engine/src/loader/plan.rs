@@ -61,6 +61,8 @@ pub struct ServeConfig {
     /// Decode every sample as an image (`--decode image`) into fixed-shape
     /// slots; None: serve the objects' bytes.
     pub decode: Option<crate::images::DecodeConfig>,
+    /// Serve windows of tokens (`--seq-len`, docs/tokens.md); None: samples.
+    pub tokens: Option<super::token_run::TokensConfig>,
 }
 
 /// A prepared run: manifest listed, sampler planned, the readers' file table
@@ -74,7 +76,7 @@ pub struct Plan {
     pub(super) sampler: Sampler,
     pub(super) slot_bytes: u64,
     /// The slot size the data needs: the batch-size largest samples together.
-    derived_slot_bytes: u64,
+    pub(super) derived_slot_bytes: u64,
     pub(super) slots_per_rank: u32,
     /// The ring's shape, settled once.
     pub(super) geometry: RingGeometry,
@@ -85,6 +87,8 @@ pub struct Plan {
     pub(super) target: ReadTarget,
     /// `cfg.job` with its [`Job::plan_digest`], as the header holds it.
     pub(super) job: Job,
+    /// A token run's windows, mixture and slot layout (`--seq-len`).
+    pub(super) tokens: Option<Arc<super::token_run::TokenRun>>,
 }
 
 impl ServeConfig {
@@ -238,6 +242,7 @@ impl Plan {
             decode,
             target,
             job,
+            tokens: None,
         })
     }
 
@@ -280,6 +285,13 @@ impl Plan {
 
     /// Object `file` of the manifest as messages name it (`root/key`).
     pub fn object_name(&self, file: u32) -> std::path::PathBuf {
+        if let Some(name) = self
+            .tokens
+            .as_ref()
+            .and_then(|t| t.names.get(file as usize))
+        {
+            return std::path::PathBuf::from(name);
+        }
         self.source
             .source()
             .object_name(self.manifest.files().path_bytes(file as usize))
@@ -288,15 +300,25 @@ impl Plan {
     /// The data cache's counters, when one is in front of the reads (for
     /// the ring's counter block and `stat`).
     pub fn cache_stats(&self) -> Option<&Arc<crate::cache::CacheStats>> {
-        match &self.target {
-            ReadTarget::Remote(remote) => remote.cache.as_ref().map(|c| &c.stats),
-            ReadTarget::Files(_) => None,
+        fn stats_of(t: &ReadTarget) -> Option<&Arc<crate::cache::CacheStats>> {
+            match t {
+                ReadTarget::Remote(remote) => remote.cache.as_ref().map(|c| &c.stats),
+                ReadTarget::Files(_) => None,
+                ReadTarget::Routed(routes) => routes.iter().find_map(|(_, t)| stats_of(t)),
+            }
         }
+        stats_of(&self.target)
     }
 
     /// Whether the source is remote (and so may be cached).
     pub fn is_remote(&self) -> bool {
-        matches!(self.target, ReadTarget::Remote(_))
+        match &self.target {
+            ReadTarget::Remote(_) => true,
+            ReadTarget::Files(_) => false,
+            ReadTarget::Routed(routes) => routes
+                .iter()
+                .any(|(_, t)| matches!(t, ReadTarget::Remote(_))),
+        }
     }
 
     /// The manifest.
@@ -307,6 +329,11 @@ impl Plan {
     /// The sampler.
     pub fn sampler(&self) -> &Sampler {
         &self.sampler
+    }
+
+    /// A token run's windows, mixture and slot layout (`--seq-len`).
+    pub fn tokens(&self) -> Option<&super::token_run::TokenRun> {
+        self.tokens.as_deref()
     }
 
     /// Batches each rank gets in the whole run.
@@ -380,7 +407,7 @@ impl SlotNames {
 
 /// What, besides the sample count, decides the order of every epoch, as
 /// the ring's header records it.
-fn run_order(cfg: &ServeConfig) -> RunOrder {
+pub(super) fn run_order(cfg: &ServeConfig) -> RunOrder {
     let block = cfg.order.block_shape();
     RunOrder {
         seed: cfg.seed,
@@ -507,7 +534,7 @@ fn read_target(
 /// [`Job::plan_digest`] of a run: the manifest's digest and every flag that
 /// decides which samples job rank r gets at (epoch, step). Never 0 (0 means
 /// "not known" in the header).
-fn plan_digest(cfg: &ServeConfig, manifest: &Manifest) -> u64 {
+pub(super) fn plan_digest(cfg: &ServeConfig, manifest: &Manifest) -> u64 {
     let t = std::time::Instant::now();
     let c = cfg;
     // A block order adds its shape; the exact and no shuffle keep the
@@ -602,6 +629,7 @@ mod tests {
             tail: Tail::Drop,
             progress: false,
             decode: None,
+            tokens: None,
         };
         let plan = Plan::new(cfg).unwrap();
         // One copy of the paths for a million files is 16 MB: never two.
@@ -641,6 +669,7 @@ mod tests {
             tail: Tail::Drop,
             progress: false,
             decode: None,
+            tokens: None,
         };
         Plan::new(cfg).unwrap()
     }

@@ -453,6 +453,11 @@ impl Loader {
         self.plan
             .sampler
             .batch_into(epoch, step, self.plan.cfg.job.first_rank + r, batch);
+        if let Some(mixture) = self.plan.tokens.as_ref().and_then(|t| t.mixture.as_ref()) {
+            // A mixture's sampler gives positions of the epoch; the mixture
+            // says which corpus's window each one is.
+            mixture.map_batch(epoch, batch);
+        }
         let id = self.pending.add(claim, epoch, step);
         let planned = planner::plan_batch(
             batch,
@@ -516,6 +521,9 @@ impl Loader {
                 });
                 self.pending.expect_read(id);
             }
+        }
+        if let Some(run) = &self.plan.tokens {
+            super::token_run::write_extras(run, &self.batch_plan, &mut self.pending, id);
         }
         Ok(true)
     }

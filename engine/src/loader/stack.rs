@@ -23,6 +23,9 @@ pub enum ReadTarget {
     Files(Arc<FileTable>),
     /// Remote objects, read by the fetch engine.
     Remote(Box<RemoteTarget>),
+    /// A mixture's corpora in several places: each target serves the
+    /// objects from its first index (ascending, from 0) to the next's.
+    Routed(Vec<(u32, ReadTarget)>),
 }
 
 /// The remote objects a loader reads, and how.
@@ -52,6 +55,7 @@ impl std::fmt::Debug for ReadTarget {
                 .field("store", &remote.store.display)
                 .field("objects", &remote.objects.len())
                 .finish(),
+            ReadTarget::Routed(routes) => f.debug_tuple("Routed").field(routes).finish(),
         }
     }
 }
@@ -61,7 +65,7 @@ impl ReadTarget {
     pub fn files(&self) -> Option<&Arc<FileTable>> {
         match self {
             ReadTarget::Files(files) => Some(files),
-            ReadTarget::Remote(_) => None,
+            ReadTarget::Remote(_) | ReadTarget::Routed(_) => None,
         }
     }
 }
@@ -76,6 +80,25 @@ pub fn open_engine_for(
 ) -> Result<OpenedEngine, ReadError> {
     match target {
         ReadTarget::Files(files) => open_engine(choice, Arc::clone(files), cfg),
+        ReadTarget::Routed(routes) => {
+            let mut engines = Vec::with_capacity(routes.len());
+            let mut fallback_warning = None;
+            for (first, target) in routes {
+                // `--io` picks the local targets' backend; the remote ones
+                // take theirs.
+                let pick = match target {
+                    ReadTarget::Files(_) => choice,
+                    _ => IoChoice::Auto,
+                };
+                let opened = open_engine_for(pick, target, cfg)?;
+                fallback_warning = fallback_warning.or(opened.fallback_warning);
+                engines.push((*first, opened.engine));
+            }
+            Ok(OpenedEngine {
+                engine: Box::new(crate::reader::routed::RoutedEngine::new(engines)),
+                fallback_warning,
+            })
+        }
         ReadTarget::Remote(remote) => {
             let RemoteTarget {
                 runtime,

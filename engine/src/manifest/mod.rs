@@ -24,6 +24,9 @@
 //! - Ranges mode ([`Manifest::from_ranges`]): each sample is a listed byte
 //!   range of one object (a tar shard's samples, `crate::tar`), in the order
 //!   given: shards in key order, samples in tar order within a shard.
+//! - Windows mode ([`Manifest::from_windows`]): each sample is a window of
+//!   tokens cut from a corpus's documents, in parts of one or more objects
+//!   (`crate::tokens`, docs/tokens.md).
 //!
 //! [`Source`]: crate::source::Source
 
@@ -32,11 +35,13 @@ pub(crate) mod format;
 pub mod keys;
 mod ranges;
 mod stamps;
+mod windows;
 
 pub use file_list::{FileList, FileRef};
 pub use keys::KeyFacts;
 pub use ranges::SampleRanges;
 pub use stamps::{DirStamp, LinkStamp};
+pub use windows::{WindowPart, Windows};
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -246,6 +251,8 @@ pub struct Manifest {
     ranges: Option<Arc<SampleRanges>>,
     /// Ranges mode: what indexing learnt of the samples' keys.
     key_facts: Option<Arc<KeyFacts>>,
+    /// Windows mode: the corpora's token windows.
+    windows: Option<Arc<dyn Windows>>,
     len: u64,
     total_bytes: u64,
     max_sample_bytes: u64,
@@ -292,6 +299,7 @@ impl Manifest {
             first_record: Vec::new(),
             ranges: None,
             key_facts: None,
+            windows: None,
             len: 0,
             total_bytes,
             max_sample_bytes: 0,
@@ -379,6 +387,9 @@ impl Manifest {
             // index < len == ranges.len() <= usize::MAX.
             return ranges.get(index as usize);
         }
+        if let Some(windows) = &self.windows {
+            return Manifest::window_loc(windows.as_ref(), index);
+        }
         match self.record_bytes {
             None => SampleLoc {
                 // index < len <= MAX_FILES < u32::MAX.
@@ -412,6 +423,9 @@ impl Manifest {
             sizes,
             [self.files.len() as u64, self.record_bytes.unwrap_or(0)],
         );
+        if let Some(windows) = &self.windows {
+            return digest_words(whole ^ 0x746f_6b65_6e73, [windows.digest()]);
+        }
         match &self.ranges {
             None => whole,
             Some(ranges) => {
@@ -436,6 +450,9 @@ impl Manifest {
         let count = (count as u64).min(self.len);
         if let Some(record_bytes) = self.record_bytes {
             return count.saturating_mul(record_bytes);
+        }
+        if self.windows.is_some() {
+            return count.saturating_mul(self.max_sample_bytes);
         }
         if count == self.len {
             return self.total_bytes;

@@ -118,6 +118,7 @@ impl Manifest {
             len: ranges.len() as u64,
             ranges: Some(Arc::new(ranges)),
             key_facts: None,
+            windows: None,
             total_bytes,
             max_sample_bytes,
         })

@@ -50,6 +50,15 @@ pub enum ChunkGeometry {
     /// An object with no point is not chunked; neither is a chunk longer
     /// than `CHUNK_BYTES_MAX`.
     Starts(std::sync::Arc<[(u32, u64)]>),
+    /// As `Starts`, but each chunk runs `tail_bytes` past the next point
+    /// (within its object): token windows overlap their neighbours by a
+    /// token, so a block of windows ends a token into the next block.
+    Overlapping {
+        /// The (object, offset) points, sorted.
+        starts: std::sync::Arc<[(u32, u64)]>,
+        /// How far each chunk runs past the next point.
+        tail_bytes: u64,
+    },
 }
 
 impl ChunkGeometry {
@@ -58,8 +67,10 @@ impl ChunkGeometry {
     /// entries); `sizes` are the objects' sizes. Empty for `Aligned`,
     /// whose chunks follow no order's blocks.
     pub fn ranges(&self, sizes: &[u64]) -> Vec<(u32, u64, u64)> {
-        let ChunkGeometry::Starts(starts) = self else {
-            return Vec::new();
+        let (starts, tail) = match self {
+            ChunkGeometry::Starts(starts) => (starts, 0),
+            ChunkGeometry::Overlapping { starts, tail_bytes } => (starts, *tail_bytes),
+            ChunkGeometry::Aligned { .. } => return Vec::new(),
         };
         let mut out = Vec::with_capacity(starts.len());
         for (i, &(object, start)) in starts.iter().enumerate() {
@@ -67,7 +78,9 @@ impl ChunkGeometry {
                 continue;
             };
             let end = match starts.get(i + 1) {
-                Some(&(next_object, next)) if next_object == object => next.min(size),
+                Some(&(next_object, next)) if next_object == object => {
+                    next.saturating_add(tail).min(size)
+                }
                 _ => size,
             };
             if end > start && end - start <= CHUNK_BYTES_MAX {
@@ -247,14 +260,21 @@ impl ChunkedEngine {
                 let start = op.offset_bytes / chunk_bytes * chunk_bytes;
                 start..start.saturating_add(*chunk_bytes).min(size)
             }
-            ChunkGeometry::Starts(starts) => {
+            ChunkGeometry::Starts(_) | ChunkGeometry::Overlapping { .. } => {
+                let (starts, tail) = match &self.cfg.geometry {
+                    ChunkGeometry::Overlapping { starts, tail_bytes } => (starts, *tail_bytes),
+                    ChunkGeometry::Starts(starts) => (starts, 0),
+                    ChunkGeometry::Aligned { .. } => return None,
+                };
                 let at = starts.partition_point(|&p| p <= (op.file, op.offset_bytes));
                 let &(object, start) = starts.get(at.checked_sub(1)?)?;
                 if object != op.file {
                     return None;
                 }
                 let end = match starts.get(at) {
-                    Some(&(next_object, next)) if next_object == op.file => next,
+                    Some(&(next_object, next)) if next_object == op.file => {
+                        next.saturating_add(tail)
+                    }
                     _ => size,
                 };
                 if end - start > CHUNK_BYTES_MAX {

@@ -59,6 +59,7 @@ mod error;
 pub(crate) mod files;
 mod pread;
 pub mod remote;
+pub mod routed;
 
 mod uring;
 

@@ -119,14 +119,7 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
             dataset_samples: u64_at(176),
         });
     let order = run_order(u32_at(84), u64_at);
-    let images = image_format(u32_at(84), u64_at)
-        .map(|images| {
-            images
-                .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
-                .map(|()| images)
-                .map_err(|e| corrupt(path, e))
-        })
-        .transpose()?;
+    let (images, tokens) = sample_formats(u32_at(84), &u64_at, geometry, path)?;
     let job = Job::from_header(
         u32_at(100),
         u32_at(96),
@@ -144,6 +137,7 @@ pub fn validate_header(bytes: &[u8], path: &str) -> Result<(Layout, Job), Attach
         keys,
         class_names,
         tail,
+        tokens,
         ..job
     };
     Ok((layout, job))
@@ -274,6 +268,51 @@ fn image_format(flags: u32, u64_at: impl Fn(usize) -> u64) -> Option<crate::layo
         classes: (u64_at(216) >> 32) as u32,
         labels_offset: u64_at(224),
         bad_offset: u64_at(232),
+    })
+}
+
+/// The header's image and token formats, when its flags say it holds
+/// them, each checked against the slots it describes.
+fn sample_formats(
+    flags: u32,
+    u64_at: &impl Fn(usize) -> u64,
+    geometry: RingGeometry,
+    path: &str,
+) -> Result<SampleFormats, AttachError> {
+    let (n, payload) = (geometry.max_samples_per_slot, geometry.slot_payload_bytes);
+    let images = image_format(flags, u64_at)
+        .map(|i| {
+            i.check(n, payload)
+                .map(|()| i)
+                .map_err(|e| corrupt(path, e))
+        })
+        .transpose()?;
+    let tokens = token_format(flags, u64_at)
+        .map(|t| {
+            t.check(n, payload)
+                .map(|()| t)
+                .map_err(|e| corrupt(path, e))
+        })
+        .transpose()?;
+    Ok((images, tokens))
+}
+
+/// What a header says its samples are (images, token windows), if anything.
+type SampleFormats = (
+    Option<crate::layout::ImageFormat>,
+    Option<crate::layout::TokenFormat>,
+);
+
+/// The header's token format (offsets 1544 to 1607), when its flags say it
+/// holds one; not yet checked.
+fn token_format(flags: u32, u64_at: impl Fn(usize) -> u64) -> Option<crate::layout::TokenFormat> {
+    use crate::layout::{TokenFormat, TOKENS_OFFSET, TOKEN_WORDS};
+    (flags & crate::layout::flags::TOKENS_KNOWN != 0).then(|| {
+        let mut words = [0u64; TOKEN_WORDS];
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = u64_at(TOKENS_OFFSET + 8 * i);
+        }
+        TokenFormat::from_words(words)
     })
 }
 

@@ -28,6 +28,10 @@ pub struct Job {
     /// image`), with the batch's labels and bad-sample flags beside them in
     /// the slot. None: samples are the objects' bytes.
     pub images: Option<ImageFormat>,
+    /// Every sample is a window of `L + 1` tokens (`serve --seq-len`), with
+    /// the batch's document starts beside them in the slot. None: samples
+    /// are the objects' bytes.
+    pub tokens: Option<super::TokenFormat>,
     /// The loader waits for its ranks' start requests (`--resume auto`,
     /// [`super::flags::AWAITS_START`]): `start` holds the dataset's sample count and
     /// the loader's own start, but the header says START_KNOWN only once the
@@ -159,6 +163,7 @@ impl Job {
             start: None,
             order: None,
             images: None,
+            tokens: None,
             awaits_start: false,
             keys: None,
             class_names: None,
@@ -244,6 +249,7 @@ impl Job {
             start,
             order: None,
             images: None,
+            tokens: None,
             awaits_start: false,
             keys: None,
             class_names: None,
@@ -294,6 +300,7 @@ mod tests {
             start: Some(start),
             order: None,
             images: None,
+            tokens: None,
             awaits_start: false,
             keys: None,
             class_names: None,

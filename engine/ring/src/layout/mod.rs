@@ -85,12 +85,16 @@ pub mod flags {
     /// words are live (bit 8). Set once, after READY, with a Release
     /// read-modify-write: a reader that sees it (Acquire) sees the fields.
     pub const PROGRESS_KNOWN: u32 = 256;
+    /// Samples are token windows: the header's `tokens` words hold the
+    /// loader's [`TokenFormat`](super::TokenFormat) (docs/tokens.md).
+    pub const TOKENS_KNOWN: u32 = 32;
 }
 
 mod counters;
 mod job;
 mod names;
 mod progress;
+mod tokens;
 pub use counters::{Counter, Counters, COUNTERS_OFFSET, COUNTER_WORDS};
 pub use job::{ImageFormat, Job, RunOrder, RunStart};
 pub use names::{
@@ -98,6 +102,7 @@ pub use names::{
     KEY_HEAD_BYTES, NOT_A_RECORD,
 };
 pub use progress::{Progress, RunShape, PROGRESS_OFFSET};
+pub use tokens::{TokenFormat, MAX_DOC_STARTS, TOKENS_OFFSET, TOKEN_WORDS};
 
 /// Segment header at offset 0. Fields up to `plan_digest` are written once
 /// by the loader before `state` becomes READY and never again.
@@ -204,8 +209,10 @@ pub struct Header {
     // --- offset 1288: the loader's counters, rewritten every ~100 ms ---
     /// Figures for `ringfeed stat`, one word per [`Counter`]; Relaxed.
     pub counters: [AtomicU64; COUNTER_WORDS],
-    // --- offset 1544 to 1608: reserved ---
-    _reserved2: [AtomicU64; 8],
+    // --- offset 1544 to 1608: the token format (issue 38) ---
+    /// [`TokenFormat`] as [`TokenFormat::to_words`] writes it (valid with
+    /// [`flags::TOKENS_KNOWN`]): written once before READY.
+    pub tokens: [AtomicU64; TOKEN_WORDS],
     // --- offset 1608: keys and class names, written once before READY ---
     /// [`KeyArea::offset`] (valid with [`flags::KEYS_KNOWN`]).
     pub key_area_offset: AtomicU64,
@@ -431,7 +438,9 @@ const _: () = {
     assert!(offset_of!(Header, abort_message) == 264);
     assert!(offset_of!(Header, counters) == 264 + ABORT_MESSAGE_MAX_BYTES);
     assert!(offset_of!(Header, counters) == COUNTERS_OFFSET);
-    assert!(offset_of!(Header, _reserved2) == COUNTERS_OFFSET + COUNTER_WORDS * 8);
+    assert!(offset_of!(Header, tokens) == COUNTERS_OFFSET + COUNTER_WORDS * 8);
+    assert!(offset_of!(Header, tokens) == TOKENS_OFFSET);
+    assert!(offset_of!(Header, key_area_offset) == TOKENS_OFFSET + TOKEN_WORDS * 8);
     assert!(offset_of!(Header, key_area_offset) == 1608);
     assert!(offset_of!(Header, key_stride) == 1616);
     assert!(offset_of!(Header, class_names_offset) == 1624);

@@ -77,16 +77,7 @@ impl Producer {
         // or `gc` would take for dead).
         let fd = segment::create_unnamed().map_err(|e| io_err("cannot create", e))?;
         pause_for_tests();
-        match segment::try_lock_byte(&fd, LOADER_LOCK_BYTE) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(io_err(
-                    "cannot lock",
-                    io::Error::from_raw_os_error(libc::EAGAIN),
-                ))
-            }
-            Err(e) => return Err(io_err("cannot lock", e)),
-        }
+        lock_loader_byte(&fd).map_err(|e| io_err("cannot lock", e))?;
         // Room for the whole ring must be free now, less what other loaders'
         // rings will still allocate; the payloads themselves are allocated
         // slot by slot (see `Backing`).
@@ -128,6 +119,7 @@ impl Producer {
             view,
             next_claim: vec![0; w],
             images: job.images,
+            tokens: job.tokens,
             published: vec![0; w],
             abandoned: false,
             name_removed: false,
@@ -302,6 +294,12 @@ impl Producer {
             h.class_names_count.store(u64::from(names.count), r);
             h.flags.fetch_or(crate::layout::flags::CLASS_NAMES_KNOWN, r);
         }
+        if let Some(tokens) = job.tokens {
+            for (word, value) in h.tokens.iter().zip(tokens.to_words()) {
+                word.store(value, r);
+            }
+            h.flags.fetch_or(crate::layout::flags::TOKENS_KNOWN, r);
+        }
         for rank in 0..g.world_size {
             view.rank(rank).batches_expected.store(u64::MAX, r);
         }
@@ -349,7 +347,7 @@ pub(crate) fn read_loader_pid(fd: &OwnedFd) -> Option<u32> {
 }
 
 /// Refuses a job that leaves no room for the ring's ranks, or whose image
-/// format does not fit its slots.
+/// or token format does not fit its slots.
 fn check_job(job: &Job, geometry: RingGeometry) -> Result<(), CreateError> {
     Job::from_header(
         job.first_rank,
@@ -371,6 +369,11 @@ fn check_job(job: &Job, geometry: RingGeometry) -> Result<(), CreateError> {
     if let Some(names) = &job.class_names {
         names
             .check(geometry.slot_payload_bytes)
+            .map_err(CreateError::Job)?;
+    }
+    if let Some(tokens) = &job.tokens {
+        tokens
+            .check(geometry.max_samples_per_slot, geometry.slot_payload_bytes)
             .map_err(CreateError::Job)?;
     }
     Ok(())
@@ -415,5 +418,14 @@ impl Producer {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), payload.add(at), bytes.len());
         }
         Ok(())
+    }
+}
+
+/// Takes the loader's lock byte of a segment made a moment ago (unnamed:
+/// nobody else can hold it, but a failure is said, never ignored).
+fn lock_loader_byte(fd: &std::os::fd::OwnedFd) -> io::Result<()> {
+    match segment::try_lock_byte(fd, LOADER_LOCK_BYTE)? {
+        true => Ok(()),
+        false => Err(io::Error::from_raw_os_error(libc::EAGAIN)),
     }
 }

@@ -87,6 +87,9 @@ pub struct Producer {
     /// The decoded images' format: a batch's labels and flags are part of
     /// what it uses of its payload.
     images: Option<crate::layout::ImageFormat>,
+    /// The token format: a batch's document starts are part of its
+    /// payload in use.
+    tokens: Option<crate::layout::TokenFormat>,
     published: Vec<u64>,
     /// Set by `abandon`: drop leaves the ring as a dead process would.
     abandoned: bool,
@@ -250,6 +253,12 @@ impl Producer {
             // payload when the ring was made).
             used_bytes =
                 used_bytes.max(images.batch_bytes(samples.len() as u32).min(payload_bytes));
+        }
+        if let Some(tokens) = self.tokens {
+            // The document starts after the tokens (checked against the
+            // payload when the ring was made).
+            used_bytes =
+                used_bytes.max(tokens.batch_bytes(samples.len() as u32).min(payload_bytes));
         }
         let meta = self.view.slot(claim.slot);
         meta.epoch.store(epoch, Ordering::Relaxed);
