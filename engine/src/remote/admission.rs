@@ -516,7 +516,7 @@ mod tests {
             c.done(ms(t0, 10), t0, Outcome::Answered);
         }
         assert_eq!(c.limits().window, 2 * SLOW_START_WINDOW);
-        let mut round = |c: &mut Controller, k: u64| {
+        let round = |c: &mut Controller, k: u64| {
             let w = c.limits().window;
             for _ in 0..w {
                 assert_eq!(c.try_admit(ms(t0, 10 * k)), Admit::Go);

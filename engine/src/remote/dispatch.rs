@@ -30,13 +30,37 @@ use tokio::task::JoinSet;
 use super::admission::{Admission, Admit};
 use super::answer::Failure;
 use super::error::RemoteError;
-use super::fetch::{Command, FetchCompletion};
 use super::hedge::{
     size_class, Hedging, HEDGES_PER_GET_MAX, HEDGE_BYTES_IN_FLIGHT_MAX, HEDGE_LONE_MULTIPLE,
     HEDGE_OVERTAKEN_MIN,
 };
 use super::part::{attempt, AttemptDone, AttemptJob, DestPtr, Next, PartContext, Sink, Tries};
 use super::FetchConfig;
+
+/// The outcome of one `FetchRead`.
+#[derive(Debug)]
+pub struct FetchCompletion {
+    /// The read's `tag`.
+    pub tag: u64,
+    /// `Ok` when every byte of the range landed in `dest`.
+    pub result: Result<(), RemoteError>,
+    /// For a read submitted with `keep` that was fetched in one GET and
+    /// succeeded: the response body's chunks, in order (refcounted views
+    /// of the receive buffers, no copy), e.g. for the data cache. Else empty.
+    pub chunks: Vec<bytes::Bytes>,
+}
+
+/// A read on its way to the dispatcher (its pointer wrapped to cross threads).
+pub(super) enum Command {
+    Read {
+        id: u64,
+        object: u32,
+        range: Range<u64>,
+        dest: DestPtr,
+        tag: u64,
+        keep: bool,
+    },
+}
 
 /// A GET due for a hedge but not yet overtaken is looked at again after this.
 const HEDGE_RECHECK: Duration = Duration::from_millis(5);

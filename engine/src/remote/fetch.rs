@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::admission::{Admission, WindowLimits};
-use super::dispatch::Dispatcher;
+pub use super::dispatch::FetchCompletion;
+use super::dispatch::{Command, Dispatcher};
 use super::error::RemoteError;
 use super::part::{DestPtr, PartContext, WarningLimiter};
 use super::store::StoreHandle;
@@ -36,31 +37,6 @@ pub struct FetchRead {
     pub dest: *mut u8,
     /// Returned in the completion, untouched.
     pub tag: u64,
-}
-
-/// The outcome of one `FetchRead`.
-#[derive(Debug)]
-pub struct FetchCompletion {
-    /// The read's `tag`.
-    pub tag: u64,
-    /// `Ok` when every byte of the range landed in `dest`.
-    pub result: Result<(), RemoteError>,
-    /// For a read submitted with `keep` that was fetched in one GET and
-    /// succeeded: the response body's chunks, in order (refcounted views
-    /// of the receive buffers, no copy), e.g. for the data cache. Else empty.
-    pub chunks: Vec<bytes::Bytes>,
-}
-
-/// A read on its way to the dispatcher (its pointer wrapped to cross threads).
-pub(super) enum Command {
-    Read {
-        id: u64,
-        object: u32,
-        range: Range<u64>,
-        dest: DestPtr,
-        tag: u64,
-        keep: bool,
-    },
 }
 
 /// Reads object ranges into caller memory over HTTP; driven by one thread.

@@ -328,8 +328,6 @@ async fn attempt_once(
     let headers_wait_ms = part.headers_wait_ms;
     let object = &ctx.objects[part.object as usize];
     let store = &ctx.store;
-    let stall = Duration::from_millis(ctx.cfg.stall_timeout_ms);
-    let len_bytes = part.range.end - part.range.start;
     last.reset();
     let options = GetOptions {
         range: Some(GetRange::Bounded(part.range.clone())),
@@ -358,7 +356,21 @@ async fn attempt_once(
             ),
         )));
     }
-    let mut stream = got.into_stream();
+    stream_body(ctx, part, got.into_stream(), landed).await
+}
+
+/// Streams the body of `part`'s answer where its sink says, checking its
+/// length, the stall timeout and the minimum throughput.
+async fn stream_body(
+    ctx: &PartContext,
+    part: &AttemptJob,
+    mut stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+    landed: &AtomicU64,
+) -> Result<Vec<Bytes>, Failure> {
+    let object = &ctx.objects[part.object as usize];
+    let store = &ctx.store;
+    let stall = Duration::from_millis(ctx.cfg.stall_timeout_ms);
+    let len_bytes = part.range.end - part.range.start;
     let mut written: u64 = 0;
     let mut kept = Vec::new();
     let mut throughput = Throughput::new(&ctx.cfg);
