@@ -390,10 +390,13 @@ fn bodies_cut_mid_way_and_stalls_after_headers_are_retried_whole() {
     let m = engine.metrics();
     let cut = m.retries[RetryCause::BodyInterrupted.index()].load(Ordering::Relaxed);
     let stalled = m.retries[RetryCause::Stall.index()].load(Ordering::Relaxed);
-    assert_eq!(
-        (cut, stalled),
-        (5, 3),
-        "retries by cause: {:?}",
+    assert_eq!(cut, 5, "retries by cause: {:?}", m.snapshot().retries);
+    // A stalled GET is retried after the stall timeout, unless a hedge of
+    // it answered first (then it is cancelled, not retried).
+    let won = m.hedges_won.load(Ordering::Relaxed);
+    assert!(
+        stalled <= 3 && stalled + won >= 3,
+        "3 stalls, {stalled} retried, {won} hedges won; retries by cause: {:?}",
         m.snapshot().retries
     );
 }

@@ -239,8 +239,9 @@ fn counter_lines(c: &Counters, prev: &Counters, secs: f64) -> Vec<String> {
             .filter(|(_, k)| got(*k) > 0)
             .map(|(cause, k)| format!("{} {}", cause.name(), got(k)))
             .collect();
+        let limits = limit_words(c);
         lines.push(format!(
-            "remote: {} GETs in flight (window {}), {}, {} GETs, {} received, GET latency p50 {:.1} ms p99 {:.1} ms, retries: {}",
+            "remote: {} GETs in flight (window {}{limits}), {}, {} GETs, {} received, GET latency p50 {:.1} ms p99 {:.1} ms, retries: {}",
             got(Counter::RemoteGetsInFlight),
             got(Counter::RemoteWindow),
             rate(Counter::RemoteBytesReceived),
@@ -280,9 +281,53 @@ fn counter_lines(c: &Counters, prev: &Counters, secs: f64) -> Vec<String> {
     lines
 }
 
+/// The rate limit and the hedges of the remote line, once there are any
+/// (a loader that predates them leaves their words 0).
+fn limit_words(c: &Counters) -> String {
+    let mut words = String::new();
+    if c.get(Counter::RemoteRateCuts) > 0 {
+        words.push_str(&format!(
+            ", rate limit {} GETs/s (cut {} times)",
+            c.get(Counter::RemoteRateLimit),
+            c.get(Counter::RemoteRateCuts)
+        ));
+    }
+    if c.get(Counter::RemoteHedges) > 0 {
+        words.push_str(&format!(
+            ", hedges {} ({} won)",
+            c.get(Counter::RemoteHedges),
+            c.get(Counter::RemoteHedgesWon)
+        ));
+    }
+    words
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rate_limit_and_hedges_show_once_the_store_throttled_or_a_get_was_hedged() {
+        let quiet = counters(&[(Counter::RemoteGetsOk, 10), (Counter::RemoteWindow, 256)]);
+        let line = counter_lines(&quiet, &quiet, 1.0).remove(0);
+        assert!(
+            !line.contains("rate limit") && !line.contains("hedges"),
+            "{line}"
+        );
+        let busy = counters(&[
+            (Counter::RemoteGetsOk, 10),
+            (Counter::RemoteWindow, 256),
+            (Counter::RemoteRateLimit, 412),
+            (Counter::RemoteRateCuts, 7),
+            (Counter::RemoteHedges, 5),
+            (Counter::RemoteHedgesWon, 4),
+        ]);
+        let line = counter_lines(&busy, &busy, 1.0).remove(0);
+        assert!(
+            line.contains("(window 256, rate limit 412 GETs/s (cut 7 times), hedges 5 (4 won))"),
+            "{line}"
+        );
+    }
 
     fn counters(values: &[(Counter, u64)]) -> Counters {
         let mut c = Counters::default();

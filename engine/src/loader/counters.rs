@@ -57,6 +57,10 @@ pub fn write_remote_counters(producer: &Producer, metrics: &RemoteMetrics) {
     for (counter, value) in Counter::REMOTE_RETRIES.iter().zip(s.retries) {
         producer.set_counter(*counter, value);
     }
+    producer.set_counter(Counter::RemoteRateLimit, s.rate_limit_per_s);
+    producer.set_counter(Counter::RemoteRateCuts, s.rate_cuts);
+    producer.set_counter(Counter::RemoteHedges, s.hedges);
+    producer.set_counter(Counter::RemoteHedgesWon, s.hedges_won);
     producer.set_counter(Counter::RemoteGetLatencyUsP50, s.get_latency_us_p50);
     producer.set_counter(Counter::RemoteGetLatencyUsP99, s.get_latency_us_p99);
 }

@@ -53,6 +53,10 @@ const FIGURES: &[RemoteFigure] = &[
     RemoteFigure { name: "ringfeed_remote_requests_total", kind: Kind::Counter, help: "HTTP requests made to the remote source, every attempt and retry.", read: Read::One(|s| s.attempts.into()) },
     RemoteFigure { name: "ringfeed_remote_retries_total", kind: Kind::Counter, help: "Ranges the remote fetch engine fetched again, by cause.", read: Read::Retries },
     RemoteFigure { name: "ringfeed_remote_get_p50_seconds", kind: Kind::Gauge, help: "Median time of a GET, first attempt to last byte (within a factor of two).", read: Read::One(|s| seconds_of_us(s.get_latency_us_p50).into()) },
+    RemoteFigure { name: "ringfeed_remote_rate_limit", kind: Kind::Gauge, help: "Most GETs per second the store's admission controller lets start now (0: no limit, the store has not throttled).", read: Read::One(|s| s.rate_limit_per_s.into()) },
+    RemoteFigure { name: "ringfeed_remote_rate_cuts_total", kind: Kind::Counter, help: "Times the store throttled (503 SlowDown or 429) and the rate limit was cut.", read: Read::One(|s| s.rate_cuts.into()) },
+    RemoteFigure { name: "ringfeed_remote_hedges_total", kind: Kind::Counter, help: "GETs asked again because the first was slower than twice the recent p95 of its size (hedged requests).", read: Read::One(|s| s.hedges.into()) },
+    RemoteFigure { name: "ringfeed_remote_hedges_won_total", kind: Kind::Counter, help: "Hedged requests whose answer came first and was used (the slow GET was cancelled).", read: Read::One(|s| s.hedges_won.into()) },
     RemoteFigure { name: "ringfeed_remote_get_p99_seconds", kind: Kind::Gauge, help: "99th percentile time of a GET, first attempt to last byte (within a factor of two).", read: Read::One(|s| seconds_of_us(s.get_latency_us_p99).into()) },
 ];
 
@@ -116,7 +120,7 @@ pub fn summary_line() -> Option<String> {
         .map(|&c| format!("{} {}", cause_label(c), s.retries[c.index()]))
         .collect();
     Some(format!(
-        "remote: {} requests, {} received, retries: {}, GET p50 {:.1} ms, p99 {:.1} ms",
+        "remote: {} requests, {} received, retries: {}, GET p50 {:.1} ms, p99 {:.1} ms{}{}",
         s.attempts,
         crate::ring::segment::human_bytes(s.bytes_received),
         if retries.is_empty() {
@@ -125,6 +129,27 @@ pub fn summary_line() -> Option<String> {
             retries.join(", ")
         },
         s.get_latency_us_p50 as f64 / 1e3,
-        s.get_latency_us_p99 as f64 / 1e3
+        s.get_latency_us_p99 as f64 / 1e3,
+        throttle_words(&s),
+        hedge_words(&s),
     ))
+}
+
+/// `, rate limit N GETs/s (cut K times)` once the store throttled, else nothing.
+pub fn throttle_words(s: &MetricsSnapshot) -> String {
+    if s.rate_cuts == 0 {
+        return String::new();
+    }
+    format!(
+        ", rate limit {} GETs/s (cut {} times)",
+        s.rate_limit_per_s, s.rate_cuts
+    )
+}
+
+/// `, hedges N (K won)` once a GET was hedged, else nothing.
+pub fn hedge_words(s: &MetricsSnapshot) -> String {
+    if s.hedges == 0 {
+        return String::new();
+    }
+    format!(", hedges {} ({} won)", s.hedges, s.hedges_won)
 }

@@ -9,7 +9,7 @@ use super::store::StoreHandle;
 use super::RemoteObject;
 
 /// How one attempt failed.
-pub(super) enum Failure {
+pub(crate) enum Failure {
     Retry(RetryCause, String),
     /// No response headers within the attempt's wait: retried (as a stall)
     /// with a longer wait.
@@ -21,6 +21,8 @@ pub(super) enum Failure {
         elapsed_ms: u64,
     },
     Permanent(RemoteError),
+    /// Cancelled by the dispatcher: a hedge of it won, or it lost to one.
+    Cancelled,
 }
 
 /// The error for a ranged GET answered with something else than the range.

@@ -10,8 +10,8 @@
 //! and its range headers, which say how a server answered a ranged GET.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use object_store::client::{
     HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse, HttpService,
@@ -19,6 +19,7 @@ use object_store::client::{
 };
 use object_store::ClientOptions;
 
+use super::admission::LimitFigures;
 use super::error::RetryCause;
 
 /// Buckets of a latency histogram: bucket i holds values in
@@ -81,16 +82,24 @@ impl LatencyHistogram {
 pub struct RemoteMetrics {
     /// GETs (parts of reads) in flight now.
     pub gets_in_flight: AtomicU64,
-    /// The fetch window now (most GETs in flight).
-    pub window: AtomicU64,
     /// GETs that delivered their whole range.
     pub gets_ok: AtomicU64,
     /// Reads completed successfully / with an error.
     pub reads_ok: AtomicU64,
     /// Reads that failed for good.
     pub reads_failed: AtomicU64,
-    /// Body bytes written into destinations (retried ranges count again).
+    /// Body bytes received (retried ranges and hedges count again).
     pub bytes_received: AtomicU64,
+    /// Body bytes written into destinations: a retry writes its range
+    /// again, a hedge that wins writes only what the GET it hedged had not,
+    /// so with no retry this is the bytes of the reads exactly.
+    pub bytes_landed: AtomicU64,
+    /// Hedges sent: GETs asked again because the first was slow.
+    pub hedges: AtomicU64,
+    /// Hedges whose answer came first and was used.
+    pub hedges_won: AtomicU64,
+    /// The store's admission limits (set when a fetch engine starts).
+    pub limits: OnceLock<Arc<LimitFigures>>,
     /// HTTP attempts made by object_store (every request, every retry).
     pub attempts: AtomicU64,
     /// Attempts answered 2xx / 3xx.
@@ -105,8 +114,6 @@ pub struct RemoteMetrics {
     pub transport_errors: AtomicU64,
     /// Retries of the fetch engine, by `RetryCause::index`.
     pub retries: [AtomicU64; RetryCause::ALL.len()],
-    /// Times the window was cut because the store throttled.
-    pub window_cuts: AtomicU64,
     /// Time from an attempt's start to its response headers.
     pub ttfb: LatencyHistogram,
     /// Time from a GET's first attempt to its last byte (retries included).
@@ -120,8 +127,16 @@ pub struct RemoteMetrics {
 pub struct MetricsSnapshot {
     /// GETs in flight.
     pub gets_in_flight: u64,
-    /// The window.
+    /// The window (most GETs in flight).
     pub window: u64,
+    /// The rate limit, GETs/s (0: none: the store never throttled).
+    pub rate_limit_per_s: u64,
+    /// Times a throttle cut the rate limit.
+    pub rate_cuts: u64,
+    /// Hedges sent.
+    pub hedges: u64,
+    /// Hedges that won.
+    pub hedges_won: u64,
     /// Body bytes received.
     pub bytes_received: u64,
     /// HTTP attempts.
@@ -158,7 +173,11 @@ impl RemoteMetrics {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         MetricsSnapshot {
             gets_in_flight: load(&self.gets_in_flight),
-            window: load(&self.window),
+            window: self.limits.get().map_or(0, |l| load(&l.window)),
+            rate_limit_per_s: self.limits.get().map_or(0, |l| load(&l.rate_per_s)),
+            rate_cuts: self.limits.get().map_or(0, |l| load(&l.rate_cuts)),
+            hedges: load(&self.hedges),
+            hedges_won: load(&self.hedges_won),
             bytes_received: load(&self.bytes_received),
             attempts: load(&self.attempts),
             retries: std::array::from_fn(|i| load(&self.retries[i])),
@@ -180,6 +199,8 @@ impl RemoteMetrics {
 pub struct LastAttempt {
     outcome: AtomicU32,
     head: Mutex<RangeHeaders>,
+    /// A 429/503's Retry-After in ms, plus one (0: none).
+    retry_after_ms: AtomicU64,
 }
 
 /// Longest header value kept from a response (network input, bounded).
@@ -233,6 +254,7 @@ impl LastAttempt {
     /// Clears it before an attempt.
     pub fn reset(&self) {
         self.outcome.store(0, Ordering::Relaxed);
+        self.retry_after_ms.store(0, Ordering::Relaxed);
         self.set_head(RangeHeaders::default());
     }
 
@@ -248,6 +270,14 @@ impl LastAttempt {
     /// The range headers of the last response (empty if none came).
     pub fn head(&self) -> RangeHeaders {
         self.head.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The Retry-After of the last response, if it was a 429/503 with one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.retry_after_ms.load(Ordering::Relaxed) {
+            0 => None,
+            v => Some(Duration::from_millis(v - 1)),
+        }
     }
 
     /// The outcome recorded last.
@@ -309,9 +339,13 @@ impl HttpService for CountingService {
         m.attempts.fetch_add(1, Ordering::Relaxed);
         let result = self.inner.execute(req).await;
         let mut head = None;
+        let mut retry_after = None;
         let code = match &result {
             Ok(resp) => {
                 head = Some(resp.headers());
+                if matches!(resp.status().as_u16(), 429 | 503) {
+                    retry_after = parse_retry_after(resp.headers(), std::time::SystemTime::now());
+                }
                 m.ttfb.record_us(start.elapsed().as_micros() as u64);
                 let status = resp.status().as_u16();
                 let counter = match status {
@@ -337,6 +371,11 @@ impl HttpService for CountingService {
         // Outside a fetch task (listing, HEAD) there is no task-local: fine.
         let _ = LAST_ATTEMPT.try_with(|last| {
             last.set(code);
+            if let Some(wait) = retry_after {
+                let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX - 1);
+                last.retry_after_ms
+                    .store(ms.saturating_add(1), Ordering::Relaxed);
+            }
             if let Some(headers) = head {
                 last.set_head(RangeHeaders::of(headers));
             }
@@ -345,9 +384,69 @@ impl HttpService for CountingService {
     }
 }
 
+/// Longest Retry-After header value read (network input, bounded).
+const RETRY_AFTER_BYTES_MAX: usize = 64;
+
+/// A response's `Retry-After`: delay-seconds, or an HTTP-date (a date in
+/// the past is no wait). `None` when absent or unreadable. The admission
+/// controller caps what it honours (`RETRY_AFTER_MAX_MS`).
+pub fn parse_retry_after(
+    headers: &http::HeaderMap,
+    now: std::time::SystemTime,
+) -> Option<Duration> {
+    let value = headers.get(http::header::RETRY_AFTER)?.as_bytes();
+    if value.len() > RETRY_AFTER_BYTES_MAX {
+        return None;
+    }
+    let text = std::str::from_utf8(value).ok()?.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Some(Duration::from_secs(secs.min(86_400)));
+    }
+    let when = chrono::DateTime::parse_from_rfc2822(text).ok()?;
+    let now_s = now.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs() as i64;
+    let wait_s = (when.timestamp() - now_s).clamp(0, 86_400);
+    Some(Duration::from_secs(wait_s as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::LatencyHistogram;
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates_and_refuses_junk() {
+        use super::parse_retry_after;
+        use std::time::{Duration, UNIX_EPOCH};
+        let with = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+            h
+        };
+        // 2015-10-21 07:28:00 UTC.
+        let now = UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        assert_eq!(
+            parse_retry_after(&with("3"), now),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            parse_retry_after(&with("Wed, 21 Oct 2015 07:28:05 GMT"), now),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            parse_retry_after(&with("Wed, 21 Oct 2015 07:27:00 GMT"), now),
+            Some(Duration::ZERO),
+            "a date in the past is no wait"
+        );
+        assert_eq!(parse_retry_after(&with("soon"), now), None);
+        assert_eq!(parse_retry_after(&with(&"9".repeat(100)), now), None);
+        assert_eq!(parse_retry_after(&http::HeaderMap::new(), now), None);
+        assert_eq!(
+            parse_retry_after(&with("99999999999"), now),
+            Some(Duration::from_secs(86_400))
+        );
+    }
 
     #[test]
     fn quantiles_come_within_a_factor_of_two() {

@@ -14,8 +14,12 @@
 //!   objects under the prefix as `(key relative to the prefix, size, ETag)`,
 //!   directory markers skipped, in byte-wise order of keys.
 //! - [`FetchEngine`]: reads of object ranges into caller memory, hundreds of
-//!   GETs in flight in an adaptive window, completions into a channel the
-//!   loader thread drains without ever blocking on tokio.
+//!   GETs in flight, completions into a channel the loader thread drains
+//!   without ever blocking on tokio; how many GETs and how fast is the
+//!   store's [`admission`] controller's to say (a window and a rate limit,
+//!   AIMD on throttles and refusals, shared by the process's engines of one
+//!   store), and a GET slower than its size's recent p95 is asked again
+//!   ([`hedge`]).
 //! - [`RemoteMetrics`]: counters as plain atomics (GETs in flight, bytes,
 //!   retries by cause, latency p50/p99), readable from any thread.
 //!
@@ -32,10 +36,13 @@
 //! `get_range(..)` and `.bytes()` concatenate multi-chunk bodies, a second
 //! copy (reads stream `get_opts(..).into_stream()` chunks into the slot).
 
+pub mod admission;
 mod answer;
 mod credentials;
+mod dispatch;
 mod error;
 mod fetch;
+pub mod hedge;
 mod key;
 mod list;
 pub mod metrics;
@@ -51,7 +58,7 @@ use std::future::Future;
 
 pub use credentials::{CREDENTIALS_LOAD_TIMEOUT_MS, CREDENTIALS_REFRESH_BEFORE_MS};
 pub use error::{RemoteError, RetryCause};
-pub use fetch::{FetchCompletion, FetchEngine, FetchRead, WINDOW_CUT_INTERVAL_MS};
+pub use fetch::{FetchCompletion, FetchEngine, FetchRead};
 pub use key::check_key;
 pub use list::{
     list, list_parallel, read_keys_file, ListProgress, ProgressFn, HEADS_IN_FLIGHT,

@@ -1,9 +1,12 @@
-//! One ranged GET, retried until its whole range has landed in its
-//! destination or it fails for good.
+//! One attempt of one ranged GET (the dispatcher, `dispatch.rs`, decides
+//! when to ask again: retries after a failure, hedges after a slow answer).
 //!
+//! A part has at most one attempt writing its destination at a time (a
+//! `Direct` one); a hedge keeps its body in refcounted chunks (`Buffer`),
+//! and only the dispatcher copies them in, after the writer has returned.
 //! A retry rewrites the part's whole range from its first byte, so a fault
 //! never leaves a torn sample: the destination holds either all of one
-//! attempt's bytes or the read completes with an error.
+//! answer's bytes or the read completes with an error.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -16,6 +19,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use object_store::{GetOptions, GetRange};
 
+use super::admission::Outcome;
 use super::answer::{check_unchanged, classify, range_not_honoured, Failure};
 use super::error::{RemoteError, RetryCause};
 use super::metrics::{LastAttempt, LAST_ATTEMPT};
@@ -37,21 +41,6 @@ pub(crate) struct DestPtr(pub(crate) *mut u8);
 unsafe impl Send for DestPtr {}
 // SAFETY: as above; `DestPtr` is never dereferenced through a shared reference.
 unsafe impl Sync for DestPtr {}
-
-/// One ranged GET of one read.
-#[derive(Debug)]
-pub(crate) struct Part {
-    /// The read this part belongs to (engine-internal id).
-    pub(crate) read_id: u64,
-    /// Index into the object table.
-    pub(crate) object: u32,
-    /// Byte range in the object.
-    pub(crate) range: Range<u64>,
-    /// Where `range.start` goes.
-    pub(crate) dest: DestPtr,
-    /// Keep the body's chunks (refcounted, no copy) for the completion.
-    pub(crate) keep: bool,
-}
 
 /// Everything a part task needs, shared by all of them.
 #[derive(Debug)]
@@ -102,58 +91,155 @@ impl WarningLimiter {
     }
 }
 
-/// What a finished part reports to the dispatcher.
-pub(crate) struct PartDone {
-    pub(crate) read_id: u64,
-    pub(crate) len_bytes: u64,
-    pub(crate) result: Result<(), RemoteError>,
-    /// The body's chunks in order, when the part asked to keep them and
-    /// succeeded; else empty.
-    pub(crate) chunks: Vec<Bytes>,
+/// Where an attempt's body goes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Sink {
+    /// Straight into the read's destination (the part's one writer).
+    Direct(DestPtr),
+    /// Into refcounted chunks only (a hedge: it must not touch the
+    /// destination, which the GET it hedges may be writing).
+    Buffer,
 }
 
-/// Fetches `part`, retrying with exponential backoff and jitter.
-pub(crate) async fn fetch_part(ctx: Arc<PartContext>, part: Part) -> PartDone {
-    let len_bytes = part.range.end - part.range.start;
+/// One attempt of one part.
+#[derive(Debug)]
+pub(crate) struct AttemptJob {
+    /// The dispatcher's id of this attempt.
+    pub(crate) id: u64,
+    /// Index into the object table.
+    pub(crate) object: u32,
+    /// Byte range in the object.
+    pub(crate) range: Range<u64>,
+    /// Where its body goes.
+    pub(crate) sink: Sink,
+    /// Keep the body's chunks (refcounted, no copy) in the answer; a
+    /// `Buffer` attempt always keeps them.
+    pub(crate) keep: bool,
+    /// How long to wait for the response headers.
+    pub(crate) headers_wait_ms: u64,
+}
+
+/// What a finished attempt reports to the dispatcher.
+pub(crate) struct AttemptDone {
+    pub(crate) id: u64,
+    /// The body's chunks in order when kept (see `AttemptJob::keep`).
+    pub(crate) result: Result<Vec<Bytes>, Failure>,
+    /// Bytes this attempt wrote into the destination (a `Direct` one),
+    /// however it ended: a hedge that wins copies only the rest.
+    pub(crate) written: u64,
+    /// From its start to its end.
+    pub(crate) took: Duration,
+    /// What the store's admission controller learns from it.
+    pub(crate) outcome: Outcome,
+}
+
+/// Runs one attempt until it ends or `cancel` fires (a sent value or a
+/// dropped sender): cancelled, it stops at its next await, so no byte
+/// lands in the destination after it has returned.
+pub(crate) async fn attempt(
+    ctx: Arc<PartContext>,
+    job: AttemptJob,
+    mut cancel: tokio::sync::oneshot::Receiver<()>,
+) -> AttemptDone {
     let started = Instant::now();
     let last = Arc::new(LastAttempt::default());
-    let mut attempts: u32 = 0;
-    let mut headers_wait_ms = ctx.cfg.stall_timeout_ms;
-    let result = loop {
-        attempts += 1;
-        let outcome = LAST_ATTEMPT
-            .scope(
-                Arc::clone(&last),
-                attempt_once(&ctx, &part, &last, headers_wait_ms),
-            )
-            .await;
-        let object = &ctx.objects[part.object as usize];
-        let (cause, detail, too_slow) = match outcome {
-            Ok(chunks) => break Ok(chunks),
-            Err(Failure::Permanent(e)) => break Err(e),
-            Err(Failure::Retry(cause, detail)) => (cause, detail, None),
-            Err(Failure::HeadersLate) => {
-                let detail = format!("no response headers within {headers_wait_ms} ms");
-                let waited_ms = headers_wait_ms;
-                headers_wait_ms = next_headers_wait_ms(headers_wait_ms, ctx.cfg.stall_timeout_ms);
+    let written = AtomicU64::new(0);
+    let result = {
+        let body = LAST_ATTEMPT.scope(Arc::clone(&last), attempt_once(&ctx, &job, &last, &written));
+        tokio::select! {
+            biased;
+            _ = &mut cancel => Err(Failure::Cancelled),
+            r = body => r,
+        }
+    };
+    let outcome = match &result {
+        Ok(_) => Outcome::Answered,
+        Err(Failure::Cancelled) => Outcome::Cancelled,
+        Err(Failure::Retry(RetryCause::Throttled, _)) => Outcome::Throttled {
+            retry_after: last.retry_after(),
+        },
+        Err(Failure::Retry(RetryCause::Connect, _))
+            if last.get() == super::metrics::AttemptOutcome::Connect =>
+        {
+            Outcome::Refused
+        }
+        Err(_) => Outcome::Failed,
+    };
+    AttemptDone {
+        id: job.id,
+        result,
+        written: written.load(Ordering::Relaxed),
+        took: started.elapsed(),
+        outcome,
+    }
+}
+
+/// What to do after a part's attempt failed.
+pub(crate) enum Next {
+    /// Ask again after this wait (its cause counted as a retry).
+    Retry(Duration),
+    /// Give up with this error.
+    Fail(RemoteError),
+}
+
+/// The retry bookkeeping of one part: attempts that failed, the wait for
+/// headers (longer after each time they came late).
+#[derive(Debug)]
+pub(crate) struct Tries {
+    pub(crate) failures: u32,
+    pub(crate) headers_wait_ms: u64,
+}
+
+impl Tries {
+    pub(crate) fn new(cfg: &FetchConfig) -> Tries {
+        Tries {
+            failures: 0,
+            headers_wait_ms: cfg.stall_timeout_ms,
+        }
+    }
+
+    /// After an attempt of bytes `range` of `object` failed with `failure`:
+    /// warn (rate-limited) and retry with backoff and jitter (at least the
+    /// store's Retry-After), or fail once the retries are used up.
+    pub(crate) fn after_failure(
+        &mut self,
+        ctx: &PartContext,
+        object: u32,
+        range: &Range<u64>,
+        failure: Failure,
+        retry_after: Option<Duration>,
+        salt: u64,
+    ) -> Next {
+        self.failures += 1;
+        let attempts = self.failures;
+        let obj = &ctx.objects[object as usize];
+        let (cause, detail, too_slow) = match failure {
+            Failure::Permanent(e) => return Next::Fail(e),
+            Failure::Cancelled => (RetryCause::Other, "cancelled".to_string(), None),
+            Failure::Retry(cause, detail) => (cause, detail, None),
+            Failure::HeadersLate => {
+                let waited_ms = self.headers_wait_ms;
+                let detail = format!("no response headers within {waited_ms} ms");
+                self.headers_wait_ms =
+                    next_headers_wait_ms(self.headers_wait_ms, ctx.cfg.stall_timeout_ms);
                 if attempts <= ctx.cfg.retries_max {
                     ctx.warnings.warn(&format!(
                         "{}: {:?} (bytes {}-{}) sent no response headers within {:.1} s (attempt {attempts}); \
                          the server is slow to answer: waiting up to {:.1} s on the next attempt",
                         ctx.store.display,
-                        object.key,
-                        part.range.start,
-                        part.range.end.saturating_sub(1),
+                        obj.key,
+                        range.start,
+                        range.end.saturating_sub(1),
                         waited_ms as f64 / 1000.0,
-                        headers_wait_ms as f64 / 1000.0,
+                        self.headers_wait_ms as f64 / 1000.0,
                     ));
                 }
                 (RetryCause::Stall, detail, None)
             }
-            Err(Failure::TooSlow {
+            Failure::TooSlow {
                 received_bytes,
                 elapsed_ms,
-            }) => {
+            } => {
                 let detail = format!(
                     "{received_bytes} body bytes in {elapsed_ms} ms, under {} bytes/s",
                     ctx.cfg.min_bytes_per_s
@@ -163,9 +249,9 @@ pub(crate) async fn fetch_part(ctx: Arc<PartContext>, part: Part) -> PartDone {
                         "{}: {:?} (bytes {}-{}) came at {} bytes/s ({received_bytes} bytes in {elapsed_ms} ms, \
                          attempt {attempts}), under the minimum of {} bytes/s: asking again",
                         ctx.store.display,
-                        object.key,
-                        part.range.start,
-                        part.range.end.saturating_sub(1),
+                        obj.key,
+                        range.start,
+                        range.end.saturating_sub(1),
                         received_bytes.saturating_mul(1000) / elapsed_ms.max(1),
                         ctx.cfg.min_bytes_per_s,
                     ));
@@ -178,9 +264,9 @@ pub(crate) async fn fetch_part(ctx: Arc<PartContext>, part: Part) -> PartDone {
             }
         };
         if attempts > ctx.cfg.retries_max {
-            break Err(match too_slow {
+            return Next::Fail(match too_slow {
                 Some((received_bytes, elapsed_ms)) => RemoteError::TooSlow {
-                    key: object.key.clone(),
+                    key: obj.key.clone(),
                     store: ctx.store.display.clone(),
                     attempts,
                     received_bytes,
@@ -189,7 +275,7 @@ pub(crate) async fn fetch_part(ctx: Arc<PartContext>, part: Part) -> PartDone {
                     window_ms: ctx.cfg.throughput_window_ms,
                 },
                 None => RemoteError::RetriesExhausted {
-                    key: object.key.clone(),
+                    key: obj.key.clone(),
                     store: ctx.store.display.clone(),
                     attempts,
                     cause,
@@ -198,28 +284,9 @@ pub(crate) async fn fetch_part(ctx: Arc<PartContext>, part: Part) -> PartDone {
             });
         }
         ctx.store.metrics.add_retry(cause);
-        tracing::debug!(
-            "retrying bytes {:?} of object #{} after {cause}: {detail}",
-            part.range,
-            part.object
-        );
-        tokio::time::sleep(backoff(&ctx, attempts, part.read_id)).await;
-    };
-    if result.is_ok() {
-        let m = &ctx.store.metrics;
-        m.gets_ok.fetch_add(1, Ordering::Relaxed);
-        m.get_latency
-            .record_us(started.elapsed().as_micros() as u64);
-    }
-    let (result, chunks) = match result {
-        Ok(chunks) => (Ok(()), chunks),
-        Err(e) => (Err(e), Vec::new()),
-    };
-    PartDone {
-        read_id: part.read_id,
-        len_bytes,
-        result,
-        chunks,
+        tracing::debug!("retrying bytes {range:?} of object #{object} after {cause}: {detail}");
+        let wait = backoff(ctx, attempts, salt);
+        Next::Retry(retry_after.map_or(wait, |r| r.max(wait)))
     }
 }
 
@@ -248,18 +315,19 @@ fn backoff(ctx: &PartContext, attempt: u32, salt: u64) -> Duration {
     Duration::from_millis(half + h.finish() % (ceiling_ms - half + 1))
 }
 
-/// One GET of `part`, waiting up to `headers_wait_ms` for its response
-/// headers; the body's chunks when `part.keep` (a retry starts a fresh list).
+/// One GET of `part`, waiting up to `part.headers_wait_ms` for its
+/// response headers; the body's chunks when kept (`AttemptJob::keep`).
+/// `landed` counts the bytes written into a `Direct` destination, each
+/// time right after the copy (no await between them).
 async fn attempt_once(
     ctx: &PartContext,
-    part: &Part,
+    part: &AttemptJob,
     last: &LastAttempt,
-    headers_wait_ms: u64,
+    landed: &AtomicU64,
 ) -> Result<Vec<Bytes>, Failure> {
+    let headers_wait_ms = part.headers_wait_ms;
     let object = &ctx.objects[part.object as usize];
     let store = &ctx.store;
-    let stall = Duration::from_millis(ctx.cfg.stall_timeout_ms);
-    let len_bytes = part.range.end - part.range.start;
     last.reset();
     let options = GetOptions {
         range: Some(GetRange::Bounded(part.range.clone())),
@@ -288,7 +356,21 @@ async fn attempt_once(
             ),
         )));
     }
-    let mut stream = got.into_stream();
+    stream_body(ctx, part, got.into_stream(), landed).await
+}
+
+/// Streams the body of `part`'s answer where its sink says, checking its
+/// length, the stall timeout and the minimum throughput.
+async fn stream_body(
+    ctx: &PartContext,
+    part: &AttemptJob,
+    mut stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+    landed: &AtomicU64,
+) -> Result<Vec<Bytes>, Failure> {
+    let object = &ctx.objects[part.object as usize];
+    let store = &ctx.store;
+    let stall = Duration::from_millis(ctx.cfg.stall_timeout_ms);
+    let len_bytes = part.range.end - part.range.start;
     let mut written: u64 = 0;
     let mut kept = Vec::new();
     let mut throughput = Throughput::new(&ctx.cfg);
@@ -324,20 +406,27 @@ async fn attempt_once(
                 ),
             }));
         }
-        // SAFETY: `dest` is valid for `len_bytes` writes and only this task
-        // writes this part's range (FetchEngine::submit's contract), and
-        // `written + n <= len_bytes` was checked above. This is the one copy:
-        // from the response chunk straight into slot memory.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                chunk.as_ptr(),
-                part.dest.0.add(written as usize),
-                chunk.len(),
-            );
+        if let Sink::Direct(dest) = part.sink {
+            // SAFETY: `dest` is valid for `len_bytes` writes and only this
+            // task writes this part's range: the dispatcher runs one `Direct`
+            // attempt of a part at a time and completes the read only after
+            // it returned (FetchEngine::submit's contract keeps the memory
+            // valid until then); `written + n <= len_bytes` was checked
+            // above. This is the one copy: from the response chunk straight
+            // into slot memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    chunk.as_ptr(),
+                    dest.0.add(written as usize),
+                    chunk.len(),
+                );
+            }
+            landed.store(written + n, Ordering::Relaxed);
+            store.metrics.bytes_landed.fetch_add(n, Ordering::Relaxed);
         }
         written += n;
         store.metrics.bytes_received.fetch_add(n, Ordering::Relaxed);
-        if part.keep {
+        if part.keep || matches!(part.sink, Sink::Buffer) {
             kept.push(chunk);
         }
         throughput.check(written)?;

@@ -64,6 +64,21 @@ pub(crate) fn raw_path(key: &str) -> Path {
 }
 
 impl StoreHandle {
+    /// Which store this is for admission (`admission.rs`): its endpoint and
+    /// bucket; fetch engines of one key share one controller. A store built
+    /// by the caller (`from_store`) is a store of its own.
+    pub fn admission_key(&self) -> String {
+        let rest = self
+            .display
+            .split_once("://")
+            .map_or(self.display.as_str(), |(_, r)| r);
+        let authority = rest.split('/').next().unwrap_or(rest);
+        match self.scheme {
+            Scheme::Custom => format!("custom#{:p}", Arc::as_ptr(&self.metrics)),
+            _ => admission_key(self.scheme, authority),
+        }
+    }
+
     /// The full object path of a key relative to the prefix.
     pub fn path_of(&self, key: &str) -> Path {
         if self.prefix.as_ref().is_empty() {
@@ -260,6 +275,36 @@ impl StoreRecipe<'_> {
             ),
         })
     }
+}
+
+/// The store a URL reads for admission: its endpoint (the one object_store
+/// would use, from the cloud's variables where they name one) and its
+/// bucket, container or host. Credentials never enter it.
+fn admission_key(scheme: Scheme, authority: &str) -> String {
+    let var = |names: &[&str]| {
+        names
+            .iter()
+            .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
+            .unwrap_or_default()
+    };
+    let endpoint = match scheme {
+        Scheme::S3 => var(&[
+            "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT",
+            "AWS_REGION",
+            "AWS_DEFAULT_REGION",
+        ]),
+        Scheme::Gcs => var(&["GOOGLE_CLOUD_STORAGE_ENDPOINT", "GOOGLE_STORAGE_ENDPOINT"]),
+        Scheme::Azure => var(&[
+            "AZURE_STORAGE_ENDPOINT",
+            "AZURE_ENDPOINT",
+            "AZURE_STORAGE_ACCOUNT_NAME",
+        ]),
+        Scheme::Http | Scheme::Custom => String::new(),
+    };
+    // A URL shown keeps a redacted user:password@: the host and port only.
+    let bucket = authority.rsplit('@').next().unwrap_or(authority);
+    format!("{scheme}://{endpoint}/{bucket}")
 }
 
 /// The URL with exactly one trailing slash (the HTTP store's root).

@@ -34,6 +34,16 @@ pub struct Faults {
     /// Ranged GETs answered 206 with the object's first bytes and a
     /// Content-Range that says so, whatever range was asked.
     pub wrong_range: AtomicUsize,
+    /// GETs that send headers, wait `hold_ms`, then send their whole body
+    /// (a slow answer that does come, unlike a stall).
+    pub hold: AtomicUsize,
+    /// How long a held GET waits before its body.
+    pub hold_ms: AtomicUsize,
+    /// Non-zero: a held GET sends the first half of its body before it
+    /// waits (a GET that stalls mid-body, then goes on).
+    pub hold_after_half: AtomicUsize,
+    /// `Retry-After` seconds sent with each 503 (0: none).
+    pub retry_after_s: AtomicUsize,
     /// Keys answered 403.
     pub forbidden: Mutex<HashSet<String>>,
     /// Every GET seen.
@@ -177,10 +187,15 @@ fn get(
         return true;
     };
     if method == "GET" && take(&faults.status_503) {
+        let retry_after = faults.retry_after_s.load(Ordering::SeqCst);
+        let headers = match retry_after {
+            0 => vec![],
+            s => vec![("Retry-After", s.to_string())],
+        };
         respond(
             out,
             "503 Service Unavailable",
-            &[],
+            &headers,
             b"<Error><Code>SlowDown</Code></Error>",
         );
         return true;
@@ -249,6 +264,25 @@ fn get(
         ));
         let _ = out.shutdown(std::net::Shutdown::Both);
         return false;
+    }
+    if method == "GET" && take(&faults.hold) {
+        let mut head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\n", body.len());
+        for (k, v) in &hs {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        let _ = out.write_all(head.as_bytes());
+        let first = match faults.hold_after_half.load(Ordering::SeqCst) {
+            0 => 0,
+            _ => body.len() / 2,
+        };
+        let _ = out.write_all(&body[..first]);
+        let _ = out.flush();
+        std::thread::sleep(Duration::from_millis(
+            faults.hold_ms.load(Ordering::SeqCst) as u64
+        ));
+        // The client may have given up (closed): the write fails, no matter.
+        return out.write_all(&body[first..]).is_ok() && out.flush().is_ok();
     }
     if take(&faults.trickle) {
         let mut head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\n", body.len());

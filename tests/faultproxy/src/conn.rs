@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::delay::{DelayLine, Ended, Item};
-use crate::faults::{Draws, Fault, FaultPlan};
+use crate::faults::{Bucket, Draws, Fault, FaultPlan};
 use crate::http::{response_body, Body, BodyReader, Inbound, READ_CHUNK_BYTES};
 use crate::stats::Stats;
 
@@ -31,6 +31,10 @@ pub struct Shared {
     pub upstream: SocketAddr,
     /// The round trip added: each direction holds its pieces half of it.
     pub rtt: Duration,
+    /// The `--rate` bucket.
+    pub bucket: Bucket,
+    /// `Retry-After` of the bucket's 503s.
+    pub retry_after_s: Option<u64>,
     /// Print why each connection ended.
     pub verbose: bool,
 }
@@ -40,10 +44,13 @@ enum Expected {
     /// Parse a response from the upstream to a `method` request and apply `fault`.
     Forwarded { method: String, fault: Fault },
     /// Send a made-up response with this status; `close`: then close.
+    /// `rate_limited`: the --rate bucket was empty (answered after the
+    /// whole round trip, as the store itself would).
     Made {
         method: String,
         status: u16,
         close: bool,
+        rate_limited: bool,
     },
     /// The connection is not HTTP: forward the rest raw.
     Raw,
@@ -181,7 +188,22 @@ async fn requests(
         requests_seen += 1;
         let method = head.method.clone();
         let mut body = BodyReader::new(head.body);
-        match shared.plan.pick(&method, draws.next_unit()) {
+        // The draw is made for every request, so the faults of a seed do not
+        // depend on which requests the bucket refused.
+        let drawn = shared.plan.pick(&method, draws.next_unit());
+        let applies = shared.plan.methods.is_empty()
+            || shared
+                .plan
+                .methods
+                .iter()
+                .any(|m| m.eq_ignore_ascii_case(&method));
+        let rate_limited = applies && !shared.bucket.admit();
+        let fault = if rate_limited {
+            Fault::Status(503)
+        } else {
+            drawn
+        };
+        match fault {
             Fault::Status(status) => {
                 // A client waiting for 100-continue may never send the body it
                 // announced, so its framing is lost: answer and close.
@@ -191,6 +213,7 @@ async fn requests(
                         method,
                         status,
                         close,
+                        rate_limited,
                     })
                     .map_err(|_| gone())?;
                 if close {
@@ -257,16 +280,20 @@ async fn responses(
                 method,
                 status,
                 close,
+                rate_limited,
             }) => {
-                let counter = if status == 503 {
-                    &shared.stats.injected_503
-                } else {
-                    &shared.stats.injected_429
+                let counter = match (rate_limited, status) {
+                    (true, _) => &shared.stats.rate_limited,
+                    (false, 503) => &shared.stats.injected_503,
+                    (false, _) => &shared.stats.injected_429,
                 };
                 Stats::add(counter, 1);
-                to_client
-                    .send(Item::Data(made_up_response(&method, status, close)))
-                    .await?;
+                let (retry_after, extra) = match rate_limited {
+                    true => (shared.retry_after_s, shared.rtt / 2),
+                    false => (None, Duration::ZERO),
+                };
+                let response = made_up_response(&method, status, close, retry_after);
+                to_client.send_after(Item::Data(response), extra).await?;
                 close
             }
             Some(Expected::Forwarded { method, fault }) => {
@@ -360,8 +387,8 @@ async fn forward_response(
 }
 
 /// The response the proxy sends for an injected status: an S3-style error body,
-/// none for HEAD.
-fn made_up_response(method: &str, status: u16, close: bool) -> Vec<u8> {
+/// none for HEAD, and `Retry-After` when given.
+fn made_up_response(method: &str, status: u16, close: bool, retry_after_s: Option<u64>) -> Vec<u8> {
     let (reason, code) = if status == 503 {
         ("Service Unavailable", "SlowDown")
     } else {
@@ -371,8 +398,9 @@ fn made_up_response(method: &str, status: u16, close: bool) -> Vec<u8> {
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>Please reduce your request rate (injected by faultproxy).</Message></Error>\n"
     );
     let connection = if close { "Connection: close\r\n" } else { "" };
+    let retry_after = retry_after_s.map_or(String::new(), |s| format!("Retry-After: {s}\r\n"));
     let mut response = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n{connection}\r\n",
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n{connection}{retry_after}\r\n",
         body.len()
     );
     if method != "HEAD" {

@@ -2,7 +2,8 @@
 //! per-connection generator seeded by `--seed` and the connection's accept
 //! number, so a run with the same seed and the same traffic gets the same faults.
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// What the proxy does to one request and its response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +106,56 @@ impl FaultPlan {
     }
 }
 
+/// The `--rate` token bucket: `rate` tokens a second, at most `burst`
+/// held, one per request admitted; shared by every connection.
+#[derive(Debug)]
+pub struct Bucket {
+    rate: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl Bucket {
+    /// A full bucket; `rate` 0 admits everything.
+    pub fn new(rate: f64, burst: Option<f64>) -> Result<Bucket, String> {
+        if !rate.is_finite() || rate < 0.0 {
+            return Err(format!(
+                "--rate {rate} is not a rate: give requests per second (0: no limit)"
+            ));
+        }
+        let burst = burst.unwrap_or((rate / 10.0).max(1.0));
+        if !burst.is_finite() || burst < 1.0 {
+            return Err(format!(
+                "--rate-burst {burst} must be at least 1 (one request)"
+            ));
+        }
+        Ok(Bucket {
+            rate,
+            burst,
+            state: Mutex::new((burst, Instant::now())),
+        })
+    }
+
+    /// Whether a request arriving now may go (it takes a token).
+    pub fn admit(&self) -> bool {
+        if self.rate == 0.0 {
+            return true;
+        }
+        // A poisoned lock only means a holder panicked mid-update: go on.
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (tokens, at) = &mut *state;
+        let now = Instant::now();
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.rate).min(self.burst);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// SplitMix64: small, fast, and the same sequence on every machine.
 #[derive(Clone, Debug)]
 pub struct Draws {
@@ -202,6 +253,24 @@ mod tests {
         plan.methods = vec!["GET".into()];
         assert_eq!(plan.pick("get", 0.5), Fault::Status(503));
         assert_eq!(plan.pick("PUT", 0.5), Fault::None);
+    }
+
+    #[test]
+    fn the_bucket_admits_its_burst_then_its_rate() {
+        let bucket = Bucket::new(1000.0, Some(5.0)).unwrap();
+        let burst = (0..50).filter(|_| bucket.admit()).count();
+        assert!((5..=6).contains(&burst), "{burst}");
+        std::thread::sleep(Duration::from_millis(20));
+        let later = (0..50).filter(|_| bucket.admit()).count();
+        assert!(
+            (4..=6).contains(&later),
+            "{later} after 20 ms at 1000/s with a burst of 5"
+        );
+        assert!(Bucket::new(0.0, None).unwrap().admit());
+        assert!(Bucket::new(-1.0, None).unwrap_err().contains("--rate"));
+        assert!(Bucket::new(10.0, Some(0.5))
+            .unwrap_err()
+            .contains("--rate-burst"));
     }
 
     #[test]

@@ -71,6 +71,18 @@ struct Args {
     /// Rate of a trickled body, in bytes per second.
     #[arg(long, default_value_t = 16_384)]
     trickle_bytes_per_s: u64,
+    /// Admit at most this many requests per second, all connections together
+    /// (a token bucket, as S3 throttles a prefix), answering the rest
+    /// `503 SlowDown` after one round trip without forwarding them; 0: no limit.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// Tokens the --rate bucket holds (a burst it lets through at once);
+    /// default: a tenth of a second of the rate, at least 1.
+    #[arg(long)]
+    rate_burst: Option<f64>,
+    /// Seconds sent as `Retry-After` on the 503s of --rate (default: none, as S3).
+    #[arg(long)]
+    retry_after_s: Option<u64>,
     /// Apply faults only to these methods (comma-separated, e.g. GET,HEAD); default: all.
     #[arg(long, value_delimiter = ',')]
     methods: Vec<String>,
@@ -124,6 +136,7 @@ async fn run(args: Args) -> Result<()> {
         seed: args.seed,
     };
     plan.validate().map_err(|e| anyhow!(e))?;
+    let bucket = faults::Bucket::new(args.rate, args.rate_burst).map_err(|e| anyhow!(e))?;
     let upstream: SocketAddr = tokio::net::lookup_host(&args.upstream)
         .await
         .ok()
@@ -173,6 +186,8 @@ async fn run(args: Args) -> Result<()> {
         stats: stats.clone(),
         upstream,
         rtt: Duration::from_millis(args.rtt_ms),
+        bucket,
+        retry_after_s: args.retry_after_s,
         verbose: args.verbose,
     });
     let mut terminate =

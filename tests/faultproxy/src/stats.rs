@@ -28,6 +28,7 @@ counters! {
     responses: "Responses forwarded from the upstream (complete or not).",
     injected_503: "Requests answered 503 by the proxy.",
     injected_429: "Requests answered 429 by the proxy.",
+    rate_limited: "Requests answered 503 SlowDown because the --rate bucket was empty.",
     resets: "Client connections reset mid-body.",
     stalls: "Responses stalled after their headers.",
     trickles: "Responses trickled.",

@@ -163,6 +163,76 @@ fn fraction_of_503s_is_close_to_the_requested_one_and_connections_stay_open() {
 }
 
 #[test]
+fn a_rate_bucket_answers_the_requests_past_its_rate_503_slowdown_with_retry_after() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(
+        &upstream.addr(),
+        &[
+            "--rate",
+            "100",
+            "--rate-burst",
+            "10",
+            "--retry-after-s",
+            "3",
+        ],
+    );
+    let mut client = proxy.connect();
+    let started = std::time::Instant::now();
+    let (mut ok, mut slowed) = (0u64, 0u64);
+    while started.elapsed() < Duration::from_millis(500) {
+        let response = client.get("/bytes/100").unwrap();
+        if response.status == 503 {
+            let text = String::from_utf8_lossy(&response.body).into_owned();
+            assert!(text.contains("<Code>SlowDown</Code>"), "{text}");
+            assert_eq!(response.header("retry-after").as_deref(), Some("3"));
+            slowed += 1;
+        } else {
+            assert_eq!((response.status, response.body), (200, expected_body(100)));
+            ok += 1;
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    // The burst of 10, then 100 a second (a little slack for the clock).
+    assert!(
+        ok as f64 <= 10.0 + 100.0 * secs + 3.0 && ok as f64 >= 100.0 * secs * 0.8,
+        "{ok} admitted in {secs:.2} s at --rate 100"
+    );
+    assert!(slowed > 0, "nothing was refused");
+    assert_eq!(proxy.counter("rate_limited"), slowed);
+    assert_eq!(
+        proxy.counter("injected_503"),
+        0,
+        "the bucket's 503s are counted apart"
+    );
+    assert_eq!(upstream.requests.load(Ordering::Relaxed), ok);
+}
+
+#[test]
+fn a_rate_bucket_503_takes_the_whole_round_trip() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(
+        &upstream.addr(),
+        &["--rate", "0.001", "--rate-burst", "1", "--rtt-ms", "40"],
+    );
+    let _alone = timing_alone();
+    let mut client = proxy.connect();
+    assert_eq!(
+        client.get("/bytes/10").unwrap().status,
+        200,
+        "the burst of one"
+    );
+    let refused = fastest((0..5).map(|_| {
+        let r = client.get("/bytes/10").unwrap();
+        assert_eq!(r.status, 503);
+        r.done_after
+    }));
+    assert!(
+        refused >= Duration::from_millis(38),
+        "a refusal came back after {refused:?}, under the 40 ms round trip"
+    );
+}
+
+#[test]
 fn every_request_gets_429_at_fraction_one_and_head_gets_no_body() {
     let upstream = Upstream::start();
     let proxy = Proxy::start(&upstream.addr(), &["--error-429", "1"]);

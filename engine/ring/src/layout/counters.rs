@@ -48,6 +48,10 @@ pub enum Counter {
     RemoteWindow = 12,
     /// GETs that delivered their whole range.
     RemoteGetsOk = 13,
+    /// Gauge: the store's rate limit, GETs/s (0: none, it never throttled).
+    RemoteRateLimit = 14,
+    /// Hedges sent: GETs asked again because the first was slow.
+    RemoteHedges = 15,
     /// Reads served from the disk cache.
     CacheHits = 16,
     /// Reads the disk cache did not hold (fetched remotely).
@@ -65,6 +69,10 @@ pub enum Counter {
     /// Of them, samples that could not be decoded and were served as zero
     /// images (`--on-bad-sample zero`).
     ImagesBad = 23,
+    /// Hedges whose answer came first and was used.
+    RemoteHedgesWon = 24,
+    /// Times the store throttled and the rate limit was cut.
+    RemoteRateCuts = 25,
     /// Gauge: the epoch the trainers are in: of the next step the slowest
     /// rank takes (with `flags::PROGRESS_KNOWN`; `layout::Progress`).
     ProgressEpoch = 26,
@@ -78,7 +86,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every named counter, in block order.
-    pub const ALL: [Counter; 26] = [
+    pub const ALL: [Counter; 30] = [
         Counter::UpdatedUnixMs,
         Counter::RemoteGetsInFlight,
         Counter::RemoteBytesReceived,
@@ -93,6 +101,8 @@ impl Counter {
         Counter::RemoteGetLatencyUsP99,
         Counter::RemoteWindow,
         Counter::RemoteGetsOk,
+        Counter::RemoteRateLimit,
+        Counter::RemoteHedges,
         Counter::CacheHits,
         Counter::CacheMisses,
         Counter::CacheBytesFromCache,
@@ -101,6 +111,8 @@ impl Counter {
         Counter::CacheBytesLimit,
         Counter::ImagesDecoded,
         Counter::ImagesBad,
+        Counter::RemoteHedgesWon,
+        Counter::RemoteRateCuts,
         Counter::ProgressEpoch,
         Counter::ProgressStep,
         Counter::ProgressEpochSteps,
@@ -178,6 +190,8 @@ mod tests {
                 (Counter::RemoteGetLatencyUsP99, 11),
                 (Counter::RemoteWindow, 12),
                 (Counter::RemoteGetsOk, 13),
+                (Counter::RemoteRateLimit, 14),
+                (Counter::RemoteHedges, 15),
                 (Counter::CacheHits, 16),
                 (Counter::CacheMisses, 17),
                 (Counter::CacheBytesFromCache, 18),
@@ -186,6 +200,8 @@ mod tests {
                 (Counter::CacheBytesLimit, 21),
                 (Counter::ImagesDecoded, 22),
                 (Counter::ImagesBad, 23),
+                (Counter::RemoteHedgesWon, 24),
+                (Counter::RemoteRateCuts, 25),
                 (Counter::ProgressEpoch, 26),
                 (Counter::ProgressStep, 27),
                 (Counter::ProgressEpochSteps, 28),

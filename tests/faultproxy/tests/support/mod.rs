@@ -215,6 +215,8 @@ impl Drop for Proxy {
 
 pub struct Response {
     pub status: u16,
+    /// Header names lower-cased, values trimmed.
+    pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
     pub head_after: Duration,
     pub done_after: Duration,
@@ -260,10 +262,14 @@ impl Client {
         }
         let status: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
         let (mut length, mut chunked) = (0usize, false);
+        let mut headers = Vec::new();
         loop {
             let mut header = String::new();
             self.reader.read_line(&mut header)?;
             let lower = header.to_ascii_lowercase();
+            if let Some((name, value)) = header.split_once(':') {
+                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+            }
             if let Some(value) = lower.strip_prefix("content-length:") {
                 length = value.trim().parse().unwrap();
             }
@@ -302,10 +308,21 @@ impl Client {
         }
         Ok(Response {
             status,
+            headers,
             body,
             head_after,
             done_after: started.elapsed(),
         })
+    }
+}
+
+impl Response {
+    /// The value of header `name` (lower case), if it came.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
     }
 }
 
