@@ -73,9 +73,11 @@ cargo fmt --all --check
 python3 .ci/import_map.py
 python3 .ci/fn_lengths.py
 cargo clippy --workspace --release --all-targets --locked -- -D warnings
-RUSTDOCFLAGS="-D warnings -D missing_docs" cargo doc --no-deps --locked -p ringfeed -p ringfeed-ring -p ringfeed-decode
-# ffi's library is also named ringfeed: documented apart, so the two do not collide.
-RUSTDOCFLAGS="-D warnings -D missing_docs" CARGO_TARGET_DIR=target/doc-ffi cargo doc --no-deps --locked -p ringfeed-ffi -p faultproxy
+# --release: the dependencies' metadata clippy built just now serves rustdoc too.
+RUSTDOCFLAGS="-D warnings -D missing_docs" cargo doc --release --no-deps --locked -p ringfeed -p ringfeed-ring -p ringfeed-decode
+# ffi's library is also named ringfeed: documented by a second run, so the two do not collide in
+# one (its pages replace the engine's; only the warnings matter here).
+RUSTDOCFLAGS="-D warnings -D missing_docs" cargo doc --release --no-deps --locked -p ringfeed-ffi -p faultproxy
 
 step "build (release): ringfeed binary, libringfeed.so/.a"
 cargo build --workspace --release --locked
@@ -112,7 +114,7 @@ step "python binding: pip install ./bindings/python, then pytest (the servers' s
 .venv/bin/python -m pip install -q --force-reinstall --no-deps ./bindings/python
 .venv/bin/python -m pytest -q tests/servers
 RINGFEED_BIN="$ROOT/target/release/ringfeed" RINGFEED_LIB_DIR="$ROOT/target/release" \
-    .venv/bin/python -m pytest -q tests/python
+    .venv/bin/python -m pytest -q --durations=15 tests/python
 
 step "test servers: stop"
 trap - EXIT INT TERM
