@@ -95,7 +95,8 @@ def doc_blocks():
 # How each `run` block is run. subs: (old, new) pairs, each of which must occur
 # in the block (a doc that changed fails here, naming the pair); before/after:
 # shell lines around the block; preamble, check: Python before and after a
-# Python block (check asserts what the block computed).
+# Python block (check asserts what the block computed); expect: regexes its
+# output must match.
 
 SERVE_4K = "ringfeed serve --source $DATA/train --name $RF_NAME --batch-size 8 --epochs 1 &\n"
 SERVE_IMAGES = ("ringfeed serve --source $DATA/imagenet/val --name $RF_NAME --batch-size 4 --epochs 1 "
@@ -103,27 +104,37 @@ SERVE_IMAGES = ("ringfeed serve --source $DATA/imagenet/val --name $RF_NAME --ba
 DRAIN = ('python -c "import ringfeed, sys\n'
          'for b in ringfeed.attach(sys.argv[1], timeout=60): b.release()" %s\n')
 TORCHRUN = {"SMALL": "1", "STEPS": "2", "OMP_NUM_THREADS": "1"}
+TRAINED = r"epoch 0 step 0 loss \d"  # examples/train_ddp.py's line
 
 RUNS = {
-    "readme-serve-torchrun": dict(env=TORCHRUN, timeout=150),
+    "readme-serve-torchrun": dict(env=TORCHRUN, timeout=150, expect=[TRAINED]),
     "readme-images": dict(
         env=TORCHRUN, timeout=150,
         subs=[("--name val", "--name ${RF_NAME}-val"), ("VAL_LOADER=val", "VAL_LOADER=${RF_NAME}-val"),
-              ("--batch-size 64", "--batch-size 4")]),
-    "readme-python": dict(before=SERVE_4K),
+              ("--batch-size 64", "--batch-size 4")],
+        expect=[r"rank 0 epoch 0 step 0 loss", r"epoch 0 val top-1 \S+ of 8 images"]),
+    "readme-python": dict(before=SERVE_4K, check="assert x.shape == (8, 2048) and batch.step == 7\n"),
     "readme-c": dict(before=SERVE_4K),
     "bindings-python": dict(
         before=SERVE_4K, subs=[("x.cuda()", "x")],
-        preamble="B, L = 8, 2048\nmodel = lambda x: x.float().mean()\n"),
+        preamble="B, L = 8, 2048\nmodel = lambda x: x.float().mean()\n", check="assert batch.step == 7\n"),
     "bindings-torch-loader": dict(
-        before=SERVE_4K, preamble="import torch\nL = 2048\nckpt = None\n"),
-    "training-serve-torchrun": dict(env=TORCHRUN, timeout=150),
-    "training-python": dict(before=SERVE_4K),
+        before=SERVE_4K, preamble="import torch\nL = 2048\nckpt = None\n",
+        check="assert tokens.shape == (8, L) and ckpt['data']['step'] == 7, ckpt\n"),
+    "readme-diff": dict(
+        before=SERVE_4K,
+        preamble=("import ringfeed, torch\nL = 2048\n"
+                  "with ringfeed.attach() as _feed:  # a fresh run's state_dict, as a checkpoint holds it\n"
+                  "    sd = {'version': 1, 'resume_state': [0, 0], 'order': list(_feed.order), 'epoch': 0, 'step': 0}\n"),
+        check="assert loader.step == 7 and x.shape == (8, L), (loader.step, x.shape)\n"),
+    "training-serve-torchrun": dict(env=TORCHRUN, timeout=150, expect=[TRAINED]),
+    "training-python": dict(before=SERVE_4K, check="assert x.shape == (8, 2048) and batch.step == 7\n"),
     "training-torch-loader": dict(
         before=SERVE_4K,
         preamble=("import ringfeed, torch\nL = 2048\n"
                   "with ringfeed.attach() as _feed:  # a fresh run's state_dict, as a checkpoint holds it\n"
-                  "    sd = {'version': 1, 'resume_state': [0, 0], 'order': list(_feed.order), 'epoch': 0, 'step': 0}\n")),
+                  "    sd = {'version': 1, 'resume_state': [0, 0], 'order': list(_feed.order), 'epoch': 0, 'step': 0}\n"),
+        check="assert x.shape == (8, L) and sd['step'] == 7, sd\n"),
     "training-c": dict(before=SERVE_4K),
     "training-val-serve": dict(
         subs=[("--name val", "--name ${RF_NAME}-val"), ("--batch-size 64", "--batch-size 3"),
@@ -138,7 +149,7 @@ RUNS = {
                   "rank=0, world_size=1)\n"
                   "model = lambda x: torch.randn(len(x), 2)\n"),
         check="assert correct[1] == 8, correct  # every val image once\nprint('val', accuracy)\n"),
-    "training-run-records": dict(env=TORCHRUN, timeout=150),
+    "training-run-records": dict(env=TORCHRUN, timeout=150, expect=[TRAINED]),
     "tokens-python": dict(
         before="ringfeed serve --source $DATA/train.bin --token-dtype uint16 --name $RF_NAME --seq-len 64 --batch-size 4 --epochs 1 &\n",
         preamble="import ringfeed\n",
@@ -151,13 +162,16 @@ RUNS = {
               ("--shuffle block", "--shuffle block --epochs 1 &")],
         after=DRAIN % "$RF_NAME"),
     "metrics": dict(
-        subs=[("--source /data ", "--source /data/train "), ("--name job1", "--name job1 --epochs 1"), ("--metrics 127.0.0.1:9464", "--metrics 127.0.0.1:$PORT &"),
-              ("http://127.0.0.1:9464/", "http://127.0.0.1:$PORT/")],
+        subs=[("--source /data ", "--source /data/train "), ("--name job1", "--name job1 --epochs 1"),
+              ("--metrics 127.0.0.1:9464", "--metrics 127.0.0.1:$PORT &"), ("http://127.0.0.1:9464/", "http://127.0.0.1:$PORT/")],
+        expect=[r"ringfeed_rank_wait_seconds_total\{rank=\"0\"\}"],
         after=DRAIN % "$RF_NAME", wait_metrics=True),
     "cache-list-clear": dict(subs=[("6f0d2c9a4e1b7d35", "--all")]),
     "images-loader": dict(
-        before=SERVE_IMAGES, preamble="import ringfeed, ringfeed.torch\nmean, std = 0.5 * 255, 0.25 * 255\n"),
-    "images-classes": dict(before=SERVE_IMAGES, preamble="import ringfeed\ni = 0\n"),
+        before=SERVE_IMAGES, preamble="import ringfeed, ringfeed.torch\nmean, std = 0.5 * 255, 0.25 * 255\n",
+        check="assert x.shape == (4, 3, 224, 224) and set(labels.tolist()) <= {0, 1}, labels\n"),
+    "images-classes": dict(before=SERVE_IMAGES, preamble="import ringfeed\ni = 0\n",
+                           check="assert feed.classes == ['n01440764', 'n01443537'], feed.classes\n"),
 }
 
 
@@ -289,7 +303,9 @@ def _c_program(text, work):
 
 def _script(block, spec, work, name):
     text = _substitute(block, spec)
-    if block.lang == "python":
+    if block.lang == "diff":  # a Python diff: the program after it
+        text = "".join(line[1:] + "\n" for line in text.splitlines() if line[:1] in ("+", " "))
+    if block.lang in ("python", "diff"):
         (work / "snippet.py").write_text(spec.get("preamble", "") + text + spec.get("check", ""))
         body = "RINGFEED_NAME=$RF_NAME LOCAL_RANK=0 python %s/snippet.py\n" % work
     elif block.lang == "c":
@@ -341,3 +357,5 @@ def test_a_doc_block_runs(run_id, scratch):
         block.where(), run_id, timeout, script, out)
     assert p.returncode == 0, "%s (doc-test run %s) failed (exit %d) after %.1f s; as run:\n%s\n--- output:\n%s" % (
         block.where(), run_id, p.returncode, took, script, out)
+    for want in spec.get("expect", []):
+        assert re.search(want, out), "%s (doc-test run %s): no %r in its output:\n%s" % (block.where(), run_id, want, out)
