@@ -166,7 +166,9 @@ RUNS = {
               ("--metrics 127.0.0.1:9464", "--metrics 127.0.0.1:$PORT &"), ("http://127.0.0.1:9464/", "http://127.0.0.1:$PORT/")],
         expect=[r"ringfeed_rank_wait_seconds_total\{rank=\"0\"\}"],
         after=DRAIN % "$RF_NAME", wait_metrics=True),
-    "cache-list-clear": dict(subs=[("6f0d2c9a4e1b7d35", "--all")]),
+    "cache-list-clear": dict(  # a cache of its own, not the other tests'
+        before="export RINGFEED_CACHE_DIR=$SCRATCH/cache\n", subs=[("6f0d2c9a4e1b7d35", "--all")],
+        expect=[r"no cached datasets in \S+/cache-list-clear/cache"]),
     "images-loader": dict(
         before=SERVE_IMAGES, preamble="import ringfeed, ringfeed.torch\nmean, std = 0.5 * 255, 0.25 * 255\n",
         check="assert x.shape == (4, 3, 224, 224) and set(labels.tolist()) <= {0, 1}, labels\n"),
