@@ -150,6 +150,10 @@ RUNS = {
                   "model = lambda x: torch.randn(len(x), 2)\n"),
         check="assert correct[1] == 8, correct  # every val image once\nprint('val', accuracy)\n"),
     "training-run-records": dict(env=TORCHRUN, timeout=150, expect=[TRAINED]),
+    "training-checkpoint": dict(  # the first run saves at step 0; the second goes on from it
+        env=TORCHRUN, timeout=200, subs=[("CHECKPOINT=ckpt.pt", "CHECKPOINT=$SCRATCH/ckpt.pt")],
+        expect=[r"checkpoint \S+/ckpt.pt: restart the loader with --resume 0:16",
+                r"ringfeed: done: 6 batches, 48 samples"]),  # the second run: the 48 after the checkpoint
     "tokens-python": dict(
         before="ringfeed serve --source $DATA/train.bin --token-dtype uint16 --name $RF_NAME --seq-len 64 --batch-size 4 --epochs 1 &\n",
         preamble="import ringfeed\n",
