@@ -113,7 +113,9 @@ pub(crate) struct JpegFrame {
 impl JpegFrame {
     /// The largest sampling factors: an MCU is 8·h_max × 8·v_max pixels.
     pub(crate) fn max_factors(&self) -> (u32, u32) {
-        let f = &self.factors[..self.components];
+        // A SOF may claim up to 255 components; only four are kept (found by
+        // decode_image: 84 components panicked here).
+        let f = &self.factors[..self.components.clamp(1, 4)];
         let h = f.iter().map(|c| u32::from(c.0)).max().unwrap_or(1);
         let v = f.iter().map(|c| u32::from(c.1)).max().unwrap_or(1);
         (h.max(1), v.max(1))

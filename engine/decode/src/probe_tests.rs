@@ -222,3 +222,17 @@ fn a_pngs_transparency_chunk_makes_its_source_four_bytes_a_pixel() {
         100 * 50 * 4
     );
 }
+
+#[test]
+fn a_frame_claiming_more_than_four_components_is_no_panic() {
+    let frame = JpegFrame {
+        width: 16,
+        height: 16,
+        progressive: false,
+        components: 84,
+        factors: [(1, 1); 4],
+        first_scan_components: 84,
+    };
+    assert_eq!(frame.max_factors(), (1, 1));
+    assert!(jpeg_need(&frame, 100).decoder_bytes > 0);
+}
